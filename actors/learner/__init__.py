@@ -1,0 +1,1 @@
+"""GRPO loss, DeepSpeed learner group, and versioned weight sync."""

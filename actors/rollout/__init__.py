@@ -1,0 +1,1 @@
+"""Multi-turn agent loop, inference engines (vLLM, transformers, scripted) and the rollout worker."""

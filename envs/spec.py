@@ -1,0 +1,129 @@
+"""Typed definitions of a pool's static content: the one place each concept is defined.
+
+- ``Check``        one verifier check: ``def check_func(final_state): ...`` source returning bool,
+                   run with ``initial_state`` injected as a global (EnvScaler's convention).
+- ``ToolCall``     one tool invocation: tool name + JSON arguments (a reference-solution step).
+- ``Environment``  an executable environment: Python class source, OpenAI function-calling
+                   tool schemas, and the system prompt parts (introduction + rules).
+- ``TaskSpec``     one environment-task pair: instruction, initial state (inline, or a reference
+                   to a state file shared by many tasks), verifier checks, optional reference
+                   solution, optional structured operation description, metadata.
+- ``PoolMeta``     the contents of ``pool.yaml``.
+
+Environment contract (the same as EnvScaler's, so published pools run unchanged): the class source
+is exec'd into a fresh module; the instance is ``cls(initial_state)`` falling back to ``cls()``,
+then every key of the initial state is set as an attribute. The state is ``vars(instance)``
+without dunder keys. Tools are public methods named like their schema that return
+``{"success": True, "data"|"message": ...}`` or ``{"success": False, "error": ...}``.
+
+Reward = fraction of checks passed; a check that raises or returns a non-bool counts 0 and stays
+in the denominator.
+
+May import: pydantic and the standard library only.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=False)
+
+
+class Check(_Strict):
+    """One verifier check over the final state."""
+
+    check_id: str
+    description: str = ""
+    code: str = Field(description="source of `def check_func(final_state): ...` returning bool")
+
+    @field_validator("code")
+    @classmethod
+    def _defines_check_func(cls, v: str) -> str:
+        if "def check_func" not in v:
+            raise ValueError("check code must define `def check_func(final_state): ...`")
+        return v
+
+
+class ToolCall(_Strict):
+    """One tool invocation: a step of a reference solution or of a replayed action list."""
+
+    name: str
+    arguments: dict[str, Any] = Field(default_factory=dict)
+
+
+class Environment(_Strict):
+    """How to build the executable environment for one ``env_id``."""
+
+    env_id: str
+    class_name: str
+    source: str = Field(description="Python source defining `class_name`")
+    tools: list[dict[str, Any]] = Field(description="OpenAI function-calling schemas")
+    introduction: str = ""
+    rules: list[str] = Field(default_factory=list)
+    domain: str = ""
+
+    @field_validator("tools")
+    @classmethod
+    def _tools_are_function_schemas(cls, v: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        for k, tool in enumerate(v):
+            fn = tool.get("function") if isinstance(tool, dict) else None
+            if tool.get("type") != "function" or not isinstance(fn, dict) or not fn.get("name"):
+                raise ValueError(
+                    f"tools[{k}] must be {{'type': 'function', 'function': {{'name': ..., "
+                    f"'parameters': {{...}}}}}}, got {str(tool)[:120]}"
+                )
+        return v
+
+    @property
+    def tool_names(self) -> list[str]:
+        return [t["function"]["name"] for t in self.tools]
+
+    def system_prompt(self) -> str:
+        """Introduction followed by numbered rules (tools are rendered by the chat template)."""
+        parts = [self.introduction.strip()]
+        if self.rules:
+            parts.append("Rules:\n" + "\n".join(f"{k + 1}. {r}" for k, r in enumerate(self.rules)))
+        return "\n\n".join(p for p in parts if p)
+
+
+class TaskSpec(_Strict):
+    """One environment-task pair: the unit the scheduler selects."""
+
+    task_id: str
+    env_id: str
+    instruction: str
+    initial_state: Optional[dict[str, Any]] = None
+    initial_state_ref: Optional[str] = Field(
+        default=None, description="path, relative to the pool directory, of a shared JSON state"
+    )
+    checks: list[Check]
+    reference_solution: Optional[list[ToolCall]] = None
+    op_description: Optional[dict[str, Any]] = None
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _one_state_source(self) -> "TaskSpec":
+        if self.initial_state is not None and self.initial_state_ref is not None:
+            raise ValueError("give either initial_state or initial_state_ref, not both")
+        if not self.checks:
+            raise ValueError("a task needs at least one verifier check")
+        ids = [c.check_id for c in self.checks]
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"duplicate check_id among {ids}")
+        return self
+
+
+class PoolMeta(_Strict):
+    """``pool.yaml``."""
+
+    name: str
+    version: str = "1"
+    licence: str = "unknown"
+    source: str = ""
+    adapter: str = "native"
+    counts: dict[str, int] = Field(default_factory=dict)
+    description: str = ""

@@ -1,0 +1,72 @@
+"""The ``envsched`` command line.
+
+Each top-level command lives in its own module under ``launch/commands/`` exposing
+``add_arguments(parser)`` and ``run(args) -> int``; benchmarks live under ``launch/bench/`` with the
+same pair and are reached as ``envsched bench NAME``. Modules are imported when the parser is
+built, so they must keep heavy imports (torch, ray, transformers) inside ``run``.
+
+Errors that users cause (bad pools, bad configs) are printed as one clear message with exit code 2;
+nothing else is caught here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from typing import Optional, Sequence
+
+COMMANDS = {
+    "pool": "launch.commands.pool",
+    "sandbox": "launch.commands.sandbox",
+    "graph": "launch.commands.graph",
+    "rollout": "launch.commands.rollout",
+    "sft": "launch.commands.sft",
+    "train": "launch.commands.train",
+    "explain": "launch.commands.explain",
+    "report": "launch.commands.report",
+    "simulate": "launch.commands.simulate",
+    "bench": "launch.commands.bench",
+}
+
+
+class UserError(Exception):
+    """An error the user can fix; printed without a traceback."""
+
+
+def _load(module: str):
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as e:
+        if e.name == module:
+            return None
+        raise
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="envsched", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, module in COMMANDS.items():
+        mod = _load(module)
+        if mod is None:
+            continue
+        doc = (mod.__doc__ or name).strip().splitlines()[0]
+        p = sub.add_parser(name, help=doc, description=mod.__doc__)
+        mod.add_arguments(p)
+        p.set_defaults(_run=mod.run)
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    from envs.pool import PoolError
+
+    try:
+        return int(args._run(args) or 0)
+    except (UserError, PoolError) as e:
+        print(f"envsched {args.command}: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
