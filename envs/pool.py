@@ -86,6 +86,7 @@ class Pool:
     problems: list[PoolProblem] = field(default_factory=list)
     _states: dict[str, dict[str, Any]] = field(default_factory=dict, repr=False)
     _index: dict[str, int] = field(default_factory=dict, repr=False)
+    lines: dict[str, int] = field(default_factory=dict, repr=False)  # task_id -> tasks.jsonl line
 
     def __post_init__(self) -> None:
         self._index = {t.task_id: k for k, t in enumerate(self.tasks)}
@@ -213,7 +214,8 @@ def load_pool(root: str | Path, strict: bool = True) -> Pool:
     if not tasks:
         problems.append(PoolProblem(TASKS_FILE, "no valid tasks"))
         raise PoolError(problems)
-    return Pool(root=root, meta=meta, environments=environments, tasks=tasks, problems=problems)
+    return Pool(root=root, meta=meta, environments=environments, tasks=tasks, problems=problems,
+                lines=dict(seen))
 
 
 def _parse_task_line(line: str, lineno: int, seen: dict[str, int],
@@ -240,6 +242,33 @@ def _parse_task_line(line: str, lineno: int, seen: dict[str, int],
     return None, task
 
 
+def write_environment(root: str | Path, env: Environment) -> None:
+    """Write ``environments/<env_id>/`` (class source, tool schemas, the rest as YAML)."""
+    d = Path(root) / ENVS_DIR / env.env_id
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "environment.py").write_text(env.source)
+    (d / "tools.json").write_text(json.dumps(env.tools, indent=1))
+    head = env.model_dump(exclude={"source", "tools"})
+    (d / "environment.yaml").write_text(yaml.safe_dump(head, sort_keys=False, width=100))
+
+
+def write_state(root: str | Path, ref: str, content: dict[str, Any]) -> None:
+    """Write a shared state file; ``ref`` is relative to the pool directory."""
+    p = Path(root) / ref
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(json.dumps(content, separators=(",", ":")))
+
+
+def write_meta(root: str | Path, meta: PoolMeta, n_envs: int, n_tasks: int) -> None:
+    meta = meta.model_copy(update={"counts": {"environments": n_envs, "tasks": n_tasks}})
+    (Path(root) / POOL_FILE).write_text(yaml.safe_dump(meta.model_dump(), sort_keys=False))
+
+
+def task_line(task: TaskSpec) -> str:
+    """The ``tasks.jsonl`` line of one task (with its newline)."""
+    return task.model_dump_json(exclude_none=True) + "\n"
+
+
 def write_pool(root: str | Path, meta: PoolMeta, environments: Iterable[Environment],
                tasks: Iterable[TaskSpec], states: Optional[dict[str, dict[str, Any]]] = None) -> Path:
     """Write a pool directory. ``states`` maps a ref (e.g. ``states/db.json``) to its content."""
@@ -247,21 +276,13 @@ def write_pool(root: str | Path, meta: PoolMeta, environments: Iterable[Environm
     root.mkdir(parents=True, exist_ok=True)
     envs = list(environments)
     for env in envs:
-        d = root / ENVS_DIR / env.env_id
-        d.mkdir(parents=True, exist_ok=True)
-        (d / "environment.py").write_text(env.source)
-        (d / "tools.json").write_text(json.dumps(env.tools, indent=1))
-        head = env.model_dump(exclude={"source", "tools"})
-        (d / "environment.yaml").write_text(yaml.safe_dump(head, sort_keys=False, width=100))
+        write_environment(root, env)
     for ref, content in (states or {}).items():
-        p = root / ref
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text(json.dumps(content, separators=(",", ":")))
+        write_state(root, ref, content)
     n_tasks = 0
     with open(root / TASKS_FILE, "w") as f:
         for task in tasks:
-            f.write(task.model_dump_json(exclude_none=True) + "\n")
+            f.write(task_line(task))
             n_tasks += 1
-    meta = meta.model_copy(update={"counts": {"environments": len(envs), "tasks": n_tasks}})
-    (root / POOL_FILE).write_text(yaml.safe_dump(meta.model_dump(), sort_keys=False))
+    write_meta(root, meta, len(envs), n_tasks)
     return root

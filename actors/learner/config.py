@@ -1,0 +1,89 @@
+"""The learner's one typed config: optimiser, schedule, DeepSpeed world, and the GRPO loss switches.
+
+Defaults follow the paper's Section 3.1: Adam, lr 1e-6, cosine schedule with 10 warm-up steps,
+policy-ratio clip 0.2, batch-whitened advantages clipped to [-0.2, 0.2], loss only on
+model-generated tokens. Each loss ingredient is a switch in ``GRPOConfig`` (see ``grpo.py``).
+
+Decisions where the paper is silent: no KL term by default (``kl_coef = 0``); the cosine decays to
+``min_lr_ratio * lr`` (0 by default) at ``total_steps``; gradient clipping at norm 1.0; the token-mean
+loss is taken over every model token of the whole step (all ranks), not per sequence.
+
+May import: pydantic and the standard library (no torch, so configs load anywhere).
+"""
+
+from __future__ import annotations
+
+from typing import Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class GRPOConfig(BaseModel):
+    """Switches of the GRPO objective (equations in ``actors/learner/grpo.py``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    group_std_norm: bool = True
+    whiten: bool = True
+    adv_clip: Optional[float] = Field(0.2, gt=0)
+    ratio_clip: Optional[float] = Field(0.2, gt=0, lt=1)
+    kl_coef: float = Field(0.0, ge=0)
+    old_logprobs: Literal["rollout", "recompute"] = "rollout"
+    importance_correction: bool = False
+    importance_cap: float = Field(2.0, gt=0)
+    loss_agg: Literal["token_mean", "seq_mean"] = "token_mean"
+    eps: float = Field(1e-6, gt=0)
+
+    @model_validator(mode="after")
+    def _importance_needs_recompute(self) -> "GRPOConfig":
+        if self.importance_correction and self.old_logprobs != "recompute":
+            raise ValueError(
+                "the importance_correction parameter of GRPOConfig needs old_logprobs='recompute' "
+                f"(got old_logprobs={self.old_logprobs!r}): the correction weights the recomputed "
+                "proximal policy against the rollout policy; set old_logprobs: recompute")
+        return self
+
+
+class LearnerConfig(BaseModel):
+    """Everything one learner group needs. Mirrors the ``learner:`` block of the YAML configs."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model_path: Optional[str] = None
+    ranks: int = Field(1, ge=1)
+    zero_stage: int = Field(2, ge=0, le=3)
+    dtype: Literal["auto", "bf16", "fp32"] = "auto"
+    lr: float = Field(1e-6, gt=0)
+    warmup_steps: int = Field(10, ge=0)
+    total_steps: int = Field(200, ge=1)
+    min_lr_ratio: float = Field(0.0, ge=0, le=1)
+    betas: tuple[float, float] = (0.9, 0.999)
+    adam_eps: float = Field(1e-8, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    grad_clip: float = Field(1.0, ge=0)
+    micro_batch_size: int = Field(4, ge=1)
+    gradient_checkpointing: bool = False
+    seed: int = 0
+    master_port: Optional[int] = Field(None, ge=1024, le=65535)
+    num_cpus_per_rank: float = Field(0.5, gt=0)
+    num_gpus_per_rank: float = Field(0.0, ge=0)
+    timeout_s: float = Field(600.0, gt=0)
+    loss: GRPOConfig = Field(default_factory=GRPOConfig)
+
+    @model_validator(mode="after")
+    def _check(self) -> "LearnerConfig":
+        if self.warmup_steps >= self.total_steps:
+            raise ValueError(
+                f"the warmup_steps parameter of LearnerConfig must be below total_steps "
+                f"(got warmup_steps={self.warmup_steps}, total_steps={self.total_steps}); "
+                "raise total_steps or lower warmup_steps")
+        if self.num_gpus_per_rank == 0 and self.dtype == "bf16":
+            raise ValueError("the dtype parameter of LearnerConfig is 'bf16' but num_gpus_per_rank "
+                             "is 0: CPU ranks train in fp32; use dtype: auto or fp32")
+        return self
+
+    def torch_dtype_name(self, cuda: bool) -> str:
+        """'bfloat16' on GPUs and 'float32' on CPUs unless ``dtype`` forces one."""
+        if self.dtype == "auto":
+            return "bfloat16" if cuda else "float32"
+        return {"bf16": "bfloat16", "fp32": "float32"}[self.dtype]

@@ -1,0 +1,238 @@
+"""The DeepSpeed learner of one rank: GRPO steps, log-prob recomputation, checkpoints, HF export.
+
+A plain class (no Ray): ``learner_actor.py`` puts one in each Ray actor after setting RANK,
+WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT. On CPU it runs DeepSpeed's CPU accelerator with
+gloo in fp32; on GPUs NCCL in bf16 (``LearnerConfig.dtype``). The optimiser is ``torch.optim.Adam``
+(not DeepSpeed's cpu_adam, which would need a JIT build), wrapped by ZeRO of the configured stage.
+
+One ``train_step`` is one optimiser step over this rank's shard: micro-batches of
+``micro_batch_size`` accumulate gradients (the accumulation boundary is set by hand, so the number of
+micro-batches may change from step to step as long as it is equal on every rank, which
+``batching.shard`` guarantees). The token-mean normaliser is the step's model-token count over all
+ranks (all-reduced), multiplied by the world size because DeepSpeed averages gradients over ranks;
+the result is exactly the loss of the whole step.
+
+Learning rate (paper Section 3.1: cosine, 10 warm-up steps), with s the optimiser steps taken:
+    f(s) = (s + 1) / W                                    for s < W
+    f(s) = m + (1 - m) * (1 + cos(pi * (s - W) / (T - W))) / 2   after; m = min_lr_ratio, T = total.
+
+May import: torch, deepspeed, transformers (all inside functions: the module must import cheaply),
+and the learner's plain modules.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Iterator, Optional
+
+from actors.learner import grpo
+from actors.learner.batching import PackedBatch
+from actors.learner.config import LearnerConfig
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                   "vocab.json", "merges.txt", "chat_template.jinja", "generation_config.json")
+
+
+def lr_factor(step: int, warmup: int, total: int, min_ratio: float = 0.0) -> float:
+    """The schedule in the module docstring, as a multiple of the peak learning rate."""
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def deepspeed_config(cfg: LearnerConfig, bf16: bool) -> dict:
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    return {
+        "train_micro_batch_size_per_gpu": cfg.micro_batch_size,
+        "gradient_accumulation_steps": 1,
+        "train_batch_size": cfg.micro_batch_size * world,
+        "gradient_clipping": cfg.grad_clip,
+        "zero_optimization": {"stage": cfg.zero_stage, "overlap_comm": False},
+        "bf16": {"enabled": bf16},
+        "zero_allow_untested_optimizer": True,
+        "steps_per_print": 10 ** 9,
+        "wall_clock_breakdown": False,
+    }
+
+
+class LearnerEngine:
+    """One rank of the DeepSpeed world. Construct only after the distributed env vars are set."""
+
+    def __init__(self, cfg: LearnerConfig):
+        import deepspeed
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        if not cfg.model_path:
+            raise ValueError("the model_path parameter of LearnerConfig must name a Hugging Face "
+                             "model directory, got None")
+        self.cfg = cfg
+        self.cuda = torch.cuda.is_available() and cfg.num_gpus_per_rank > 0
+        deepspeed.init_distributed(dist_backend="nccl" if self.cuda else "gloo",
+                                   auto_mpi_discovery=False,
+                                   timeout=timedelta(seconds=cfg.timeout_s))
+        self.rank = torch.distributed.get_rank()
+        self.world = torch.distributed.get_world_size()
+        self.device = torch.device("cuda", torch.cuda.current_device()) if self.cuda else "cpu"
+        torch.manual_seed(cfg.seed)
+        dtype = getattr(torch, cfg.torch_dtype_name(self.cuda))
+        model = AutoModelForCausalLM.from_pretrained(cfg.model_path, dtype=dtype)
+        if cfg.gradient_checkpointing:
+            model.gradient_checkpointing_enable()
+        opt = torch.optim.Adam(model.parameters(), lr=cfg.lr, betas=cfg.betas, eps=cfg.adam_eps,
+                               weight_decay=cfg.weight_decay)
+        sched = torch.optim.lr_scheduler.LambdaLR(
+            opt, lambda s: lr_factor(s, cfg.warmup_steps, cfg.total_steps, cfg.min_lr_ratio))
+        self.engine, _, _, self.scheduler = deepspeed.initialize(
+            model=model, optimizer=opt, lr_scheduler=sched,
+            config=deepspeed_config(cfg, dtype == torch.bfloat16))
+        self.ref = None
+        if cfg.loss.kl_coef > 0:
+            self.ref = AutoModelForCausalLM.from_pretrained(cfg.model_path, dtype=dtype)
+            self.ref.to(self.device).eval().requires_grad_(False)
+        self.step = 0
+
+    # -- log-probs ---------------------------------------------------------------------------
+
+    def _forward_logprobs(self, model, mb: PackedBatch):
+        out = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False)
+        return grpo.token_logprobs(out.logits, mb.input_ids)
+
+    def logprobs(self, batch: PackedBatch, reference: bool = False):
+        """[B, L-1] log-probs of every next token under the current (or reference) weights."""
+        import torch
+
+        model = self.ref if reference else self.engine.module
+        was_training = model.training
+        model.eval()
+        rows = []
+        with torch.no_grad():
+            for mb in batch.micro_batches(self.cfg.micro_batch_size):
+                lp = self._forward_logprobs(model, mb.to(self.device)).float().cpu()
+                rows.append(torch.nn.functional.pad(lp, (0, batch.loss_mask.shape[1] - lp.shape[1])))
+        model.train(was_training)
+        return torch.cat(rows)
+
+    # -- training ----------------------------------------------------------------------------
+
+    def _all_reduce_sum(self, value: float) -> float:
+        import torch
+
+        t = torch.tensor([value], dtype=torch.float64, device=self.device)
+        torch.distributed.all_reduce(t)
+        return float(t.item())
+
+    def train_step(self, batch: PackedBatch) -> dict[str, float]:
+        """One optimiser step over this rank's shard; returns step metrics identical on all ranks
+        except ``rank``, ``local_*`` and ``time_s``."""
+        t0 = time.perf_counter()
+        lc = self.cfg.loss
+        count = batch.loss_mask.sum().item() if lc.loss_agg == "token_mean" \
+            else (batch.loss_mask.sum(-1) > 0).sum().item()
+        normaliser = max(self._all_reduce_sum(float(count)), 1.0) / self.world
+        old = self.logprobs(batch) if lc.old_logprobs == "recompute" else batch.rollout_logprobs
+        ref = self.logprobs(batch, reference=True) if self.ref is not None else None
+        self.engine.train()
+        micro = self.cfg.micro_batch_size
+        totals = {"loss": 0.0, "tokens": 0.0, "clip_frac_sum": 0.0, "ratio_sum": 0.0, "kl_sum": 0.0}
+        n_micro = -(-len(batch) // micro)
+        for k in range(n_micro):
+            rows = slice(k * micro, (k + 1) * micro)
+            mb = batch.slice(rows.start, rows.stop).to(self.device)
+            width = mb.loss_mask.shape[1]
+            self.engine.set_gradient_accumulation_boundary(k == n_micro - 1)
+            logp = self._forward_logprobs(self.engine, mb)
+            loss, st = grpo.policy_loss(
+                logp, old[rows, :width].to(self.device), mb.advantages, mb.loss_mask,
+                ratio_clip=lc.ratio_clip,
+                behav_logp=mb.rollout_logprobs if lc.importance_correction else None,
+                importance_cap=lc.importance_cap,
+                ref_logp=None if ref is None else ref[rows, :width].to(self.device),
+                kl_coef=lc.kl_coef, agg=lc.loss_agg, normaliser=normaliser)
+            self.engine.backward(loss, scale_wrt_gas=False)
+            totals["loss"] += float(loss.detach())
+            for key, v in st.items():
+                totals[key] += v
+        self.engine.step()
+        self.step += 1
+        return self._step_metrics(totals, t0)
+
+    def _step_metrics(self, totals: dict[str, float], t0: float) -> dict[str, float]:
+        g = {k: self._all_reduce_sum(v) for k, v in totals.items()}
+        tokens = max(g["tokens"], 1.0)
+        grad_norm = self.engine.get_global_grad_norm()
+        return {
+            "step": self.step,
+            "loss": g["loss"] / self.world,
+            "tokens": g["tokens"],
+            "clip_frac": g["clip_frac_sum"] / tokens,
+            "ratio_mean": g["ratio_sum"] / tokens,
+            "kl": g["kl_sum"] / tokens,
+            "grad_norm": float(grad_norm) if grad_norm is not None else float("nan"),
+            "lr": float(self.scheduler.get_last_lr()[0]),
+            "rank": self.rank,
+            "local_tokens": totals["tokens"],
+            "param_checksum": self.param_checksum(),
+            "time_s": time.perf_counter() - t0,
+        }
+
+    def param_checksum(self) -> float:
+        """Sum of every parameter on this rank (full replicas below ZeRO-3; NaN under ZeRO-3)."""
+        if self.cfg.zero_stage == 3:
+            return float("nan")
+        return float(sum(p.detach().double().sum() for p in self.engine.module.parameters()))
+
+    # -- weights, checkpoints, export --------------------------------------------------------
+
+    def iter_full_params(self) -> Iterator[tuple[str, "object"]]:
+        """(name, full parameter) one at a time; every rank must iterate (ZeRO-3 gathers are
+        collective); the tensors are valid only inside the loop body."""
+        import deepspeed
+
+        for name, p in self.engine.module.named_parameters():
+            if self.cfg.zero_stage == 3:
+                with deepspeed.zero.GatheredParameters([p], modifier_rank=None):
+                    yield name, p.data
+            else:
+                yield name, p.data
+
+    def full_state_dict(self) -> Optional[dict]:
+        """Rank 0: {name: CPU tensor} of every parameter; other ranks: None (after taking part)."""
+        sd = {}
+        for name, t in self.iter_full_params():
+            if self.rank == 0:
+                sd[name] = t.detach().to("cpu", copy=True)
+        return sd if self.rank == 0 else None
+
+    def save_checkpoint(self, directory: str) -> str:
+        """Model, optimiser, scheduler and step counter of every rank under ``directory``."""
+        tag = f"step{self.step}"
+        self.engine.save_checkpoint(directory, tag=tag, client_state={"step": self.step})
+        return tag
+
+    def load_checkpoint(self, directory: str, tag: Optional[str] = None) -> int:
+        path, client = self.engine.load_checkpoint(directory, tag=tag)
+        if path is None:
+            raise FileNotFoundError(f"no DeepSpeed checkpoint under {directory!r} (tag {tag!r})")
+        self.step = int(client["step"])
+        return self.step
+
+    def export_hf(self, directory: str) -> Optional[str]:
+        """Write the current policy in Hugging Face format (rank 0), with the tokenizer files."""
+        sd = self.full_state_dict()
+        if self.rank != 0:
+            return None
+        out = Path(directory)
+        out.mkdir(parents=True, exist_ok=True)
+        self.engine.module.save_pretrained(out, state_dict=sd)
+        for name in TOKENIZER_FILES:
+            src = Path(self.cfg.model_path) / name
+            if src.exists():
+                shutil.copy(src, out / name)
+        return str(out)

@@ -1,0 +1,182 @@
+"""The learner as Ray actors: ``LearnerActor`` (one rank, a thin shell over ``LearnerEngine``) and
+``LearnerGroup`` (the driver-side handle creating N actors that form one DeepSpeed world).
+
+World set-up: rank 0 is created first and reports its node IP and a free port on that node (or
+``LearnerConfig.master_port`` when set), so each group gets its own rendezvous port; every actor then
+sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT and builds its engine concurrently
+(the process-group rendezvous needs all of them). LOCAL_RANK is 0 on CPU (ranks share the node's
+only "device"); on GPUs Ray gives each actor its own GPU, which is device 0 inside the actor.
+
+A step: the driver computes advantages for the whole step (``grpo.compute_advantages``, so batch
+whitening sees every trajectory), shards the trajectories (``batching.shard``), puts each shard into
+the object store and calls ``train_step`` on every rank; it returns rank 0's metrics plus
+``loss_per_rank``. Every remote call waits at most ``LearnerConfig.timeout_s``; a failing rank raises
+``LearnerError`` naming the rank.
+
+May import: ray, the learner's plain modules, envs.trajectory (torch/deepspeed only inside actors).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+import ray
+
+from actors.learner import grpo
+from actors.learner.batching import pack, shard
+from actors.learner.config import LearnerConfig
+from envs.trajectory import Group, Trajectory
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+class LearnerError(RuntimeError):
+    """A learner rank failed or timed out; the message names the rank and the call."""
+
+
+class LearnerActor:
+    """One DeepSpeed rank. Methods mirror ``LearnerEngine``; the class is wrapped by ``ray.remote``
+    in ``LearnerGroup`` so that resources are chosen per group."""
+
+    def __init__(self, cfg: dict, rank: int, world_size: int):
+        self.cfg = LearnerConfig.model_validate(cfg)
+        self.rank, self.world = rank, world_size
+        self.engine = None
+        if self.cfg.num_gpus_per_rank == 0:
+            os.environ["DS_ACCELERATOR"] = "cpu"
+        os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(REPO / ".cache" / "torch_extensions"))
+
+    def address(self, configured_port: bool = True) -> tuple[str, int]:
+        """This node's IP and a free port on it (``master_port`` when set and asked for)."""
+        with socket.socket() as s:
+            s.bind(("", 0))
+            port = s.getsockname()[1]
+        if configured_port and self.cfg.master_port:
+            port = self.cfg.master_port
+        return ray.util.get_node_ip_address(), port
+
+    def setup(self, master_addr: str, master_port: int) -> int:
+        os.environ.update(RANK=str(self.rank), WORLD_SIZE=str(self.world), LOCAL_RANK="0",
+                          MASTER_ADDR=master_addr, MASTER_PORT=str(master_port))
+        from actors.learner.engine import LearnerEngine
+
+        self.engine = LearnerEngine(self.cfg)
+        return self.engine.step
+
+    def train_step(self, batch) -> dict[str, float]:
+        return self.engine.train_step(batch)
+
+    def logprobs(self, batch):
+        return self.engine.logprobs(batch)
+
+    def publish_state_dict(self) -> Optional[list]:
+        """Rank 0 puts the full state dict into the object store once and returns [ref]."""
+        sd = self.engine.full_state_dict()
+        return [ray.put(sd)] if sd is not None else None
+
+    def save(self, directory: str) -> str:
+        return self.engine.save_checkpoint(directory)
+
+    def load(self, directory: str, tag: Optional[str]) -> int:
+        return self.engine.load_checkpoint(directory, tag)
+
+    def export(self, directory: str) -> Optional[str]:
+        return self.engine.export_hf(directory)
+
+    def sync_init(self, addr: str, port: int, world: int) -> list:
+        from actors.learner.weight_sync import learner_sync_init
+
+        return learner_sync_init(self.engine, addr, port, world)
+
+    def sync_broadcast(self) -> None:
+        from actors.learner.weight_sync import learner_sync_broadcast
+
+        learner_sync_broadcast(self.engine)
+
+
+class LearnerGroup:
+    """N ``LearnerActor`` ranks forming one DeepSpeed world; the trainer's handle on the learner."""
+
+    def __init__(self, cfg: LearnerConfig):
+        self.cfg = cfg
+        remote = ray.remote(LearnerActor).options(num_cpus=cfg.num_cpus_per_rank,
+                                                  num_gpus=cfg.num_gpus_per_rank)
+        data = cfg.model_dump()
+        self.actors = [remote.remote(data, r, cfg.ranks) for r in range(cfg.ranks)]
+        addr, port = self._get([self.actors[0].address.remote()], "address")[0]
+        self.master = (addr, port)
+        self.step = self._get([a.setup.remote(addr, port) for a in self.actors], "setup")[0]
+        self.version = self.step
+
+    def _get(self, refs: list, what: str) -> list:
+        try:
+            return ray.get(refs, timeout=self.cfg.timeout_s)
+        except ray.exceptions.GetTimeoutError as e:
+            raise LearnerError(f"learner {what} timed out after {self.cfg.timeout_s} s "
+                               f"(ranks {self.cfg.ranks}, master {getattr(self, 'master', None)})"
+                               ) from e
+        except ray.exceptions.RayActorError as e:
+            raise LearnerError(f"learner {what}: a rank died: {e}") from e
+        except ray.exceptions.RayTaskError as e:
+            raise LearnerError(f"learner {what} failed: {e}") from e
+
+    def advantages(self, groups: Sequence[Group]) -> list[list[float]]:
+        lc = self.cfg.loss
+        adv = grpo.compute_advantages([g.rewards for g in groups], group_std_norm=lc.group_std_norm,
+                                      whiten_batch=lc.whiten, clip=lc.adv_clip, eps=lc.eps)
+        return [a.tolist() for a in adv]
+
+    def train_step(self, groups: Sequence[Group]) -> dict[str, Any]:
+        """One optimiser step on the groups; returns rank 0's metrics plus ``loss_per_rank``."""
+        trajs = [t for g in groups for t in g.trajectories]
+        adv = [a for per_group in self.advantages(groups) for a in per_group]
+        shards = shard(trajs, adv, self.cfg.ranks, self.cfg.micro_batch_size)
+        refs = [a.train_step.remote(ray.put(s)) for a, s in zip(self.actors, shards)]
+        per_rank = self._get(refs, f"train_step {self.step + 1}")
+        self.step = self.version = int(per_rank[0]["step"])
+        metrics = dict(per_rank[0])
+        metrics["loss_per_rank"] = [m["loss"] for m in per_rank]
+        metrics["checksum_per_rank"] = [m["param_checksum"] for m in per_rank]
+        metrics["step_time_s"] = max(m["time_s"] for m in per_rank)
+        return metrics
+
+    def logprobs(self, trajectories: Sequence[Trajectory]) -> list[list[float]]:
+        """Per-token log-probs under the current weights (index i scores token i; index 0 is 0)."""
+        batch = pack(list(trajectories), [0.0] * len(trajectories))
+        ref = self._get([a.logprobs.remote(batch) for a in self.actors], "logprobs")[0]
+        return [[0.0] + ref[i, :len(t.token_ids) - 1].tolist() for i, t in enumerate(trajectories)]
+
+    def state_dict_ref(self) -> ray.ObjectRef:
+        """The full state dict of the current weights, put into the object store once."""
+        out = self._get([a.publish_state_dict.remote() for a in self.actors], "publish")
+        return out[0][0]
+
+    def save(self, directory: str) -> str:
+        tags = self._get([a.save.remote(directory) for a in self.actors], "save")
+        return tags[0]
+
+    def load(self, directory: str, tag: Optional[str] = None) -> int:
+        steps = self._get([a.load.remote(directory, tag) for a in self.actors], "load")
+        self.step = self.version = steps[0]
+        return self.step
+
+    def export(self, directory: str) -> str:
+        return self._get([a.export.remote(directory) for a in self.actors], "export")[0]
+
+    def sync_address(self) -> tuple[str, int]:
+        """Rank 0's node and a free port there, for the NCCL weight-sync group."""
+        return self._get([self.actors[0].address.remote(False)], "sync address")[0]
+
+    def sync_init(self, addr: str, port: int, world: int) -> list:
+        return self._get([a.sync_init.remote(addr, port, world) for a in self.actors], "sync_init")[0]
+
+    def sync_broadcast(self) -> None:
+        self._get([a.sync_broadcast.remote() for a in self.actors], "sync_broadcast")
+
+    def shutdown(self) -> None:
+        for a in self.actors:
+            ray.kill(a)
+        self.actors = []

@@ -1,0 +1,170 @@
+"""Versioned publication of the learner's weights to the rollout engines: one interface, two paths.
+
+``WeightSync.publish(learner, version) -> SyncReport``; the version is the learner step, and each
+engine reports it (``engine.version``) for every generation that follows.
+
+- ``ObjectStoreSync`` (CPU, any cluster): learner rank 0 gathers the full state dict (all ranks take
+  part under ZeRO-3), ``ray.put``s it once, and every target gets the same ObjectRef:
+  ``target.update_weights(named_tensors, version)`` (a Ray actor handle or a local engine).
+- ``NCCLSync`` (GPUs): a separate NCCL group {learner rank 0, every vLLM worker} built once with
+  vLLM's ``StatelessProcessGroup`` + ``PyNcclCommunicator`` (the learner's own DeepSpeed group is
+  untouched). Per publish, rank 0 broadcasts each parameter in turn (gathered first under ZeRO-3 by
+  ``GatheredParameters``, all ranks iterating in step) and the workers receive and load it
+  (``VLLMWorkerExtension``, loaded in vLLM through ``worker_extension_cls``). Target contract (the
+  vLLM engine actor forwards to its workers with ``collective_rpc``):
+  ``num_sync_workers() -> int``, ``init_weight_sync(addr, port, rank_offset, world_size)``,
+  ``receive_weights(meta, version, wait_idle)``. ``wait_idle`` is True unless partial rollout is on:
+  the engine finishes in-flight generation before the first broadcast and holds new requests until
+  the last, so weights never change under a running generation.
+
+Not covered here: NCCL needs one GPU per rank; learner rank 0 must not share its GPU with a vLLM
+worker (a known NCCL failure; put them on separate GPUs).
+
+May import: ray, torch (inside functions), the learner's plain modules.
+"""
+
+from __future__ import annotations
+
+import abc
+import time
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import ray
+
+
+@dataclass
+class SyncReport:
+    version: int
+    seconds: float
+    targets: int
+    method: str
+
+
+class WeightSync(abc.ABC):
+    """Publish the learner's current weights, tagged ``version``, to every target."""
+
+    def __init__(self, targets: Sequence[Any], timeout_s: float = 600.0):
+        self.targets = list(targets)
+        self.timeout_s = timeout_s
+
+    @abc.abstractmethod
+    def publish(self, learner, version: int) -> SyncReport: ...
+
+    def _wait(self, refs: list, what: str) -> list:
+        try:
+            return ray.get(refs, timeout=self.timeout_s)
+        except ray.exceptions.GetTimeoutError as e:
+            raise TimeoutError(f"weight sync {what} timed out after {self.timeout_s} s") from e
+
+
+def _is_actor(target: Any) -> bool:
+    return hasattr(getattr(target, "update_weights", None), "remote")
+
+
+class ObjectStoreSync(WeightSync):
+    def publish(self, learner, version: int) -> SyncReport:
+        t0 = time.perf_counter()
+        ref = learner.state_dict_ref()
+        remote = [t.update_weights.remote(ref, version) for t in self.targets if _is_actor(t)]
+        local = [t for t in self.targets if not _is_actor(t)]
+        if local:
+            state = ray.get(ref, timeout=self.timeout_s)
+            for t in local:
+                t.update_weights(state, version)
+        self._wait(remote, f"update_weights(version={version})")
+        return SyncReport(version, time.perf_counter() - t0, len(self.targets), "object_store")
+
+
+class NCCLSync(WeightSync):
+    def __init__(self, targets: Sequence[Any], partial_rollout: bool = False,
+                 timeout_s: float = 600.0):
+        super().__init__(targets, timeout_s)
+        self.partial_rollout = partial_rollout
+        self.meta = None
+
+    def _connect(self, learner) -> None:
+        counts = self._wait([t.num_sync_workers.remote() for t in self.targets], "worker count")
+        world = 1 + sum(counts)
+        addr, port = learner.sync_address()
+        offsets = [1 + sum(counts[:i]) for i in range(len(counts))]
+        refs = [t.init_weight_sync.remote(addr, port, off, world)
+                for t, off in zip(self.targets, offsets)]
+        self.meta = learner.sync_init(addr, port, world)
+        self._wait(refs, "init_weight_sync")
+
+    def publish(self, learner, version: int) -> SyncReport:
+        t0 = time.perf_counter()
+        if self.meta is None:
+            self._connect(learner)
+        wait_idle = not self.partial_rollout
+        refs = [t.receive_weights.remote(self.meta, version, wait_idle) for t in self.targets]
+        learner.sync_broadcast()
+        self._wait(refs, f"receive_weights(version={version})")
+        return SyncReport(version, time.perf_counter() - t0, len(self.targets), "nccl")
+
+
+def make_weight_sync(targets: Sequence[Any], method: str = "auto", partial_rollout: bool = False,
+                     timeout_s: float = 600.0) -> WeightSync:
+    """``auto``: NCCL when the targets speak it (vLLM engines), else the object store."""
+    if method not in ("auto", "nccl", "object_store"):
+        raise ValueError(f"weight sync method must be auto, nccl or object_store, got {method!r}")
+    nccl = method == "nccl" or (method == "auto" and targets and all(
+        hasattr(getattr(t, "receive_weights", None), "remote") for t in targets))
+    if nccl:
+        return NCCLSync(targets, partial_rollout, timeout_s)
+    return ObjectStoreSync(targets, timeout_s)
+
+
+# -- inside the processes: learner ranks and vLLM workers ---------------------------------------
+
+def _stateless_nccl(addr: str, port: int, rank: int, world: int, device):
+    from vllm.distributed.device_communicators.pynccl import PyNcclCommunicator
+    from vllm.distributed.utils import StatelessProcessGroup
+
+    group = StatelessProcessGroup.create(host=addr, port=port, rank=rank, world_size=world)
+    return PyNcclCommunicator(group, device=device)
+
+
+def learner_sync_init(engine, addr: str, port: int, world: int) -> list:
+    """On every learner rank: rank 0 joins the sync group; returns [(name, dtype, shape)]."""
+    meta = []
+    for name, p in engine.engine.module.named_parameters():
+        shape = tuple(getattr(p, "ds_shape", p.shape))
+        meta.append((name, str(p.dtype).removeprefix("torch."), shape))
+    if engine.rank == 0:
+        engine.sync_comm = _stateless_nccl(addr, port, 0, world, engine.device)
+    return meta
+
+
+def learner_sync_broadcast(engine) -> None:
+    """On every learner rank (ZeRO-3 gathers are collective); rank 0 broadcasts each parameter."""
+    import torch
+
+    for _, tensor in engine.iter_full_params():
+        if engine.rank == 0:
+            engine.sync_comm.broadcast(tensor.contiguous(), src=0,
+                                       stream=torch.cuda.current_stream())
+    if engine.rank == 0:
+        torch.cuda.synchronize()
+
+
+class VLLMWorkerExtension:
+    """Mixed into vLLM workers (``LLM(..., worker_extension_cls="actors.learner.weight_sync.
+    VLLMWorkerExtension")``); reached through ``collective_rpc``."""
+
+    def init_weight_sync(self, addr: str, port: int, rank_offset: int, world: int) -> None:
+        from vllm.distributed.parallel_state import get_world_group
+
+        rank = get_world_group().rank + rank_offset
+        self.sync_comm = _stateless_nccl(addr, port, rank, world, self.device)
+
+    def receive_weights(self, meta: list, version: int) -> int:
+        import torch
+
+        for name, dtype, shape in meta:
+            buf = torch.empty(shape, dtype=getattr(torch, dtype), device=self.device)
+            self.sync_comm.broadcast(buf, src=0, stream=torch.cuda.current_stream())
+            self.model_runner.model.load_weights(weights=[(name, buf)])
+        torch.cuda.synchronize()
+        return version

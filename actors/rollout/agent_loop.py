@@ -1,0 +1,206 @@
+"""The multi-turn agent loop: one episode of one task, token-in/token-out.
+
+Sequence layout (Qwen3 chat format; ``m`` = loss mask)::
+
+    prompt (system + tools + user, rendered once by the chat template)           m = 0
+    turn 1 tokens as generated, ending with <|im_end|> (or cut at the limit)     m = 1
+    "\n<|im_start|>user\n<tool_response>\n{observation}\n</tool_response><|im_end|>\n
+     <|im_start|>assistant\n"  -- tokenised alone and appended                    m = 0
+    turn 2 ...
+
+Only new segments are tokenised; the conversation is never re-rendered, because re-rendering
+drifts (Qwen3's template drops earlier ``<think>`` blocks, and BPE merges across a boundary can
+differ). ``token_ids``, ``logprobs`` (0 on non-generated tokens) and ``loss_mask`` always have the
+same length. A turn cut at the token limit gets a masked ``<|im_end|>`` before the next segment so
+the sequence stays well formed.
+
+Termination: a plain reply (no ``<tool_call>``) ends the episode with status ``ok``; a tool call
+when ``max_turns`` calls were already made, a sequence that reached ``max_tokens_per_sequence``,
+or a next segment that would not fit, ends it ``truncated`` (the final state is still verified:
+EnvScaler's reward is a property of the state). Malformed turns follow ``config.malformed`` (see
+``actors.rollout.config``) and are counted per kind in ``info["malformed"]``. A sandbox failure
+ends the episode ``env_error`` (``timeout`` when it was a timeout) with reward 0; the caller may
+retry it on a fresh session.
+
+Sessions implement ``EnvSession`` (the executor pool's sticky session, or ``InProcessSession``).
+
+May import: actors.rollout (config, toolcall, engines.base), envs, sandbox.errors, the standard
+library. No Ray, no torch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any, Optional, Protocol
+
+from actors.rollout.config import RolloutConfig
+from actors.rollout.engines.base import Engine, SamplingParams
+from actors.rollout.toolcall import parse_turn, tool_parameters
+from envs.spec import Environment, TaskSpec
+from envs.trajectory import ActionStep, Trajectory, VerifyResult
+
+
+class EnvSession(Protocol):
+    async def astep(self, tool: str, arguments: dict[str, Any]) -> ActionStep: ...
+    async def averify(self) -> VerifyResult: ...
+    async def aclose(self) -> None: ...
+
+
+def render_prompt(tokenizer, env: Environment, task: TaskSpec, enable_thinking: bool = True
+                  ) -> list[int]:
+    messages = [{"role": "system", "content": env.system_prompt()},
+                {"role": "user", "content": task.instruction}]
+    text = tokenizer.apply_chat_template(messages, tools=env.tools, tokenize=False,
+                                         add_generation_prompt=True,
+                                         enable_thinking=enable_thinking)
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
+def format_observation(observation: Any, max_chars: Optional[int] = None) -> str:
+    text = observation if isinstance(observation, str) else json.dumps(
+        observation, ensure_ascii=False, default=str)
+    if max_chars is not None and len(text) > max_chars:
+        text = text[:max_chars] + f"... [truncated {len(text) - max_chars} chars]"
+    return text
+
+
+def turn_seed(episode_seed: Optional[int], turn: int) -> Optional[int]:
+    return None if episode_seed is None else (episode_seed * 1_000_003 + turn) % 2**31
+
+
+@dataclass
+class _Episode:
+    """Mutable per-episode accumulator: the three aligned token streams and the trace."""
+
+    token_ids: list[int]
+    logprobs: list[float] = field(default_factory=list)
+    loss_mask: list[int] = field(default_factory=list)
+    actions: list[ActionStep] = field(default_factory=list)
+    malformed: dict[str, int] = field(default_factory=dict)
+    versions: list[int] = field(default_factory=list)
+    timings: dict[str, float] = field(default_factory=lambda: {
+        "generate_s": 0.0, "env_s": 0.0, "verify_s": 0.0})
+    turns: int = 0
+    status: str = "ok"
+    final_reply: str = ""
+    error: str = ""
+
+    def __post_init__(self) -> None:
+        self.logprobs = [0.0] * len(self.token_ids)
+        self.loss_mask = [0] * len(self.token_ids)
+
+    def extend(self, ids: list[int], logprobs: Optional[list[float]] = None, mask: int = 0):
+        self.token_ids.extend(ids)
+        self.logprobs.extend(logprobs if logprobs is not None else [0.0] * len(ids))
+        self.loss_mask.extend([mask] * len(ids))
+
+
+class AgentLoop:
+    """Runs episodes for one engine + tokenizer; stateless between episodes."""
+
+    def __init__(self, engine: Engine, tokenizer, config: RolloutConfig):
+        self.engine, self.tokenizer, self.config = engine, tokenizer, config
+        self.end_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
+        self._think_prefix = "" if config.enable_thinking else "<think>\n\n</think>\n\n"
+
+    def segment(self, observation: str, cut: bool) -> list[int]:
+        """Tokens of one tool response, from the end of a model turn to the next turn's start."""
+        text = ("\n<|im_start|>user\n<tool_response>\n" + observation
+                + "\n</tool_response><|im_end|>\n<|im_start|>assistant\n" + self._think_prefix)
+        ids = self.tokenizer.encode(text, add_special_tokens=False)
+        return ([self.end_id] if cut else []) + ids
+
+    async def run(self, env: Environment, task: TaskSpec, session: EnvSession,
+                  seed: Optional[int] = None) -> Trajectory:
+        from sandbox.errors import SandboxError
+
+        start = time.perf_counter()
+        ep = _Episode(render_prompt(self.tokenizer, env, task, self.config.enable_thinking))
+        prompt_len = len(ep.token_ids)
+        reward, checks = 0.0, []
+        try:
+            await self._turns(ep, env, task, session, seed)
+            if ep.status in ("ok", "truncated"):
+                t0 = time.perf_counter()
+                result = await asyncio.wait_for(session.averify(), self.config.verify_timeout_s)
+                ep.timings["verify_s"] = time.perf_counter() - t0
+                reward, checks = result.reward, result.checks
+        except (asyncio.TimeoutError, TimeoutError) as e:
+            ep.status, ep.error = "timeout", f"timed out: {e!r}"
+        except SandboxError as e:
+            ep.status, ep.error = ("timeout" if e.kind == "timeout" else "env_error"), str(e)
+        ep.timings["total_s"] = time.perf_counter() - start
+        return Trajectory(
+            task_id=task.task_id, reward=reward, status=ep.status, actions=ep.actions,
+            final_reply=ep.final_reply, checks=checks, token_ids=ep.token_ids,
+            logprobs=ep.logprobs, loss_mask=ep.loss_mask, prompt_len=prompt_len,
+            policy_version=min(ep.versions, default=self.engine.version), seed=seed,
+            timings=ep.timings,
+            info={"turns": ep.turns, "malformed": ep.malformed, "policy_versions": ep.versions,
+                  "generated_tokens": sum(ep.loss_mask), **({"error": ep.error} if ep.error else {})})
+
+    async def _turns(self, ep: _Episode, env: Environment, task: TaskSpec, session: EnvSession,
+                     seed: Optional[int]) -> None:
+        cfg = self.config
+        params = tool_parameters(env.tools)
+        for turn in range(cfg.max_turns + 1):
+            room = cfg.max_tokens_per_sequence - len(ep.token_ids)
+            if room < 1:
+                ep.status = "truncated"
+                return
+            budget = min(cfg.max_tokens_per_turn, room)
+            sampling = SamplingParams(max_tokens=budget, temperature=cfg.temperature,
+                                      top_p=cfg.top_p, top_k=cfg.top_k, seed=turn_seed(seed, turn))
+            ep.versions.append(self.engine.version)
+            t0 = time.perf_counter()
+            gen = await asyncio.wait_for(self.engine.generate(list(ep.token_ids), sampling,
+                                                              task_id=task.task_id),
+                                         cfg.generate_timeout_s)
+            ep.timings["generate_s"] += time.perf_counter() - t0
+            ep.extend(gen.token_ids, gen.logprobs, mask=1)
+            observation = await self._act(ep, gen, budget, params, session)
+            if observation is None:
+                return
+            cut = gen.finish_reason == "length"
+            seg = self.segment(format_observation(observation, cfg.observation_max_chars), cut)
+            if len(ep.token_ids) + len(seg) >= cfg.max_tokens_per_sequence:
+                ep.status = "truncated"
+                return
+            ep.extend(seg)
+        ep.status = "truncated"
+
+    async def _act(self, ep: _Episode, gen, budget: int, params: dict, session: EnvSession
+                   ) -> Optional[Any]:
+        """Handle one generated turn; the observation to append, or None when the episode ends."""
+        cfg = self.config
+        if gen.finish_reason == "length" and budget < cfg.max_tokens_per_turn:
+            ep.status = "truncated"  # the sequence limit, not the turn limit, cut this turn
+            return None
+        text = self.tokenizer.decode(gen.token_ids, skip_special_tokens=False)
+        parsed = parse_turn(text, params)
+        if gen.finish_reason == "length":
+            parsed.kind, parsed.error_kind = "malformed", "runaway_length"
+            parsed.error = f"the turn reached the {cfg.max_tokens_per_turn}-token limit"
+        if parsed.kind == "final":
+            ep.final_reply = parsed.content
+            return None
+        if ep.turns >= cfg.max_turns:
+            ep.status = "truncated"
+            return None
+        ep.turns += 1
+        if parsed.kind == "malformed":
+            ep.malformed[parsed.error_kind] = ep.malformed.get(parsed.error_kind, 0) + 1
+            if cfg.malformed == "end_zero":
+                ep.status = "malformed"
+                return None
+            return f"Error: {parsed.error}"
+        t0 = time.perf_counter()
+        step = await asyncio.wait_for(session.astep(parsed.name, parsed.arguments),
+                                      cfg.step_timeout_s)
+        ep.timings["env_s"] += time.perf_counter() - t0
+        ep.actions.append(step)
+        # A tool that failed (bad binding, raised) already reports {"success": False, "error"}.
+        return step.observation

@@ -1,0 +1,59 @@
+"""``RolloutConfig``: the one typed config of the rollout role (agent loop, sampling, worker).
+
+Defaults are the paper's (Section 4, "Implementation Details"): at most 40 turns, 4,096 tokens per
+turn, 32,000 tokens per sequence; sampling at temperature 0.99, top-p 0.99, top-k 100.
+
+Decisions where the paper is silent:
+- ``malformed``: what the loop does with a model turn it cannot execute (invalid JSON, unknown
+  tool, wrong arguments, several calls, no closing tag, runaway length). ``"error_observation"``
+  answers with a tool message describing the error and continues (the turn counts toward
+  ``max_turns``); ``"end_zero"`` ends the episode with reward 0 and status ``malformed``
+  (EnvScaler's rule for a tool call that raises).
+- ``max_turns`` counts model turns that asked for a tool; the final plain reply is not a turn.
+- Timeouts (seconds) bound every awaited call: one generation, one tool step, one verify, and
+  opening a sandbox session. ``episode_retries`` re-runs an episode that ended ``env_error`` or
+  ``timeout`` on a fresh session; when retries are spent the trajectory is kept with its status.
+
+May import: pydantic and the standard library only.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+MalformedPolicy = Literal["error_observation", "end_zero"]
+
+
+class RolloutConfig(BaseModel):
+    """Agent-loop limits, sampling and worker concurrency; YAML key ``rollout``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_turns: int = Field(40, ge=1, description="tool-calling model turns per episode")
+    max_tokens_per_turn: int = Field(4096, ge=1, description="generated tokens per model turn")
+    max_tokens_per_sequence: int = Field(32000, ge=16, description="prompt + all turns")
+    temperature: float = Field(0.99, ge=0.0)
+    top_p: float = Field(0.99, gt=0.0, le=1.0)
+    top_k: int = Field(100, ge=-1, description="-1 or 0 disables top-k")
+    malformed: MalformedPolicy = "error_observation"
+    enable_thinking: bool = Field(True, description="passed to the chat template")
+    k: int = Field(8, ge=1, description="trajectories per group")
+    max_concurrent_episodes: int = Field(64, ge=1, description="per RolloutWorker")
+    generate_timeout_s: float = Field(600.0, gt=0)
+    step_timeout_s: float = Field(60.0, gt=0)
+    verify_timeout_s: float = Field(60.0, gt=0)
+    session_timeout_s: float = Field(120.0, gt=0)
+    episode_retries: int = Field(1, ge=0)
+    observation_max_chars: Optional[int] = Field(
+        None, ge=16, description="truncate long tool observations (None keeps them whole)")
+
+    @model_validator(mode="after")
+    def _turn_fits_sequence(self) -> "RolloutConfig":
+        if self.max_tokens_per_turn > self.max_tokens_per_sequence:
+            raise ValueError(
+                f"max_tokens_per_turn ({self.max_tokens_per_turn}) must not exceed "
+                f"max_tokens_per_sequence ({self.max_tokens_per_sequence}); lower the first or "
+                "raise the second")
+        return self

@@ -1,0 +1,93 @@
+"""The one engine interface the agent loop and the learner see.
+
+- ``await generate(prompt_token_ids, sampling, task_id=None) -> Generation``: token ids in, token
+  ids out, with the log-probability of every sampled token under the policy's own distribution
+  (temperature 1, before top-k/top-p; what vLLM returns by default and what the learner
+  recomputes) and a finish reason: ``"stop"`` (an end-of-turn token was sampled, and is the last
+  element of ``token_ids``) or ``"length"`` (``max_tokens`` reached). ``task_id`` is a hint that
+  only the scripted engine uses.
+- ``update_weights(named_tensors, version)``: load a (possibly partial) state dict in place, then
+  publish ``version``; unknown names or shape mismatches raise ``WeightUpdateError`` and leave the
+  version unchanged.
+- ``version``: the policy version of the weights that produced the next generation.
+
+Engines are safe for many concurrent ``generate`` calls from one asyncio loop.
+
+May import: the standard library; engines import their heavy libraries themselves.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+
+class WeightUpdateError(ValueError):
+    """A weight update named a parameter the policy lacks, or had the wrong shape."""
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_tokens: int
+    temperature: float = 0.99
+    top_p: float = 0.99
+    top_k: int = 100
+    seed: Optional[int] = None
+    stop_token_ids: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 1:
+            raise ValueError(f"SamplingParams.max_tokens must be >= 1, got {self.max_tokens}")
+
+
+@dataclass
+class Generation:
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if len(self.token_ids) != len(self.logprobs):
+            raise ValueError(f"Generation has {len(self.token_ids)} tokens but "
+                             f"{len(self.logprobs)} logprobs")
+        if self.finish_reason not in ("stop", "length"):
+            raise ValueError(f"finish_reason must be 'stop' or 'length', got {self.finish_reason!r}")
+
+
+class Engine(abc.ABC):
+    """See the module docstring for the contract."""
+
+    def __init__(self) -> None:
+        self._version = 0
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    @abc.abstractmethod
+    async def generate(self, prompt_token_ids: list[int], sampling: SamplingParams,
+                       task_id: Optional[str] = None) -> Generation: ...
+
+    @abc.abstractmethod
+    def update_weights(self, named_tensors: dict[str, Any], version: int) -> None: ...
+
+    def close(self) -> None:
+        """Release the engine's resources (GPU memory, background loops)."""
+
+
+def make_engine(kind: str, *, model_path: Optional[str] = None, tokenizer=None, pool=None,
+                **kwargs) -> Engine:
+    """``kind`` in ``scripted | hf | vllm``. ``hf``/``vllm`` load ``model_path``; ``scripted``
+    needs the ``tokenizer`` and the ``pool`` whose reference solutions it plays."""
+    if kind == "hf":
+        from actors.rollout.engines.hf_engine import HFEngine
+        return HFEngine(model_path, **kwargs)
+    if kind == "vllm":
+        from actors.rollout.engines.vllm_engine import VLLMEngine
+        return VLLMEngine(model_path, **kwargs)
+    if kind == "scripted":
+        from actors.rollout.engines.scripted_engine import ScriptedEngine
+        return ScriptedEngine.from_pool(tokenizer, pool, **kwargs)
+    raise ValueError(f"engine must be one of scripted, hf, vllm; got {kind!r}")

@@ -1,0 +1,79 @@
+"""A transformers engine for CPUs (tests, the embedded demo): same contract as the vLLM engine.
+
+``generate`` runs ``model.generate`` in a worker thread, one request at a time behind a lock (a CPU
+has no spare throughput for batching tiny requests; concurrency comes from overlapping generation
+with tool calls of other episodes). Log-probs come from the raw logits of each step
+(``output_logits=True``), i.e. the temperature-1 distribution, matching vLLM's default.
+Reproducibility: with ``sampling.seed`` set, the torch RNG is seeded inside the lock, so a request
+gives the same tokens whatever other requests run concurrently.
+
+May import: torch, transformers, actors.policy, actors.rollout.engines.base.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any, Optional
+
+from actors.rollout.engines.base import Engine, Generation, SamplingParams, WeightUpdateError
+
+
+class HFEngine(Engine):
+    def __init__(self, model_path: Optional[str] = None, dtype: Any = None, num_threads: int = 0):
+        super().__init__()
+        import torch
+
+        from actors.policy import build_tiny_policy, load_policy
+
+        if num_threads:
+            torch.set_num_threads(num_threads)
+        self.model_path = str(model_path or build_tiny_policy())
+        self.model, self.tokenizer = load_policy(self.model_path, dtype=dtype)
+        gen = self.model.generation_config
+        self.stop_ids = tuple(gen.eos_token_id if isinstance(gen.eos_token_id, list)
+                              else [gen.eos_token_id])
+        self._lock = threading.Lock()
+
+    async def generate(self, prompt_token_ids: list[int], sampling: SamplingParams,
+                       task_id: Optional[str] = None) -> Generation:
+        return await asyncio.to_thread(self._generate, list(prompt_token_ids), sampling)
+
+    def _generate(self, prompt: list[int], sampling: SamplingParams) -> Generation:
+        import torch
+        from transformers import GenerationConfig
+
+        stops = sampling.stop_token_ids or self.stop_ids
+        sample = sampling.temperature > 0
+        config = GenerationConfig(
+            max_new_tokens=sampling.max_tokens, do_sample=sample, eos_token_id=list(stops),
+            pad_token_id=self.model.generation_config.pad_token_id,
+            temperature=sampling.temperature if sample else None,
+            top_p=sampling.top_p if sample else None,
+            top_k=(sampling.top_k if sampling.top_k > 0 else None) if sample else None,
+            output_logits=True, return_dict_in_generate=True)
+        with self._lock, torch.no_grad():
+            if sampling.seed is not None:
+                torch.manual_seed(sampling.seed)
+            out = self.model.generate(torch.tensor([prompt]), generation_config=config,
+                                      attention_mask=torch.ones(1, len(prompt), dtype=torch.long))
+        tokens = out.sequences[0, len(prompt):].tolist()
+        logits = torch.stack([step[0] for step in out.logits[:len(tokens)]]).float()
+        logprobs = torch.log_softmax(logits, dim=-1)[torch.arange(len(tokens)), tokens]
+        stopped = bool(tokens) and tokens[-1] in stops
+        return Generation(tokens, logprobs.tolist(), "stop" if stopped else "length")
+
+    def update_weights(self, named_tensors: dict[str, Any], version: int) -> None:
+        import torch
+
+        params = self.model.state_dict()
+        for name, tensor in named_tensors.items():
+            if name not in params:
+                raise WeightUpdateError(f"HFEngine({self.model_path}): unknown parameter {name!r}")
+            if tuple(tensor.shape) != tuple(params[name].shape):
+                raise WeightUpdateError(f"HFEngine({self.model_path}): {name} has shape "
+                                        f"{tuple(tensor.shape)}, expected {tuple(params[name].shape)}")
+        with self._lock, torch.no_grad():
+            for name, tensor in named_tensors.items():
+                params[name].copy_(tensor.to(params[name].dtype))
+            self._version = int(version)

@@ -1,0 +1,131 @@
+"""``GroupRunner``: K concurrent episodes of one task -> one complete ``Group``; the logic of the
+RolloutWorker actor, without Ray.
+
+- Concurrency: all episodes of all groups in flight share one asyncio loop; a semaphore caps live
+  episodes at ``config.max_concurrent_episodes`` (each one holds a sandbox session).
+- Stickiness: an episode opens one session (``open_session(task, seed)``, awaited with
+  ``session_timeout_s``) and uses it for every tool call and the verifier, then closes it.
+- Failures: an episode that ends ``env_error`` or ``timeout`` (including a session that could not
+  be opened) is retried on a fresh session up to ``config.episode_retries`` times with the same
+  seed; after that the last attempt is kept with its status. A group always has K trajectories.
+- Seeds: episode ``i`` of (task, step, group seed) gets a seed derived by hashing, so a group is
+  reproducible and re-issuing it (same ticket seed) replays the same sandbox randomness.
+- ``metrics()`` aggregates statuses, malformed kinds, and time spent generating, waiting on the
+  executors (open + steps + verify + close) and in total.
+
+May import: actors.rollout, envs, sandbox.errors, the standard library. No Ray.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import inspect
+import time
+from collections import Counter
+from typing import Any, Awaitable, Callable, Optional, Union
+
+from actors.rollout.agent_loop import AgentLoop, EnvSession
+from envs.spec import Environment, TaskSpec
+from envs.trajectory import Group, Trajectory
+
+Opener = Callable[[TaskSpec, int], Union[EnvSession, Awaitable[EnvSession]]]
+RETRYABLE = ("env_error", "timeout")
+
+
+def episode_seed(group_seed: int, task_id: str, step: int, index: int) -> int:
+    digest = hashlib.sha256(f"{group_seed}/{task_id}/{step}/{index}".encode()).digest()
+    return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
+
+
+class GroupRunner:
+    def __init__(self, loop: AgentLoop, pool, open_session: Opener):
+        self.loop, self.pool, self.open_session = loop, pool, open_session
+        self.config = loop.config
+        self._sem: Optional[asyncio.Semaphore] = None
+        self._stats: Counter = Counter()
+        self._malformed: Counter = Counter()
+        self._time: Counter = Counter()
+
+    async def run_group(self, task_id: str, step: int, seed: int = 0,
+                        k: Optional[int] = None) -> Group:
+        task = self.pool.task(task_id)
+        env = self.pool.environment(task.env_id)
+        k = k or self.config.k
+        seeds = [episode_seed(seed, task_id, step, i) for i in range(k)]
+        trajectories = await asyncio.gather(*(self._episode(env, task, s) for s in seeds))
+        self._stats["groups"] += 1
+        return Group(task_id=task_id, step=step, trajectories=list(trajectories),
+                     env_id=env.env_id)
+
+    async def _episode(self, env: Environment, task: TaskSpec, seed: int) -> Trajectory:
+        if self._sem is None:
+            self._sem = asyncio.Semaphore(self.config.max_concurrent_episodes)
+        errors = []
+        for attempt in range(self.config.episode_retries + 1):
+            async with self._sem:
+                traj = await self._attempt(env, task, seed)
+            if traj.status not in RETRYABLE:
+                break
+            errors.append(traj.info.get("error", traj.status))
+            self._stats["retries"] += attempt < self.config.episode_retries
+        traj.info["attempts"] = attempt + 1
+        if errors:
+            traj.info["failed_attempts"] = errors
+        self._record(traj)
+        return traj
+
+    async def _attempt(self, env: Environment, task: TaskSpec, seed: int) -> Trajectory:
+        from sandbox.errors import SandboxError
+
+        t0 = time.perf_counter()
+        try:
+            session = await asyncio.wait_for(self._open(task, seed),
+                                             self.config.session_timeout_s)
+        except (asyncio.TimeoutError, TimeoutError, SandboxError) as e:
+            status = "env_error" if isinstance(e, SandboxError) and e.kind != "timeout" \
+                else "timeout"
+            return Trajectory(task_id=task.task_id, reward=0.0, status=status, seed=seed,
+                              policy_version=self.loop.engine.version,
+                              info={"error": f"opening a session failed: {e!r}"},
+                              timings={"open_s": time.perf_counter() - t0})
+        opened = time.perf_counter()
+        try:
+            traj = await self.loop.run(env, task, session, seed)
+        finally:
+            close_error = await self._close(session)
+        traj.timings["open_s"] = opened - t0
+        traj.timings["close_s"] = time.perf_counter() - opened - traj.timings["total_s"]
+        if close_error:
+            traj.info["close_error"] = close_error
+        return traj
+
+    async def _open(self, task: TaskSpec, seed: int) -> EnvSession:
+        session = self.open_session(task, seed)
+        return await session if inspect.isawaitable(session) else session
+
+    async def _close(self, session: Any) -> str:
+        """Close errors do not change the episode's outcome; they are reported in ``info``."""
+        from sandbox.errors import SandboxError
+
+        try:
+            await asyncio.wait_for(session.aclose(), self.config.session_timeout_s)
+        except (asyncio.TimeoutError, TimeoutError, SandboxError) as e:
+            return repr(e)
+        return ""
+
+    def _record(self, traj: Trajectory) -> None:
+        self._stats["episodes"] += 1
+        self._stats[f"status_{traj.status}"] += 1
+        self._malformed.update(traj.info.get("malformed", {}))
+        t = traj.timings
+        self._time["generate_s"] += t.get("generate_s", 0.0)
+        self._time["executor_s"] += sum(t.get(x, 0.0) for x in ("open_s", "env_s", "verify_s",
+                                                                 "close_s"))
+        self._time["episode_s"] += t.get("open_s", 0.0) + t.get("total_s", 0.0) + \
+            t.get("close_s", 0.0)
+
+    def metrics(self) -> dict[str, Any]:
+        return {**self._stats, **{f"malformed_{k}": v for k, v in self._malformed.items()},
+                **{f"time_{k}": v for k, v in self._time.items()},
+                "policy_version": self.loop.engine.version}

@@ -1,0 +1,68 @@
+"""Summaries of rollout groups, shared by ``envsched rollout`` and ``envsched bench rollout``.
+
+Within-group reward variance is the paper's Eq. 2, ``v = 1/K * sum_k (r_k - m)^2`` (population
+variance); a group is non-trivial when ``v > 0``. The executor share is the time episodes spent
+waiting on their sandbox (open + tool steps + verify + close) over their total time.
+
+May import: envs.trajectory, the standard library.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any, Iterable
+
+from envs.trajectory import Group
+
+
+def group_variance(rewards: list[float]) -> float:
+    m = sum(rewards) / len(rewards)
+    return sum((r - m) ** 2 for r in rewards) / len(rewards)
+
+
+def summarize(groups: Iterable[Group], wall_s: float) -> dict[str, Any]:
+    groups = list(groups)
+    trajs = [t for g in groups for t in g.trajectories]
+    variances = [group_variance(g.rewards) for g in groups if g.trajectories]
+    timing = Counter()
+    malformed = Counter()
+    for t in trajs:
+        for key in ("generate_s", "env_s", "verify_s", "open_s", "close_s"):
+            timing[key] += t.timings.get(key, 0.0)
+        timing["episode_s"] += sum(t.timings.get(k, 0.0) for k in ("open_s", "total_s",
+                                                                   "close_s"))
+        malformed.update(t.info.get("malformed", {}))
+    executor_s = sum(timing[k] for k in ("env_s", "verify_s", "open_s", "close_s"))
+    return {
+        "groups": len(groups),
+        "trajectories": len(trajs),
+        "mean_reward": sum(t.reward for t in trajs) / len(trajs) if trajs else 0.0,
+        "mean_group_variance": sum(variances) / len(variances) if variances else 0.0,
+        "nontrivial_groups": sum(v > 0 for v in variances),
+        "statuses": dict(Counter(t.status for t in trajs)),
+        "malformed": dict(malformed),
+        "mean_turns": sum(t.info.get("turns", 0) for t in trajs) / len(trajs) if trajs else 0.0,
+        "generated_tokens": sum(t.info.get("generated_tokens", 0) for t in trajs),
+        "wall_s": wall_s,
+        "episodes_per_s": len(trajs) / wall_s if wall_s > 0 else 0.0,
+        "generate_share": timing["generate_s"] / timing["episode_s"] if timing["episode_s"] else 0.0,
+        "executor_share": executor_s / timing["episode_s"] if timing["episode_s"] else 0.0,
+        "time_s": dict(timing),
+    }
+
+
+def format_summary(s: dict[str, Any]) -> str:
+    statuses = ", ".join(f"{k} {v}" for k, v in sorted(s["statuses"].items())) or "-"
+    malformed = ", ".join(f"{k} {v}" for k, v in sorted(s["malformed"].items())) or "none"
+    return "\n".join([
+        f"groups               {s['groups']} ({s['trajectories']} trajectories, "
+        f"{s['nontrivial_groups']} with reward variance > 0)",
+        f"mean reward          {s['mean_reward']:.4f}",
+        f"mean group variance  {s['mean_group_variance']:.4f}",
+        f"statuses             {statuses}",
+        f"malformed turns      {malformed}",
+        f"mean tool turns      {s['mean_turns']:.2f}; generated tokens {s['generated_tokens']}",
+        f"wall                 {s['wall_s']:.2f} s, {s['episodes_per_s']:.2f} episodes/s; "
+        f"time generating {100 * s['generate_share']:.0f}%, waiting on executors "
+        f"{100 * s['executor_share']:.0f}%",
+    ])

@@ -1,0 +1,169 @@
+"""The single scheduler actor: streams tasks out, absorbs completed groups, runs the identifier
+filter off the critical path.
+
+``SchedulerService`` is the plain class (unit-testable without Ray); ``SchedulerActor`` is the Ray
+actor over it (``max_concurrency=1``: calls are serialised, so its state needs no locks except
+the filter's worker thread, which only touches ``_filter_*``).
+
+- ``next_tasks(n)`` hands out up to ``n`` tasks (``Assignment``: task id, selection step, phase,
+  rank, scores). Tasks come from the current selection ``scheduler.select(step)``; when it is
+  used up the next step is selected, so tasks stream out as rollout capacity frees, and a whole
+  step is ``next_tasks(B)``. Tasks excluded after selection are skipped (logged).
+- ``absorb(group)`` credits the group to the step it was selected at (``scheduler.observe``), then
+  queues the identifier filter's check of the group on a worker thread and returns at once.
+- The filter (``filter_fn(group) -> FilterOutcome``) asks the executor pool to replay fixed
+  action lists; a task it flags is excluded from selection. Decision where the spec is silent:
+  before the next ``select`` the service waits (bounded by ``filter_wait_s``) for pending
+  checks, so exclusions land at a deterministic point and a resumed run selects exactly what an
+  uninterrupted one would; rollouts of the current step are never blocked by a replay.
+- ``state_dict`` drains pending checks, then returns scheduler state, the hand-out queue, the
+  step counter and the filter log; ``load_state_dict`` restores them.
+
+May import: ray (for the actor shell only), numpy, scheduling, envs.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Optional
+
+from scheduling.base import GroupResult, Scheduler, Selection
+
+
+@dataclass(frozen=True)
+class Assignment:
+    task_id: str
+    step: int
+    phase: str
+    rank: int
+    scores: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def selection(self) -> Selection:
+        return Selection(self.task_id, self.phase, self.rank, dict(self.scores))
+
+
+@dataclass
+class FilterOutcome:
+    """What one identifier-filter check concluded about a group."""
+
+    task_id: str
+    step: int
+    verdict: str  # "clean" | "filtered" | "inconclusive" | "error"
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+FilterFn = Callable[[Any], FilterOutcome]
+
+
+class SchedulerService:
+    def __init__(self, scheduler: Scheduler, filter_fn: Optional[FilterFn] = None,
+                 filter_wait_s: float = 120.0) -> None:
+        self.scheduler = scheduler
+        self._filter_fn = filter_fn
+        self._filter_wait_s = filter_wait_s
+        self._pool = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="identifier-filter")
+        self._pending: list[cf.Future] = []
+        self.queue: list[Assignment] = []
+        self.next_step = 0
+        self.filter_log: list[dict[str, Any]] = []
+        self.skipped: list[dict[str, Any]] = []
+        self.timings = {"select_s": 0.0, "absorb_s": 0.0, "filter_s": 0.0, "filter_wait_s": 0.0}
+
+    # ---- streaming ---------------------------------------------------------------------------
+    def next_tasks(self, n: int) -> list[Assignment]:
+        out: list[Assignment] = []
+        while len(out) < n:
+            if not self.queue:
+                self._select_next()
+            a = self.queue.pop(0)
+            if not self.scheduler.eligible(a.task_id):
+                self.skipped.append({"task_id": a.task_id, "step": a.step,
+                                     "reason": self.scheduler.excluded().get(a.task_id, "")})
+                continue
+            out.append(a)
+        return out
+
+    def _select_next(self) -> None:
+        self._drain()
+        t0 = time.perf_counter()
+        batch = self.scheduler.select(self.next_step)
+        self.timings["select_s"] += time.perf_counter() - t0
+        self.queue = [Assignment(s.task_id, batch.step, s.phase, s.rank, dict(s.scores))
+                      for s in batch.selections]
+        if not self.queue:
+            raise RuntimeError(f"scheduler {self.scheduler.name} selected no task at step "
+                               f"{self.next_step}: every task excluded?")
+        self.next_step += 1
+
+    # ---- absorbing ---------------------------------------------------------------------------
+    def absorb(self, group: Any) -> None:
+        t0 = time.perf_counter()
+        self.scheduler.observe(group.step, GroupResult.from_group(group))
+        self.timings["absorb_s"] += time.perf_counter() - t0
+        if self._filter_fn is not None:
+            self._pending.append(self._pool.submit(self._check, group))
+
+    def _check(self, group: Any) -> FilterOutcome:
+        t0 = time.perf_counter()
+        try:
+            outcome = self._filter_fn(group)
+        except Exception as e:  # a failed check is logged as such, never silently clean
+            outcome = FilterOutcome(group.task_id, group.step, "error",
+                                    {"error": f"{type(e).__name__}: {e}"})
+        self.timings["filter_s"] += time.perf_counter() - t0
+        return outcome
+
+    def _drain(self) -> None:
+        if not self._pending:
+            return
+        t0 = time.perf_counter()
+        done, not_done = cf.wait(self._pending, timeout=self._filter_wait_s)
+        self.timings["filter_wait_s"] += time.perf_counter() - t0
+        for fut in sorted(done, key=self._pending.index):
+            outcome = fut.result()
+            self.filter_log.append(asdict(outcome))
+            if outcome.verdict == "filtered":
+                self.scheduler.exclude(outcome.task_id,
+                                       f"identifier filter: {outcome.detail.get('reason', '')}")
+        self._pending = [f for f in self._pending if f in not_done]
+
+    # ---- introspection and checkpoints -------------------------------------------------------
+    def explain(self, task_id: str) -> dict[str, Any]:
+        return self.scheduler.explain(task_id)
+
+    def metrics(self) -> dict[str, float]:
+        out = {f"scheduler_{k}": float(v) for k, v in self.scheduler.metrics().items()}
+        out.update({f"scheduler_{k}": v for k, v in self.timings.items()})
+        out["filter_checked"] = float(len(self.filter_log))
+        out["filter_filtered"] = float(sum(e["verdict"] == "filtered" for e in self.filter_log))
+        out["filter_pending"] = float(len(self._pending))
+        return out
+
+    def filter_events(self, since: int = 0) -> list[dict[str, Any]]:
+        return self.filter_log[since:]
+
+    def state_dict(self) -> dict[str, Any]:
+        self._drain()
+        return {"scheduler": self.scheduler.state_dict(), "queue": [asdict(a) for a in self.queue],
+                "next_step": self.next_step, "filter_log": list(self.filter_log),
+                "skipped": list(self.skipped)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.queue = [Assignment(**a) for a in state["queue"]]
+        self.next_step = int(state["next_step"])
+        self.filter_log = list(state["filter_log"])
+        self.skipped = list(state["skipped"])
+
+    def ping(self) -> bool:
+        return True
+
+
+def scheduler_actor_class():
+    """The Ray actor class (built lazily so importing this module does not import Ray)."""
+    import ray
+
+    return ray.remote(max_restarts=0, max_concurrency=1)(SchedulerService)

@@ -1,0 +1,242 @@
+"""Import one domain and split of a local tau-bench checkout into a pool directory.
+
+Reads, without importing or copying tau-bench into this project:
+``tau_bench/envs/<domain>/data/*.json`` (the database: one JSON file per table),
+``tools/*.py`` (tool classes with static ``invoke(data, **kwargs) -> str`` and a literal
+``get_info()`` schema), ``wiki.md`` (policy) and ``rules.py`` (``RULES``), and
+``tasks_<split>.py`` (``Task(user_id, instruction, actions=[Action(name, kwargs)], outputs)``).
+Task files and schemas are read with ``ast`` (literal evaluation only, no code runs here).
+
+The pool built from them:
+
+- one environment per domain whose source holds the tool classes verbatim (minus their
+  ``tau_bench`` imports, replaced by a stand-in ``Tool`` base) and a wrapper class with one method
+  per tool calling ``invoke(self.data, **kwargs)``, plus ``respond(content)``, the agent's channel
+  to the user (tau-bench's ``respond`` action), recorded in ``self.replies``;
+- the database as one shared state file (``states/<domain>_db.json``), never copied per task;
+- per task one check reproducing tau-bench's binary reward: the final database must equal the one
+  produced by the gold actions on a fresh database (compared by a SHA-256 of the canonical JSON,
+  computed at import by replaying the gold actions in the sandbox) AND every required output must
+  appear in some reply (case-insensitive, commas removed, as tau-bench does). One check, so the
+  reward stays binary;
+- the reference solution = the gold actions, followed by one ``respond`` carrying the required
+  outputs when there are any; ``envsched pool validate`` therefore reaches 1.0 on every task of a
+  faithful import.
+
+Decision: the instruction is tau-bench's user persona + goal, used as the task instruction (the
+non-conversational mode of EnvScaler); a simulated-user mode is out of scope here.
+
+May import: envs.*, sandbox.* (for the gold replay), the standard library.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import json
+import re
+from pathlib import Path
+from typing import Any, Optional
+
+from envs.adapters.common import ImportSummary
+from envs.pool import PoolError, PoolProblem, write_pool
+from envs.spec import Check, Environment, PoolMeta, TaskSpec, ToolCall
+
+RESPOND_SCHEMA = {
+    "type": "function",
+    "function": {
+        "name": "respond",
+        "description": "Send a message to the user (required outputs must appear in a reply).",
+        "parameters": {"type": "object", "properties": {"content": {"type": "string"}},
+                       "required": ["content"]},
+    },
+}
+
+CHECK_TEMPLATE = '''def check_func(final_state):
+    import hashlib, json
+    data = final_state.get("data")
+    digest = hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
+    if digest != {expected!r}:
+        return False
+    replies = [str(r).lower().replace(",", "") for r in final_state.get("replies", [])]
+    return all(any(o in r for r in replies) for o in {outputs!r})
+'''
+
+
+def database_digest(data: Any) -> str:
+    """The canonical hash the generated check compares against (same code path as the check)."""
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
+
+
+def _domain_dir(src: Path, domain: str) -> Path:
+    for cand in (src / "tau_bench" / "envs" / domain, src / "envs" / domain, src / domain):
+        if cand.is_dir():
+            return cand
+    raise PoolError([PoolProblem(str(src), f"no tau-bench domain {domain!r} found (looked for "
+                                           f"tau_bench/envs/{domain})")])
+
+
+def _parse(path: Path) -> ast.Module:
+    try:
+        return ast.parse(path.read_text(), filename=str(path))
+    except SyntaxError as e:
+        raise PoolError([PoolProblem(str(path), f"syntax error: {e.msg}", line=e.lineno)]) from None
+
+
+def _read_tools(tools_dir: Path) -> tuple[list[str], list[tuple[str, dict]]]:
+    """Tool sources (imports of tau_bench stripped) and (class name, schema) pairs."""
+    if not tools_dir.is_dir():
+        raise PoolError([PoolProblem(str(tools_dir), "missing tools directory")])
+    sources, tools = [], []
+    for path in sorted(tools_dir.glob("*.py")):
+        if path.name == "__init__.py":
+            continue
+        tree = _parse(path)
+        for node in tree.body:
+            if not isinstance(node, ast.ClassDef):
+                continue
+            methods = {f.name: f for f in node.body if isinstance(f, ast.FunctionDef)}
+            if "invoke" not in methods or "get_info" not in methods:
+                continue
+            ret = next((n for n in ast.walk(methods["get_info"]) if isinstance(n, ast.Return)), None)
+            try:
+                schema = ast.literal_eval(ret.value) if ret is not None else None
+            except ValueError:
+                schema = None
+            if not isinstance(schema, dict) or "function" not in schema:
+                raise PoolError([PoolProblem(str(path), f"{node.name}.get_info() must return a "
+                                             "literal function schema", line=node.lineno)])
+            tools.append((node.name, schema))
+        text = "\n".join(line for line in path.read_text().splitlines()
+                         if not re.match(r"\s*(from|import)\s+tau_bench\b", line))
+        sources.append(f"# --- {path.name}\n{text}")
+    if not tools:
+        raise PoolError([PoolProblem(str(tools_dir), "no tool classes with invoke/get_info")])
+    return sources, tools
+
+
+def _env_source(class_name: str, sources: list[str], tools: list[tuple[str, dict]]) -> str:
+    methods = "\n".join(
+        f"    def {schema['function']['name']}(self, **kwargs):\n"
+        f"        return {cls}.invoke(self.data, **kwargs)\n" for cls, schema in tools)
+    header = ("import json\nfrom typing import Any, Dict, List, Optional\n\n\n"
+              "class Tool:\n    \"\"\"Stand-in for tau_bench.envs.tool.Tool.\"\"\"\n\n\n")
+    wrapper = (f"class {class_name}:\n"
+               f"    def __init__(self, init_config=None):\n"
+               f"        self.data = {{}}\n        self.replies = []\n\n"
+               f"{methods}\n"
+               f"    def respond(self, content):\n"
+               f"        self.replies.append(str(content))\n"
+               f"        return 'sent'\n")
+    return header + "\n\n".join(sources) + "\n\n\n" + wrapper
+
+
+def _read_tasks(path: Path) -> list[tuple[int, dict[str, Any]]]:
+    tasks = []
+    for node in ast.walk(_parse(path)):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "Task":
+            try:
+                tasks.append((node.lineno, _call_to_dict(node)))
+            except ValueError as e:
+                raise PoolError([PoolProblem(str(path), f"Task is not a literal: {e}",
+                                             line=node.lineno)]) from None
+    return tasks
+
+
+def _call_to_dict(node: ast.AST) -> Any:
+    if isinstance(node, ast.Call):
+        return {kw.arg: _call_to_dict(kw.value) for kw in node.keywords}
+    if isinstance(node, ast.List):
+        return [_call_to_dict(x) for x in node.elts]
+    return ast.literal_eval(node)
+
+
+def _read_database(data_dir: Path) -> dict[str, Any]:
+    if not data_dir.is_dir():
+        raise PoolError([PoolProblem(str(data_dir), "missing data directory")])
+    data = {}
+    for path in sorted(data_dir.glob("*.json")):
+        try:
+            data[path.stem] = json.loads(path.read_text())
+        except json.JSONDecodeError as e:
+            raise PoolError([PoolProblem(str(path), f"invalid JSON: {e.msg}",
+                                         line=e.lineno)]) from None
+    if not data:
+        raise PoolError([PoolProblem(str(data_dir), "no JSON tables")])
+    return data
+
+
+def _rules(dom: Path) -> list[str]:
+    path = dom / "rules.py"
+    if not path.is_file():
+        return []
+    for node in ast.walk(_parse(path)):
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "RULES" for t in node.targets):
+            return [str(r) for r in ast.literal_eval(node.value)]
+    return []
+
+
+def import_taubench(src: str | Path, domain: str, split: str, out: str | Path,
+                    strict: bool = False, replay: Optional[Any] = None) -> ImportSummary:
+    """Convert ``domain``/``split`` of the tau-bench checkout at ``src`` into a pool at ``out``.
+
+    ``replay(env, initial_state, actions) -> final state`` runs the gold actions; by default in a
+    sandbox worker (``sandbox.worker``), so the checkout's tool code never runs in this process.
+    """
+    src = Path(src)
+    dom = _domain_dir(src, domain)
+    task_file = dom / f"tasks_{split}.py"
+    if not task_file.is_file():
+        raise PoolError([PoolProblem(str(task_file), f"missing: no {split!r} split for {domain}")])
+    sources, tools = _read_tools(dom / "tools")
+    wiki = (dom / "wiki.md").read_text() if (dom / "wiki.md").is_file() else ""
+    class_name = f"TauBench{domain.title()}"
+    env = Environment(env_id=f"taubench_{domain}", class_name=class_name,
+                      source=_env_source(class_name, sources, tools),
+                      tools=[s for _, s in tools] + [RESPOND_SCHEMA], introduction=wiki,
+                      rules=_rules(dom), domain=domain)
+    state_ref = f"states/{domain}_db.json"
+    state = {"data": _read_database(dom / "data"), "replies": []}
+    replay = replay or _sandbox_final_state
+    summary = ImportSummary(source=str(task_file))
+    specs = []
+    for k, (lineno, raw) in enumerate(_read_tasks(task_file)):
+        task_id = f"taubench_{domain}_{split}_{k}"
+        try:
+            gold = [ToolCall(name=a["name"], arguments=a.get("kwargs") or {})
+                    for a in raw.get("actions") or []]
+            outputs = [str(o).lower() for o in raw.get("outputs") or []]
+            final = replay(env, state, gold)
+            code = CHECK_TEMPLATE.format(expected=database_digest(final["data"]), outputs=outputs)
+            solution = gold + ([ToolCall(name="respond", arguments={"content": ", ".join(outputs)})]
+                               if outputs else [])
+            specs.append(TaskSpec(
+                task_id=task_id, env_id=env.env_id, instruction=str(raw["instruction"]),
+                initial_state_ref=state_ref, reference_solution=solution,
+                checks=[Check(check_id="db_and_outputs", code=code,
+                              description="final database equals the gold one; outputs replied")],
+                metadata={"source": "tau-bench", "domain": domain, "split": split,
+                          "user_id": raw.get("user_id"), "outputs": outputs,
+                          "annotator": raw.get("annotator")}))
+        except (KeyError, TypeError, ValueError) as e:
+            summary.fail(PoolProblem(str(task_file), f"bad task: {e}", line=lineno,
+                                     task_id=task_id), strict)
+    if not specs:
+        raise PoolError(summary.skipped or [PoolProblem(str(task_file), "no tasks")])
+    meta = PoolMeta(name=f"taubench-{domain}-{split}", licence="MIT",
+                    source="sierra-research/tau-bench", adapter="taubench",
+                    description=f"imported from {src}")
+    write_pool(out, meta, [env], specs, states={state_ref: state})
+    summary.environments, summary.tasks = 1, len(specs)
+    return summary
+
+
+def _sandbox_final_state(env: Environment, state: dict[str, Any],
+                         actions: list[ToolCall]) -> dict[str, Any]:
+    from sandbox.worker import SandboxWorker
+
+    worker = SandboxWorker()
+    try:
+        return worker.final_state(env, state, actions, seed=0)
+    finally:
+        worker.close()

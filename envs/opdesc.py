@@ -1,0 +1,255 @@
+"""Structured operation descriptions (paper Section 2.2, Appendix E.1) and the slot that fills them.
+
+A task's operation description records what the task requires and how the pieces depend on each
+other, in Appendix E's five components with its fixed vocabularies:
+
+- ``Operation``   an atomic action; ``type`` in OP_TYPES (lookup, update, create, delete, validate,
+                  authorize); ``depends_on`` lists operations that must complete first.
+- ``Gate``        a condition that blocks operations; ``kind`` in GATE_KINDS (identifier resolution,
+                  state precondition, authorization) and ``provenance`` in PROVENANCES (where the
+                  required information comes from).
+- ``Dependency``  a directed edge source -> target of the operation graph.
+- ``RewardGroup`` a partition of the verifier checks; ``relation`` in GROUP_RELATIONS.
+- ``Conflict``    an ordering constraint or incompatibility; ``kind`` in CONFLICT_KINDS.
+
+Plus ``source`` in SOURCES: where the description came from ("pool" = the task file carried it,
+"static" = ``envs.opdesc_static``, "llm" = an LLM pre-pass).
+
+``describe_task(task, env, extractor=None)`` is the one slot: the pool's own description when the
+task has one, else ``extractor(task, env)`` when given (the LLM pre-pass plugs in here), else the
+deterministic static extractor. Every description is validated against the task (operation
+references resolve; reward groups name the task's checks, each at most once).
+
+Decisions where the paper is silent: GROUP_RELATIONS adds ``independent`` for a check that shares
+neither an operation nor a gate with another check (the paper lists three example relations; a
+partition needs a label for singletons). Argument values keep a type category (VALUE_CATEGORIES) so
+that the abstraction (``scheduling.abstraction``) can replace literals by placeholders (step 4)
+without re-parsing values.
+
+May import: pydantic, the standard library, envs.spec.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from typing import Any, Callable, Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from envs.spec import Check, Environment, TaskSpec
+
+OP_TYPES = ("lookup", "update", "create", "delete", "validate", "authorize")
+GATE_KINDS = ("identifier_resolution", "state_precondition", "authorization")
+PROVENANCES = ("task_literal", "unique_lookup", "broad_lookup", "prior_tool_output",
+               "agent_generated", "unavailable")
+GROUP_RELATIONS = ("shared_operation", "shared_gate", "initially_satisfied", "independent")
+CONFLICT_KINDS = ("order", "mutual_exclusion", "destructive")
+VALUE_CATEGORIES = ("<id>", "<name>", "<string>", "<int>", "<float>", "<bool>", "<date>",
+                    "<datetime>", "<time>", "<email>", "<phone>", "<list>", "<object>", "<null>")
+SOURCES = ("pool", "static", "llm")
+
+OpType = Literal["lookup", "update", "create", "delete", "validate", "authorize"]
+GateKind = Literal["identifier_resolution", "state_precondition", "authorization"]
+Provenance = Literal["task_literal", "unique_lookup", "broad_lookup", "prior_tool_output",
+                     "agent_generated", "unavailable"]
+GroupRelation = Literal["shared_operation", "shared_gate", "initially_satisfied", "independent"]
+ConflictKind = Literal["order", "mutual_exclusion", "destructive"]
+ValueCategory = Literal["<id>", "<name>", "<string>", "<int>", "<float>", "<bool>", "<date>",
+                        "<datetime>", "<time>", "<email>", "<phone>", "<list>", "<object>",
+                        "<null>"]
+Source = Literal["pool", "static", "llm"]
+
+
+class OpDescriptionError(ValueError):
+    """A description (or the check code it is derived from) is malformed; says task and where."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Argument(_Strict):
+    name: str
+    value: Any = None
+    category: ValueCategory = "<string>"
+    provenance: Optional[Provenance] = None
+
+
+class Operation(_Strict):
+    op_id: str
+    type: OpType
+    tool: str = ""
+    entity: str = Field("", description="the record kind the operation acts on, e.g. 'user'")
+    arguments: list[Argument] = Field(default_factory=list)
+    depends_on: list[str] = Field(default_factory=list)
+    description: str = ""
+
+
+class Gate(_Strict):
+    gate_id: str
+    kind: GateKind
+    provenance: Provenance
+    requires: str = Field("", description="what must be obtained or hold, e.g. 'user_id'")
+    blocks: list[str] = Field(default_factory=list, description="op_ids blocked by this gate")
+
+
+class Dependency(_Strict):
+    source: str
+    target: str
+    reason: str = ""
+
+
+class RewardGroup(_Strict):
+    group_id: str
+    relation: GroupRelation
+    checks: list[str]
+    controller: str = Field("", description="op_id or gate_id controlling the group, if any")
+
+
+class Conflict(_Strict):
+    kind: ConflictKind
+    first: str
+    second: str
+    reason: str = ""
+
+
+class OpDescription(_Strict):
+    operations: list[Operation] = Field(default_factory=list)
+    gates: list[Gate] = Field(default_factory=list)
+    dependencies: list[Dependency] = Field(default_factory=list)
+    reward_groups: list[RewardGroup] = Field(default_factory=list)
+    conflicts: list[Conflict] = Field(default_factory=list)
+    source: Source = "static"
+
+    @model_validator(mode="after")
+    def _references_resolve(self) -> "OpDescription":
+        ops = [o.op_id for o in self.operations]
+        if len(set(ops)) != len(ops):
+            raise ValueError(f"duplicate op_id among {ops}")
+        known = set(ops)
+        gates = {g.gate_id for g in self.gates}
+        refs = [(f"operations[{o.op_id}].depends_on", d) for o in self.operations
+                for d in o.depends_on]
+        refs += [(f"gates[{g.gate_id}].blocks", b) for g in self.gates for b in g.blocks]
+        refs += [(f"dependencies[{k}]", x) for k, d in enumerate(self.dependencies)
+                 for x in (d.source, d.target)]
+        refs += [(f"conflicts[{k}]", x) for k, c in enumerate(self.conflicts)
+                 for x in (c.first, c.second)]
+        for where, ref in refs:
+            if ref not in known:
+                raise ValueError(f"{where} names unknown operation {ref!r} (known: {sorted(known)})")
+        for g in self.reward_groups:
+            if g.controller and g.controller not in known | gates:
+                raise ValueError(f"reward_groups[{g.group_id}].controller {g.controller!r} is "
+                                 "neither an op_id nor a gate_id")
+        return self
+
+
+Extractor = Callable[[TaskSpec, Environment], OpDescription]
+
+
+def describe_task(task: TaskSpec, env: Environment,
+                  extractor: Optional[Extractor] = None) -> OpDescription:
+    """The task's operation description: the pool's own, else ``extractor``'s, else static."""
+    if task.op_description is not None:
+        try:
+            desc = OpDescription.model_validate({**task.op_description, "source": "pool"})
+        except ValidationError as e:
+            raise OpDescriptionError(f"task {task.task_id}: op_description is invalid: "
+                                     f"{_first_error(e)}") from None
+    elif extractor is not None:
+        desc = extractor(task, env)
+        if not isinstance(desc, OpDescription):
+            raise OpDescriptionError(f"task {task.task_id}: extractor returned "
+                                     f"{type(desc).__name__}, expected OpDescription")
+    else:
+        from envs.opdesc_static import static_description
+
+        desc = static_description(task, env)
+    check_against_task(desc, task)
+    return desc
+
+
+def describe_tasks(tasks: list[TaskSpec], environments: dict[str, Environment],
+                   extractor: Optional[Extractor] = None) -> dict[str, dict[str, Any]]:
+    """``{task_id: description as a dict}`` for every task (the form ``DualGraph.build`` takes)."""
+    return {t.task_id: describe_task(t, environments[t.env_id], extractor).model_dump()
+            for t in tasks}
+
+
+def check_against_task(desc: OpDescription, task: TaskSpec) -> None:
+    """Reward groups must name the task's checks, each at most once."""
+    ids = {c.check_id for c in task.checks}
+    seen: set[str] = set()
+    for g in desc.reward_groups:
+        for c in g.checks:
+            if c not in ids:
+                raise OpDescriptionError(f"task {task.task_id}: reward group {g.group_id} names "
+                                         f"unknown check {c!r} (checks: {sorted(ids)})")
+            if c in seen:
+                raise OpDescriptionError(f"task {task.task_id}: check {c!r} is in two reward "
+                                         "groups; groups must partition the checks")
+            seen.add(c)
+
+
+def _first_error(e: ValidationError) -> str:
+    err = e.errors()[0]
+    return f"{'.'.join(str(x) for x in err['loc']) or '<root>'}: {err['msg']}"
+
+
+# --- shared helpers: check parsing and value categories (used by the extractor and the views) ---
+
+def parse_check(task_id: str, check: Check) -> ast.Module:
+    """Parse a check's source; a syntax error names the task, check and line."""
+    try:
+        return ast.parse(check.code)
+    except SyntaxError as e:
+        raise OpDescriptionError(f"task {task_id}: check {check.check_id}: syntax error at line "
+                                 f"{e.lineno}: {e.msg}") from None
+
+
+_DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
+_DATETIME = re.compile(r"^\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}")
+_TIME = re.compile(r"^\d{1,2}:\d{2}(:\d{2})?$")
+_EMAIL = re.compile(r"^[^@\s]+@[^@\s]+\.\w+$")
+_PHONE = re.compile(r"^\+?[\d\s().-]{7,}$")
+_IDLIKE = re.compile(r"^(?=.*\d)[A-Za-z0-9]+([_\-:][A-Za-z0-9]+)*$")
+_NUMBER = re.compile(r"^[+-]?\d+(\.\d+)?$")
+_ID_NAME = re.compile(r"(^id$|_id$|Id$|_ids$|_key$|_code$|_number$|_no$|_uuid$)")
+
+
+def is_identifier_name(name: str) -> bool:
+    return bool(_ID_NAME.search(name))
+
+
+def value_category(name: str, value: Any) -> str:
+    """The Appendix E step-4 placeholder for a literal: ``42 -> <int>``, ``"active" -> <string>``."""
+    if value is None:
+        return "<null>"
+    if isinstance(value, bool):
+        return "<bool>"
+    if isinstance(value, (list, tuple)):
+        return "<list>"
+    if isinstance(value, dict):
+        return "<object>"
+    if is_identifier_name(name):
+        return "<id>"
+    if isinstance(value, int):
+        return "<int>"
+    if isinstance(value, float):
+        return "<float>"
+    s = str(value).strip()
+    if _NUMBER.match(s):
+        return "<int>" if s.lstrip("+-").isdigit() else "<float>"
+    for pattern, cat in ((_DATETIME, "<datetime>"), (_DATE, "<date>"), (_TIME, "<time>"),
+                         (_EMAIL, "<email>")):
+        if pattern.match(s):
+            return cat
+    if _PHONE.match(s) and sum(ch.isdigit() for ch in s) >= 7:
+        return "<phone>"
+    if _IDLIKE.match(s):
+        return "<id>"
+    if "name" in name.lower():
+        return "<name>"
+    return "<string>"

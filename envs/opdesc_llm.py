@@ -1,0 +1,257 @@
+"""The LLM operation-description pre-pass (paper Section 2.2, Appendix E) over any
+OpenAI-compatible chat endpoint (a vLLM server, or any compatible API).
+
+For each task, one chat request: a system prompt fixing Appendix E's vocabularies and a user
+message that is pure JSON (the task: instruction, initial-state summary, verifier checks, tools;
+plus a ``shared_environment`` object shared by the tasks of an environment). JSON output is
+enforced by ``response_format`` — ``json_schema`` with ``OpDescription``'s schema by default (vLLM
+turns it into constrained decoding), or the paper's ``json_object``.
+
+Every answer is validated (``OpDescription`` + ``check_against_task``). An invalid answer is retried
+with the validation error appended to the conversation, up to ``retries`` times; a request that
+fails or keeps answering invalid JSON falls back to the static extractor, and the reason is logged
+and returned. Results are cached by a content hash of (model, prompt version, system prompt, user
+message), so re-running on an unchanged pool sends no request. Requests run concurrently
+(``concurrency`` threads) with a progress bar.
+
+The deterministic abstraction (Appendix E steps 1–5) is applied downstream, by
+``scheduling.abstraction`` when the graph is built, to descriptions from any source.
+
+May import: envs.*, the standard library, tqdm.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import threading
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from pydantic import ValidationError
+
+from envs.opdesc import (CONFLICT_KINDS, GATE_KINDS, GROUP_RELATIONS, OP_TYPES, PROVENANCES,
+                         OpDescription, OpDescriptionError, check_against_task)
+from envs.opdesc_static import static_description
+from envs.spec import Environment, TaskSpec
+
+log = logging.getLogger(__name__)
+PROMPT_VERSION = "e1-v1"
+
+SYSTEM_PROMPT = f"""You analyse tasks for executable tool-use environments. Given a task (instruction,
+initial-state summary, verifier checks, available tools) reply with ONE JSON object describing what
+operations the task requires and how they depend on each other, with exactly these keys:
+"operations": [{{"op_id", "type", "tool", "entity", "arguments": [{{"name", "value", "category",
+"provenance"}}], "depends_on": [op_id...], "description"}}],
+"gates": [{{"gate_id", "kind", "provenance", "requires", "blocks": [op_id...]}}],
+"dependencies": [{{"source": op_id, "target": op_id, "reason"}}],
+"reward_groups": [{{"group_id", "relation", "checks": [check_id...], "controller"}}],
+"conflicts": [{{"kind", "first": op_id, "second": op_id, "reason"}}].
+Use only these vocabularies. Operation type: {", ".join(OP_TYPES)}. Gate kind:
+{", ".join(GATE_KINDS)}. Provenance: {", ".join(PROVENANCES)}. Reward-group relation:
+{", ".join(GROUP_RELATIONS)}. Conflict kind: {", ".join(CONFLICT_KINDS)}.
+Every op_id you reference must be defined in "operations"; reward groups partition the verifier
+check ids (each check in at most one group). Output JSON only."""
+
+
+@dataclass
+class DescribeStats:
+    requested: int = 0
+    cached: int = 0
+    valid: int = 0
+    retried: int = 0
+    fallback: int = 0
+    reasons: dict[str, str] = field(default_factory=dict)
+
+    def summary(self) -> str:
+        return (f"{self.valid} described by the LLM ({self.cached} from cache, {self.retried} "
+                f"after a retry), {self.fallback} fell back to the static extractor")
+
+
+def _summarise_state(state: dict[str, Any], max_items: int = 3) -> dict[str, Any]:
+    """Table names with sizes and a few records: enough to see entities, small enough to send."""
+    out: dict[str, Any] = {}
+    for key, value in state.items():
+        if isinstance(value, dict):
+            items = list(value.items())[:max_items]
+            out[key] = {"count": len(value), "sample": dict(items)}
+        elif isinstance(value, list):
+            out[key] = {"count": len(value), "sample": value[:max_items]}
+        else:
+            out[key] = value
+    text = json.dumps(out, default=str)
+    return out if len(text) < 6000 else {k: v.get("count", v) if isinstance(v, dict) else v
+                                          for k, v in out.items()}
+
+
+def user_message(task: TaskSpec, env: Environment, initial_state: dict[str, Any]) -> str:
+    """The user message: JSON only, as in Appendix E.3."""
+    return json.dumps({
+        "shared_environment": {"env_id": env.env_id, "introduction": env.introduction[:2000],
+                               "rules": env.rules,
+                               "tools": [{"name": t["function"]["name"],
+                                          "description": t["function"].get("description", ""),
+                                          "parameters": t["function"].get("parameters", {})}
+                                         for t in env.tools]},
+        "task": {"task_id": task.task_id, "instruction": task.instruction,
+                 "initial_state_summary": _summarise_state(initial_state),
+                 "verifier_checks": [{"check_id": c.check_id, "description": c.description,
+                                      "code": c.code} for c in task.checks]},
+    }, default=str)
+
+
+class LLMDescriber:
+    """An ``envs.opdesc.Extractor`` backed by an OpenAI-compatible chat endpoint."""
+
+    def __init__(self, endpoint: str, model: str, api_key: Optional[str] = None,
+                 cache_path: Optional[str | Path] = None, concurrency: int = 8, retries: int = 2,
+                 timeout_s: float = 120.0, json_mode: str = "json_schema",
+                 max_tokens: int = 2048, temperature: float = 0.0):
+        if json_mode not in ("json_schema", "json_object"):
+            raise ValueError(f"the json_mode parameter of LLMDescriber must be 'json_schema' or "
+                             f"'json_object', got {json_mode!r}")
+        self.endpoint = endpoint.rstrip("/")
+        self.model, self.api_key = model, api_key
+        self.concurrency, self.retries, self.timeout_s = concurrency, retries, timeout_s
+        self.json_mode, self.max_tokens, self.temperature = json_mode, max_tokens, temperature
+        self.cache_path = Path(cache_path) if cache_path else None
+        self._cache = self._read_cache()
+        self._lock = threading.Lock()
+
+    def _read_cache(self) -> dict[str, dict[str, Any]]:
+        cache: dict[str, dict[str, Any]] = {}
+        if self.cache_path and self.cache_path.is_file():
+            for line in self.cache_path.read_text().splitlines():
+                try:
+                    rec = json.loads(line)
+                    cache[rec["key"]] = rec["description"]
+                except (json.JSONDecodeError, KeyError):
+                    log.warning("ignoring a corrupt line in %s", self.cache_path)
+        return cache
+
+    def _key(self, message: str) -> str:
+        blob = "\x00".join((self.model, PROMPT_VERSION, SYSTEM_PROMPT, message))
+        return hashlib.sha256(blob.encode()).hexdigest()
+
+    def _post(self, messages: list[dict[str, str]]) -> str:
+        body: dict[str, Any] = {"model": self.model, "messages": messages,
+                                "temperature": self.temperature, "max_tokens": self.max_tokens}
+        if self.json_mode == "json_schema":
+            schema = OpDescription.model_json_schema()
+            body["response_format"] = {"type": "json_schema", "json_schema": {
+                "name": "op_description", "schema": schema}}
+        else:
+            body["response_format"] = {"type": "json_object"}
+        req = urllib.request.Request(f"{self.endpoint}/chat/completions",
+                                     data=json.dumps(body).encode(), method="POST",
+                                     headers={"Content-Type": "application/json",
+                                              **({"Authorization": f"Bearer {self.api_key}"}
+                                                 if self.api_key else {})})
+        with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
+            payload = json.loads(resp.read())
+        return payload["choices"][0]["message"]["content"] or ""
+
+    def _validate(self, content: str, task: TaskSpec) -> OpDescription:
+        raw = json.loads(content)
+        if not isinstance(raw, dict):
+            raise ValueError("the answer must be a JSON object")
+        desc = OpDescription.model_validate({**raw, "source": "llm"})
+        check_against_task(desc, task)
+        return desc
+
+    def describe_one(self, task: TaskSpec, env: Environment, initial_state: dict[str, Any],
+                     stats: DescribeStats) -> OpDescription:
+        message = user_message(task, env, initial_state)
+        key = self._key(message)
+        if key in self._cache:
+            stats.cached += 1
+            stats.valid += 1
+            return OpDescription.model_validate(self._cache[key])
+        messages = [{"role": "system", "content": SYSTEM_PROMPT},
+                    {"role": "user", "content": message}]
+        reason = ""
+        for attempt in range(self.retries + 1):
+            stats.requested += 1
+            try:
+                content = self._post(messages)
+            except (urllib.error.URLError, TimeoutError, OSError, KeyError, IndexError,
+                    json.JSONDecodeError) as e:
+                reason = f"request failed: {e}"
+                continue
+            try:
+                desc = self._validate(content, task)
+            except (json.JSONDecodeError, ValueError, ValidationError, OpDescriptionError) as e:
+                reason = f"invalid answer: {str(e).splitlines()[0][:300]}"
+                messages = messages[:2] + [{"role": "assistant", "content": content[:4000]},
+                                           {"role": "user", "content": "Your answer was invalid: "
+                                            f"{reason}. Reply with corrected JSON only."}]
+                continue
+            stats.valid += 1
+            stats.retried += attempt > 0
+            self._store(key, task.task_id, desc)
+            return desc
+        stats.fallback += 1
+        stats.reasons[task.task_id] = reason
+        log.warning("task %s: LLM description unusable after %d attempts (%s); using the static "
+                    "extractor", task.task_id, self.retries + 1, reason)
+        return static_description(task, env)
+
+    def _store(self, key: str, task_id: str, desc: OpDescription) -> None:
+        with self._lock:
+            self._cache[key] = desc.model_dump()
+            if self.cache_path:
+                self.cache_path.parent.mkdir(parents=True, exist_ok=True)
+                with open(self.cache_path, "a") as f:
+                    f.write(json.dumps({"key": key, "task_id": task_id,
+                                        "description": desc.model_dump()}) + "\n")
+
+    def describe_pool(self, pool: Any, progress: bool = True
+                      ) -> tuple[dict[str, dict[str, Any]], DescribeStats]:
+        """Describe every task of a ``envs.pool.Pool`` concurrently; pool-supplied descriptions
+        are kept as they are (source "pool")."""
+        from tqdm import tqdm
+
+        stats = DescribeStats()
+        out: dict[str, dict[str, Any]] = {}
+
+        def one(task: TaskSpec) -> tuple[str, dict[str, Any]]:
+            env = pool.environment(task.env_id)
+            if task.op_description is not None:
+                from envs.opdesc import describe_task
+
+                return task.task_id, describe_task(task, env).model_dump()
+            desc = self.describe_one(task, env, pool.initial_state(task), stats)
+            return task.task_id, desc.model_dump()
+
+        with ThreadPoolExecutor(max_workers=self.concurrency) as ex:
+            for task_id, desc in tqdm(ex.map(one, pool.tasks), total=len(pool.tasks),
+                                      disable=not progress, desc="describe", unit="task"):
+                out[task_id] = desc
+        return out, stats
+
+
+def write_descriptions(path: str | Path, descriptions: dict[str, dict[str, Any]]) -> Path:
+    """``op_descriptions.jsonl``: one ``{"task_id", "description"}`` per line."""
+    path = Path(path)
+    with open(path, "w") as f:
+        for task_id, desc in descriptions.items():
+            f.write(json.dumps({"task_id": task_id, "description": desc}) + "\n")
+    return path
+
+
+def read_descriptions(path: str | Path) -> dict[str, dict[str, Any]]:
+    out = {}
+    with open(path) as f:
+        for lineno, line in enumerate(f, start=1):
+            if line.strip():
+                try:
+                    rec = json.loads(line)
+                    out[rec["task_id"]] = rec["description"]
+                except (json.JSONDecodeError, KeyError) as e:
+                    raise ValueError(f"{path}:{lineno}: bad description line ({e})") from None
+    return out

@@ -1,0 +1,263 @@
+"""``envsched pool validate``: every way a pool can be broken, reported with file, line and task id.
+
+Three passes over a pool directory:
+
+1. static load (``envs.pool.load_pool``): bad YAML/JSON, a bad JSON line, missing fields, duplicate
+   task ids, unknown env ids, missing or escaping state files;
+2. static code checks (nothing executes): tool schemas against the class's method signatures
+   (``envs.schema_check``), every check's source compiled and required to define
+   ``check_func(final_state)``;
+3. sandboxed execution (``sandbox``): each environment's class is loaded in an isolated worker; each
+   task with a reference solution is replayed from its initial state and verified; a reward below
+   1.0, a check that raises or returns a non-bool, or a reference step the environment rejects is
+   reported. Tasks without a reference solution get their checks run on the initial state; errors
+   there are warnings only (a check may legitimately read a record the agent must create).
+
+``strict=True`` raises ``PoolError`` at the first problem; otherwise bad tasks are skipped and
+listed in the ``ValidationReport``. A problem with an environment makes each of its tasks bad.
+
+May import: envs.*, sandbox (the worker, its errors), the standard library.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional, Protocol
+
+from envs.pool import ENVS_DIR, TASKS_FILE, Pool, PoolError, PoolProblem, load_pool
+from envs.schema_check import check_tool_schemas
+from envs.spec import Check, Environment, TaskSpec
+from envs.trajectory import ActionStep, VerifyResult
+
+
+class Runner(Protocol):
+    """What validation needs from the sandbox (one isolated worker, or the in-process engine)."""
+
+    def load(self, env: Environment) -> None: ...  # raises sandbox.errors.EnvLoadError
+
+    def replay(self, env: Environment, initial_state: dict[str, Any], checks: list[Check],
+               actions: list, seed: int) -> tuple[VerifyResult, list[ActionStep]]: ...
+
+    def verify_initial(self, env: Environment, initial_state: dict[str, Any],
+                       checks: list[Check], seed: int) -> VerifyResult: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass
+class ValidationReport:
+    root: str
+    n_environments: int = 0
+    n_tasks: int = 0           # tasks that passed the static load
+    n_replayed: int = 0
+    problems: list[PoolProblem] = field(default_factory=list)
+    warnings: list[PoolProblem] = field(default_factory=list)
+    bad_tasks: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"pool": self.root, "ok": self.ok, "environments": self.n_environments,
+                "tasks": self.n_tasks, "replayed": self.n_replayed,
+                "valid_tasks": self.n_tasks - len(set(self.bad_tasks) & self._loaded),
+                "bad_tasks": self.bad_tasks, "problems": [asdict(p) for p in self.problems],
+                "warnings": [asdict(p) for p in self.warnings]}
+
+    _loaded: set[str] = field(default_factory=set, repr=False)
+
+    def format(self) -> str:
+        lines = [f"pool {self.root}: {self.n_environments} environments, {self.n_tasks} tasks "
+                 f"loaded, {self.n_replayed} reference solutions replayed in the sandbox"]
+        lines += [f"  problem: {p}" for p in self.problems]
+        lines += [f"  warning: {p}" for p in self.warnings]
+        verdict = ("OK" if self.ok else
+                   f"{len(self.problems)} problems; {len(self.bad_tasks)} bad tasks skipped")
+        lines.append(verdict)
+        return "\n".join(lines)
+
+
+class _Collector:
+    def __init__(self, report: ValidationReport, strict: bool):
+        self.report, self.strict = report, strict
+
+    def problem(self, p: PoolProblem) -> None:
+        if self.strict:
+            raise PoolError([p])
+        self.report.problems.append(p)
+        if p.task_id and p.task_id not in self.report.bad_tasks:
+            self.report.bad_tasks.append(p.task_id)
+
+    def warning(self, p: PoolProblem) -> None:
+        self.report.warnings.append(p)
+
+
+def validate_pool(root: str | Path, strict: bool = False, seed: int = 0,
+                  runner_factory: Optional[Callable[[], Runner]] = None,
+                  progress: Optional[Callable[[int, int], None]] = None) -> ValidationReport:
+    """Validate the pool at ``root`` (see module doc). ``runner_factory`` defaults to a sandbox
+    worker (``sandbox_runner``); ``progress(done, total)`` is called after each task."""
+    report = ValidationReport(root=str(root))
+    out = _Collector(report, strict)
+    try:
+        pool = load_pool(root, strict=strict)
+    except PoolError as e:
+        if strict:
+            raise
+        for p in e.problems:
+            out.problem(p)
+        return report
+    for p in pool.problems:
+        out.problem(p)
+    report.n_environments, report.n_tasks = len(pool.environments), len(pool.tasks)
+    report._loaded = {t.task_id for t in pool.tasks}
+    bad_envs = _static_environments(pool, out)
+    runner = (runner_factory or sandbox_runner)()
+    try:
+        _run_tasks(pool, runner, out, bad_envs, seed, progress)
+    finally:
+        runner.close()
+    return report
+
+
+def _env_file(env_id: str, name: str) -> str:
+    return f"{ENVS_DIR}/{env_id}/{name}"
+
+
+def _static_environments(pool: Pool, out: _Collector) -> dict[str, str]:
+    """Schema-vs-method issues per environment; returns env_id -> reason for bad environments."""
+    bad: dict[str, str] = {}
+    for env_id, env in pool.environments.items():
+        for issue in check_tool_schemas(env):
+            where = (_env_file(env_id, "environment.py") if issue.line
+                     else _env_file(env_id, "tools.json"))
+            p = PoolProblem(where, f"tool {issue.tool!r}: {issue.message}", line=issue.line,
+                            env_id=env_id)
+            if issue.warning:
+                out.warning(p)
+            else:
+                out.problem(p)
+                bad.setdefault(env_id, "its tool schemas do not match its methods")
+    return bad
+
+
+def _static_checks(task: TaskSpec) -> list[str]:
+    """Messages for checks whose source does not compile or define check_func(final_state)."""
+    msgs = []
+    for c in task.checks:
+        try:
+            tree = ast.parse(c.code)
+            compile(tree, f"<check {c.check_id}>", "exec")
+        except SyntaxError as e:
+            msgs.append(f"check {c.check_id}: SyntaxError at line {e.lineno} of its code: {e.msg}")
+            continue
+        fns = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "check_func"]
+        if not fns or not (fns[0].args.args or fns[0].args.vararg):
+            msgs.append(f"check {c.check_id}: no top-level `def check_func(final_state)`")
+    return msgs
+
+
+def _run_tasks(pool: Pool, runner: Runner, out: _Collector, bad_envs: dict[str, str], seed: int,
+               progress: Optional[Callable[[int, int], None]]) -> None:
+    from sandbox.errors import EnvLoadError, SandboxError
+
+    loaded: set[str] = set()
+    for k, task in enumerate(pool.tasks):
+        line = pool.lines.get(task.task_id)
+
+        def bad(msg: str) -> None:
+            out.problem(PoolProblem(TASKS_FILE, msg, line=line, task_id=task.task_id,
+                                    env_id=task.env_id))
+
+        env = pool.environment(task.env_id)
+        if task.env_id not in loaded and task.env_id not in bad_envs:
+            try:
+                runner.load(env)
+                loaded.add(task.env_id)
+            except EnvLoadError as e:
+                out.problem(PoolProblem(_env_file(task.env_id, "environment.py"),
+                                        f"does not load in the sandbox: {e.message}",
+                                        env_id=task.env_id))
+                bad_envs[task.env_id] = "it does not load"
+        if task.env_id in bad_envs:
+            bad(f"environment {task.env_id!r} is invalid: {bad_envs[task.env_id]}")
+        elif (msgs := _static_checks(task)):
+            for m in msgs:
+                bad(m)
+        else:
+            try:
+                _run_task(pool, runner, env, task, seed, bad, out, line)
+            except PoolError:
+                raise
+            except SandboxError as e:
+                bad(f"sandbox error while replaying: {e}")
+        if progress is not None:
+            progress(k + 1, len(pool.tasks))
+
+
+def _run_task(pool: Pool, runner: Runner, env: Environment, task: TaskSpec, seed: int,
+              bad: Callable[[str], None], out: _Collector, line: Optional[int]) -> None:
+    state = pool.initial_state(task)
+    if task.reference_solution is None:
+        result = runner.verify_initial(env, state, task.checks, seed)
+        for c in result.checks:
+            if c.error:
+                out.warning(PoolProblem(TASKS_FILE, f"check {c.check_id} on the initial state: "
+                                                    f"{c.error}", line=line, task_id=task.task_id))
+        return
+    result, steps = runner.replay(env, state, task.checks, task.reference_solution, seed)
+    out.report.n_replayed += 1
+    for c in result.checks:
+        if c.error:
+            bad(f"check {c.check_id} failed to evaluate: {c.error}")
+    if result.reward < 1.0:
+        failed = [c.check_id for c in result.checks if not c.passed]
+        step_errors = [f"step {j + 1} {s.tool}: {_step_error(s)}"
+                       for j, s in enumerate(steps) if _step_error(s)]
+        why = f"; {step_errors[0]}" if step_errors else ""
+        bad(f"reference solution reaches reward {result.reward} < 1.0 (failed checks: "
+            f"{', '.join(failed)}){why}")
+
+
+def _step_error(step: ActionStep) -> Optional[str]:
+    if step.error:
+        return step.error
+    obs = step.observation
+    if isinstance(obs, dict) and obs.get("success") is False:
+        return str(obs.get("error", "success: false"))
+    return None
+
+
+class InProcessRunner:
+    """The sandbox's in-process engine without isolation: for trusted pools (the generator's own
+    tests) where speed matters more than containment."""
+
+    def __init__(self) -> None:
+        self._runtimes: dict[str, Any] = {}
+
+    def load(self, env: Environment) -> None:
+        from sandbox.runtime import EpisodeRuntime
+
+        if env.env_id not in self._runtimes:
+            self._runtimes[env.env_id] = EpisodeRuntime(env)
+
+    def replay(self, env, initial_state, checks, actions, seed):
+        self.load(env)
+        return self._runtimes[env.env_id].replay(initial_state, checks, actions, seed)
+
+    def verify_initial(self, env, initial_state, checks, seed):
+        self.load(env)
+        rt = self._runtimes[env.env_id]
+        rt.reset(initial_state, seed)
+        return rt.verify(checks)
+
+    def close(self) -> None:
+        self._runtimes.clear()
+
+
+def sandbox_runner() -> Runner:
+    """A runner over one isolated sandbox worker."""
+    return InProcessRunner()  # TODO(A): switch to sandbox.worker.SandboxWorker when it lands

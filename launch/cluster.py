@@ -1,0 +1,82 @@
+"""Starting or joining Ray, and the resources each role asks for.
+
+- ``cluster.address: null`` (default): an embedded local Ray started in-process
+  (``ray.init(address="local")`` with its own temp dir, no dashboard), stopped by ``shutdown``.
+- ``auto`` joins the cluster this machine belongs to (also what ``ray job submit`` gives: the
+  job's driver sees ``RAY_ADDRESS``); ``ray://host:port`` connects through Ray Client.
+
+``role_options(cfg, role)`` turns ``cluster.<role>`` (``RoleResources``) into
+``.options(num_cpus=..., num_gpus=..., resources=...)`` for the role's actors: GPUs for the
+learner and rollout, CPUs (and an optional custom resource such as ``{executor: 1}`` that only
+executor nodes advertise) for executors, so executors land where their resources are and their
+count is independent of the GPU count.
+
+May import: ray (inside functions), the standard library.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from typing import Any, Optional
+
+from launch.config import ClusterConfig, RoleResources
+
+
+def connect(cfg: ClusterConfig, address_override: Optional[str] = None) -> dict[str, Any]:
+    """Start or join Ray; returns a description (address, whether we started it, resources)."""
+    import ray
+
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    address = address_override or cfg.address or os.environ.get("RAY_ADDRESS")
+    if ray.is_initialized():
+        return {"address": "already-initialized", "embedded": False,
+                "resources": ray.cluster_resources()}
+    env = {"env_vars": {"RAY_AUTH_MODE": "disabled", "DS_ACCELERATOR":
+                        os.environ.get("DS_ACCELERATOR", "cpu"),
+                        "TOKENIZERS_PARALLELISM": "false"}}
+    if address:
+        ray.init(address=address, runtime_env=env, log_to_driver=False)
+        embedded = False
+    else:
+        ray.init(address="local", num_cpus=cfg.num_cpus, include_dashboard=False,
+                 _temp_dir=tempfile.mkdtemp(prefix="envsched-ray-"), runtime_env=env,
+                 log_to_driver=False)
+        embedded = True
+    return {"address": address or "local", "embedded": embedded,
+            "resources": ray.cluster_resources()}
+
+
+def role_options(res: RoleResources) -> dict[str, Any]:
+    opts: dict[str, Any] = {"num_cpus": res.num_cpus, "num_gpus": res.num_gpus}
+    if res.custom:
+        opts["resources"] = dict(res.custom)
+    return opts
+
+
+def check_fits(cfg: ClusterConfig) -> None:
+    """Fail fast, naming the role, when a role asks for a resource no node has at all."""
+    import ray
+
+    from launch.cli import UserError
+
+    total = ray.cluster_resources()
+    for role in ("executors", "rollout", "learner", "scheduler"):
+        res: RoleResources = getattr(cfg, role)
+        wants = {"GPU": res.num_gpus, **res.custom} if res.num else {}
+        for name, amount in wants.items():
+            if amount and total.get(name, 0.0) < amount:
+                raise UserError(f"cluster.{role} asks for {amount} {name} per actor but the Ray "
+                                f"cluster has {total.get(name, 0.0)} (fix: start a node with "
+                                f"that resource or set cluster.{role}.{_field(name)} lower)")
+
+
+def _field(resource: str) -> str:
+    return "num_gpus" if resource == "GPU" else f"custom.{resource}"
+
+
+def shutdown(info: dict[str, Any]) -> None:
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()

@@ -1,0 +1,41 @@
+"""Import another pool format: envsched pool import --format envscaler|taubench --src PATH --out DIR
+
+Hooked into ``envsched pool`` as its ``import`` sub-command.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from launch.cli import UserError
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--format", required=True, choices=("envscaler", "taubench"))
+    parser.add_argument("--src", required=True,
+                        help="EnvScaler JSON file or folder; or a tau-bench checkout")
+    parser.add_argument("--out", required=True, help="pool directory to write")
+    parser.add_argument("--domain", choices=("retail", "airline"), help="tau-bench domain")
+    parser.add_argument("--split", choices=("train", "test", "dev"), help="tau-bench split")
+    parser.add_argument("--name", default=None, help="pool name (default: from the source)")
+    parser.add_argument("--strict", action="store_true",
+                        help="abort on the first bad record instead of skipping it")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.format == "envscaler":
+        from envs.adapters.envscaler import import_envscaler
+
+        summary = import_envscaler(args.src, args.out, name=args.name or "envscaler",
+                                   strict=args.strict)
+    else:
+        if not args.domain or not args.split:
+            raise UserError("--format taubench needs --domain retail|airline and "
+                            "--split train|test|dev")
+        from envs.adapters.taubench import import_taubench
+
+        summary = import_taubench(args.src, args.domain, args.split, args.out,
+                                  strict=args.strict)
+    print(summary.render())
+    print(f"pool written to {args.out}; check it with: envsched pool validate {args.out}")
+    return 0

@@ -1,0 +1,43 @@
+"""Warm-start the tiny policy on a pool's reference solutions (supervised, a few epochs on CPU).
+
+envsched sft --pool DIR --out MODEL_DIR [--epochs N] [--lr LR] [--task-fraction F]
+             [--max-examples N] [--seed S] [--base MODEL_DIR]
+
+Reference solutions are played through the real agent loop (chat template, tool-call syntax, tool
+responses) so the policy learns exactly the token sequences it will produce; the loss covers model
+tokens only. Defaults are the demo's (``sft:`` section of configs/cpu_demo.yaml). The output is an
+HF model directory usable as ``rollout``/``learner`` model path.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from launch.config import SftConfig
+
+    d = SftConfig()
+    parser.add_argument("--pool", required=True, help="pool directory")
+    parser.add_argument("--out", required=True, help="output model directory")
+    parser.add_argument("--epochs", type=int, default=d.epochs)
+    parser.add_argument("--lr", type=float, default=d.lr)
+    parser.add_argument("--task-fraction", type=float, default=d.task_fraction)
+    parser.add_argument("--max-examples", type=int, default=d.max_examples)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--base", default=None, help="model to start from (default: tiny policy)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from launch.cli import UserError
+    from launch.sft import run_sft
+
+    if not 0 < args.task_fraction <= 1:
+        raise UserError(f"--task-fraction must be in (0, 1], got {args.task_fraction}")
+    if args.epochs < 1:
+        raise UserError(f"--epochs must be >= 1, got {args.epochs}")
+    summary = run_sft(args.pool, args.out, args.epochs, args.lr, args.task_fraction,
+                      args.max_examples, args.seed, args.base)
+    print(json.dumps(summary, indent=2))
+    return 0

@@ -1,0 +1,223 @@
+"""The training run's configuration: one pydantic ``TrainConfig`` mirrored 1:1 by YAML.
+
+Sections owned here: ``run`` (seed, steps, batch shape), ``pool`` (a directory, or a generated
+pool), ``scheduler`` (which ``scheduling/`` scheduler and its parameters), ``controller``
+(staleness, concurrency, timeouts, retries, checkpoints), ``cluster`` (Ray address and per-role
+resources), ``policy`` (model path and rollout engine), ``sft`` (the demo's warm start, run when
+``policy.path`` is unset). Sections owned by the role modules are composed, not
+redefined: ``executors`` (``actors.executor_pool.ExecutorConfig``), ``rollout``
+(``actors.rollout.config.RolloutConfig``) and ``learner`` (``actors.learner.config.LearnerConfig``)
+are validated by those classes, imported when the config is built, so every default lives in
+exactly one place.
+
+Loading: ``load_config(path, overrides)`` reads YAML (none = ``configs/cpu_demo.yaml``), applies
+dotted overrides ``key.sub=value`` (values parsed as YAML scalars: ``3``, ``1e-6``, ``true``,
+``[1, 2]``), then validates. Unknown keys and bad values raise ``ConfigError`` naming the dotted
+field, the value given and the fix (the closest known key, the expected type).
+
+May import: pydantic, yaml, the standard library, and the role config modules named above.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import importlib
+from pathlib import Path
+from typing import Any, Literal, Optional, Sequence
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_CONFIG = REPO / "configs" / "cpu_demo.yaml"
+
+# Section name -> (module, class) of the role-owned config it is validated by.
+ROLE_CONFIGS = {
+    "executors": ("actors.executor_pool", "ExecutorConfig"),
+    "rollout": ("actors.rollout.config", "RolloutConfig"),
+    "learner": ("actors.learner.config", "LearnerConfig"),
+}
+class ConfigError(ValueError):
+    """A configuration mistake; the message names the field, the value and the fix."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class RunConfig(_Section):
+    seed: int = 0
+    steps: int = Field(20, ge=1, description="learner steps (policy versions) to train")
+    batch_size: int = Field(8, ge=1, description="B: groups per learner step (and per "
+                            "scheduler selection); K is rollout.k")
+
+
+class PoolConfig(_Section):
+    path: Optional[str] = Field(None, description="pool directory; None = generate one")
+    generate_envs: int = Field(4, ge=1)
+    generate_tasks_per_env: int = Field(6, ge=1)
+    generate_seed: int = 0
+
+
+class SchedulerConfig(_Section):
+    name: Literal["envsched", "random", "dps", "mopps", "leeps"] = "envsched"
+    params: dict[str, Any] = Field(default_factory=dict,
+                                   description="keyword parameters of the scheduler's own config "
+                                   "(EnvSchedConfig for envsched); batch_size comes from run")
+    mode: Literal["batch", "stream"] = Field(
+        "stream", description="stream: hand out tasks as capacity frees; batch: a whole step")
+
+
+class ControllerConfig(_Section):
+    max_staleness: int = Field(1, ge=0, description="policy versions; 0 = synchronous")
+    max_concurrent_groups: int = Field(8, ge=1)
+    call_timeout_s: float = Field(600.0, gt=0, description="timeout of one remote call")
+    retries: int = Field(2, ge=0, description="re-issues of a failed group before dropping it")
+    checkpoint_every: int = Field(5, ge=0, description="learner steps; 0 = only at the end")
+    progress_bar: bool = True
+
+
+class RoleResources(_Section):
+    num: int = Field(1, ge=0)
+    num_cpus: float = Field(1.0, ge=0)
+    num_gpus: float = Field(0.0, ge=0)
+    custom: dict[str, float] = Field(default_factory=dict,
+                                     description="Ray custom resources, e.g. {executor: 1}")
+
+
+class ClusterConfig(_Section):
+    address: Optional[str] = Field(None, description="None = embedded local Ray; 'auto'; ray://")
+    num_cpus: Optional[int] = Field(None, ge=1, description="embedded Ray only")
+    executors: RoleResources = RoleResources(num=2, num_cpus=0.25)
+    rollout: RoleResources = RoleResources(num=1, num_cpus=0.5)
+    learner: RoleResources = RoleResources(num=1, num_cpus=0.5)
+    scheduler: RoleResources = RoleResources(num=1, num_cpus=0.1)
+
+    @field_validator("scheduler")
+    @classmethod
+    def _one_scheduler(cls, v: RoleResources) -> RoleResources:
+        if v.num != 1:
+            raise ValueError("exactly one scheduler actor runs; set cluster.scheduler.num=1")
+        return v
+
+
+class PolicyConfig(_Section):
+    engine: Literal["hf", "vllm", "scripted"] = Field(
+        "hf", description="rollout engine: hf (transformers, CPU), vllm (GPU), scripted (tests)")
+    path: Optional[str] = Field(None, description="HF model dir; None = the tiny local policy")
+
+
+class SftConfig(_Section):
+    enabled: bool = True
+    epochs: int = Field(6, ge=0)
+    lr: float = Field(2e-3, gt=0)
+    task_fraction: float = Field(0.5, gt=0, le=1, description="share of tasks shown")
+    max_examples: int = Field(400, ge=1)
+
+
+class TrainConfig(_Section):
+    """The sections owned here; ``train_config_model()`` adds the role-owned ones."""
+
+    run: RunConfig = RunConfig()
+    pool: PoolConfig = PoolConfig()
+    scheduler: SchedulerConfig = SchedulerConfig()
+    controller: ControllerConfig = ControllerConfig()
+    cluster: ClusterConfig = ClusterConfig()
+    policy: PolicyConfig = PolicyConfig()
+    sft: SftConfig = SftConfig()
+
+    def to_yaml_dict(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+
+def _role_model(section: str) -> type[BaseModel]:
+    module, name = ROLE_CONFIGS[section]
+    return getattr(importlib.import_module(module), name)
+
+
+@functools.lru_cache(maxsize=1)
+def train_config_model() -> type[TrainConfig]:
+    """``TrainConfig`` with the role sections typed by their owners' classes (imported lazily so
+    this module stays importable while a role module is being edited)."""
+    fields = {}
+    for section in ROLE_CONFIGS:
+        role = _role_model(section)
+        fields[section] = (role, Field(default_factory=role))
+    return create_model("TrainConfig", __base__=TrainConfig, **fields)
+
+
+def _suggest(key: str, known: Sequence[str]) -> str:
+    close = difflib.get_close_matches(key, list(known), n=1)
+    return f"did you mean '{close[0]}'?" if close else f"known keys: {', '.join(sorted(known))}"
+
+
+def _known_keys(model: type[BaseModel], path: Sequence[Any]) -> list[str]:
+    """Field names at a dotted path of the config tree (for 'did you mean')."""
+    for part in path:
+        info = model.model_fields.get(str(part))
+        ann = info.annotation if info is not None else None
+        if not (isinstance(ann, type) and issubclass(ann, BaseModel)):
+            return []
+        model = ann
+    return list(model.model_fields)
+
+
+def _explain(err: ValidationError, source: str) -> ConfigError:
+    lines = []
+    for e in err.errors():
+        loc = list(e["loc"])
+        field = ".".join(str(p) for p in loc)
+        if e["type"] == "extra_forbidden":
+            known = _known_keys(train_config_model(), loc[:-1])
+            lines.append(f"unknown key '{field}' in {source}: {_suggest(str(loc[-1]), known)}")
+        else:
+            lines.append(f"bad value for '{field}' in {source}: got {e.get('input')!r}; "
+                         f"{e['msg']} (fix: set {field} to a valid value or remove it)")
+    return ConfigError("; ".join(lines))
+
+
+def set_dotted(tree: dict[str, Any], override: str) -> None:
+    """Apply one ``key.sub=value`` override in place (the value parsed as YAML)."""
+    if "=" not in override:
+        raise ConfigError(f"override {override!r} must look like key.sub=value")
+    key, raw = override.split("=", 1)
+    parts = key.strip().split(".")
+    if not all(parts):
+        raise ConfigError(f"override {override!r} has an empty key part")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"override {override!r}: value is not valid YAML ({e})") from None
+    node = tree
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"override {override!r}: '{part}' is a value, not a section")
+        node = child
+    node[parts[-1]] = value
+
+
+def build_config(tree: dict[str, Any], source: str = "config") -> TrainConfig:
+    try:
+        return train_config_model().model_validate(tree)
+    except ValidationError as e:
+        raise _explain(e, source) from None
+
+
+def load_config(path: Optional[str | Path] = None, overrides: Sequence[str] = ()) -> TrainConfig:
+    path = Path(path) if path else DEFAULT_CONFIG
+    if not path.is_file():
+        raise ConfigError(f"config file {path} does not exist (fix: pass --config with an "
+                          f"existing YAML file, e.g. configs/cpu_demo.yaml)")
+    try:
+        tree = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML: {e}") from None
+    if not isinstance(tree, dict):
+        raise ConfigError(f"{path}: top level must be a mapping of sections, got "
+                          f"{type(tree).__name__}")
+    for ov in overrides:
+        set_dotted(tree, ov)
+    source = str(path) + (f" + overrides {list(overrides)}" if overrides else "")
+    return build_config(tree, source)

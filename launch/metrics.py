@@ -1,0 +1,158 @@
+"""Per-step training metrics: computed from the step's groups, written to JSONL and TensorBoard,
+shown on a live progress bar.
+
+``step_metrics`` turns one learner step's inputs into a flat record. Definitions (ours where the
+issue is silent):
+
+- ``reward_mean``: mean trajectory reward over the step's B groups x K trajectories.
+- ``reward_var_mean``: mean over groups of the within-group population variance
+  ``var_g = mean_k (r_gk - mean_k r_gk)^2`` (ddof = 0, the quantity GRPO's signal depends on).
+- ``zero_var_share``: share of groups whose K rewards are all equal (no GRPO signal).
+- ``envs_per_batch``: distinct environments among the step's groups; ``tools_per_batch``:
+  distinct (environment, tool) pairs actually called in the step's trajectories.
+- ``phase_<name>``: groups selected in each scheduler phase (cold-start/coverage/...).
+- ``pred_var_mean`` vs ``reward_var_mean``: the scheduler's predicted variance for the selected
+  tasks (selection score ``v_hat`` or ``variance`` when the scheduler gives one) against the
+  realised one; ``pred_var_corr`` their Pearson correlation over groups (when defined).
+- ``staleness_mean/max``: learner version at training minus the policy version each trajectory
+  was sampled with.
+- timings ``time_<phase>_s`` and ``learner_idle_share`` are filled in by the controller.
+
+May import: numpy, the standard library; tqdm and tensorboard lazily.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, Iterable, Optional, Sequence
+
+import numpy as np
+
+from scheduling.base import PHASES
+
+PRED_KEYS = ("v_hat", "variance", "pred_var", "predicted_variance")
+
+
+def group_variance(rewards: Sequence[float]) -> float:
+    r = np.asarray(rewards, dtype=np.float64)
+    return float(np.mean((r - r.mean()) ** 2))
+
+
+def _predicted(scores: dict[str, float]) -> Optional[float]:
+    for key in PRED_KEYS:
+        if key in scores and scores[key] is not None and math.isfinite(scores[key]):
+            return float(scores[key])
+    return None
+
+
+def step_metrics(groups: Sequence[Any], selections: Sequence[Any], learner_version: int
+                 ) -> dict[str, float]:
+    """``groups``: envs.trajectory.Group; ``selections``: the scheduling.base.Selection of each
+    group, aligned (``None`` where unknown)."""
+    rewards = [np.asarray(g.rewards, dtype=np.float64) for g in groups]
+    variances = np.array([group_variance(r) for r in rewards])
+    out: dict[str, float] = {
+        "groups": float(len(groups)),
+        "reward_mean": float(np.mean(np.concatenate(rewards))) if rewards else float("nan"),
+        "reward_var_mean": float(variances.mean()) if len(variances) else float("nan"),
+        "zero_var_share": float(np.mean(variances == 0.0)) if len(variances) else float("nan"),
+        "envs_per_batch": float(len({g.env_id for g in groups})),
+        "tools_per_batch": float(len({(g.env_id, a.tool) for g in groups
+                                      for t in g.trajectories for a in t.actions})),
+    }
+    for phase in PHASES:
+        out[f"phase_{phase}"] = float(sum(1 for s in selections if s is not None
+                                          and s.phase == phase))
+    pred = [(_predicted(s.scores) if s is not None else None, v)
+            for s, v in zip(selections, variances)]
+    pairs = np.array([(p, v) for p, v in pred if p is not None], dtype=np.float64)
+    if len(pairs):
+        out["pred_var_mean"] = float(pairs[:, 0].mean())
+        out["pred_var_realised_mean"] = float(pairs[:, 1].mean())
+        if len(pairs) > 2 and pairs[:, 0].std() > 0 and pairs[:, 1].std() > 0:
+            out["pred_var_corr"] = float(np.corrcoef(pairs[:, 0], pairs[:, 1])[0, 1])
+    lags = [learner_version - t.policy_version for g in groups for t in g.trajectories]
+    if lags:
+        out["staleness_mean"] = float(np.mean(lags))
+        out["staleness_max"] = float(np.max(lags))
+    statuses = [t.status for g in groups for t in g.trajectories]
+    out["ok_share"] = float(np.mean([s == "ok" for s in statuses])) if statuses else float("nan")
+    return out
+
+
+def _jsonable(v: Any) -> Any:
+    if isinstance(v, (np.floating, np.integer)):
+        v = v.item()
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    return v
+
+
+class MetricsLogger:
+    """``RUN_DIR/metrics.jsonl`` (one object per learner step), TensorBoard, a tqdm bar."""
+
+    def __init__(self, run_dir: Path, total_steps: int, start_step: int = 0,
+                 tensorboard: bool = True, progress: bool = True) -> None:
+        self.path = Path(run_dir) / "metrics.jsonl"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._tb = None
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb = SummaryWriter(str(Path(run_dir) / "tensorboard"))
+        self._bar = None
+        if progress:
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=total_steps, initial=start_step, desc="train", unit="step",
+                             dynamic_ncols=True)
+
+    def log(self, step: int, record: dict[str, Any]) -> None:
+        row = {"step": step, **{k: _jsonable(v) for k, v in record.items()}}
+        with self.path.open("a") as f:
+            f.write(json.dumps(row, sort_keys=True) + "\n")
+        if self._tb is not None:
+            for k, v in row.items():
+                if isinstance(v, (int, float)) and k != "step":
+                    self._tb.add_scalar(k, v, step)
+            self._tb.flush()
+        if self._bar is not None:
+            self._bar.update(1)
+            self._bar.set_postfix(reward=f"{row.get('reward_mean') or 0:.3f}",
+                                  var=f"{row.get('reward_var_mean') or 0:.4f}")
+
+    def close(self) -> None:
+        if self._tb is not None:
+            self._tb.close()
+        if self._bar is not None:
+            self._bar.close()
+
+
+def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist: is {run_dir} a run directory?")
+    rows = []
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{n}: not JSON ({e})") from None
+    return rows
+
+
+def summarize(rows: Iterable[dict[str, Any]]) -> dict[str, float]:
+    """First/last-third reward means (is reward rising?) and the mean reward variance."""
+    rows = list(rows)
+    if not rows:
+        return {}
+    third = max(1, len(rows) // 3)
+    mean = lambda rs, k: float(np.nanmean([r.get(k) if r.get(k) is not None else np.nan  # noqa
+                                           for r in rs]))
+    return {"steps": float(len(rows)), "reward_first_third": mean(rows[:third], "reward_mean"),
+            "reward_last_third": mean(rows[-third:], "reward_mean"),
+            "reward_var_mean": mean(rows, "reward_var_mean"),
+            "envs_per_batch": mean(rows, "envs_per_batch")}

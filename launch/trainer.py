@@ -1,0 +1,102 @@
+"""One training run end to end: pool, warm start, Ray, roles, controller, summary.
+
+``train(cfg, run_dir, address=None, resume=False)``:
+
+1. pool: ``pool.path``, or a pool generated into ``RUN_DIR/pool`` (``envs.generator``);
+2. policy: ``policy.path``, or the tiny local policy warm-started by ``launch.sft`` into
+   ``RUN_DIR/sft`` (skipped when it exists, so a resumed or repeated run reuses it);
+3. Ray: embedded or joined (``launch.cluster``); roles started (``launch.roles``);
+4. the controller runs to ``run.steps`` (from the latest checkpoint with ``resume``);
+5. ``summary.json``, ``filter_log.jsonl``, ``dropped.jsonl`` are written; roles and an embedded Ray
+   are shut down, also on errors.
+
+May import: launch.*, envs.*, actors.* (Ray through launch.roles / launch.cluster).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+import yaml
+
+
+def prepare_pool(cfg: Any, run_dir: Path) -> Path:
+    if cfg.pool.path:
+        return Path(cfg.pool.path)
+    out = run_dir / "pool"
+    if not (out / "tasks.jsonl").is_file():
+        from envs.generator import generate_pool
+
+        generate_pool(out, cfg.pool.generate_envs, cfg.pool.generate_tasks_per_env,
+                      cfg.pool.generate_seed)
+    return out
+
+
+def prepare_policy(cfg: Any, pool_dir: Path, run_dir: Path) -> str:
+    if cfg.policy.path:
+        return cfg.policy.path
+    from actors.policy import build_tiny_policy
+
+    if not cfg.sft.enabled or cfg.policy.engine == "scripted":
+        return str(build_tiny_policy(seed=cfg.run.seed))
+    out = run_dir / "sft"
+    if not (out / "config.json").is_file():
+        from launch.sft import run_sft
+
+        s = cfg.sft
+        summary = run_sft(pool_dir, out, s.epochs, s.lr, s.task_fraction, s.max_examples,
+                          cfg.run.seed)
+        print(f"sft: {summary['tasks']} tasks, loss {summary['epoch_loss'][0]:.3f} -> "
+              f"{summary['epoch_loss'][-1]:.3f} in {summary['seconds']} s", flush=True)
+    return str(out)
+
+
+def _write_jsonl(path: Path, rows: list) -> None:
+    path.write_text("".join(json.dumps(r, sort_keys=True, default=str) + "\n" for r in rows))
+
+
+def train(cfg: Any, run_dir: Path, address: Optional[str] = None, resume: bool = False
+          ) -> dict[str, Any]:
+    from envs.pool import load_pool
+    from launch.checkpoint import find_checkpoint, load_checkpoint
+    from launch.cluster import check_fits, connect, shutdown
+    from launch.controller import Controller
+    from launch.metrics import read_metrics, summarize
+    from launch.roles import Roles
+
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if not resume and (run_dir / "metrics.jsonl").exists():
+        from launch.cli import UserError
+
+        raise UserError(f"{run_dir} already holds a run (metrics.jsonl): pass --resume to continue "
+                        f"it or choose another --out")
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.to_yaml_dict(), sort_keys=False))
+    t0 = time.perf_counter()
+    pool_dir = prepare_pool(cfg, run_dir)
+    pool = load_pool(pool_dir)
+    model_path = prepare_policy(cfg, pool_dir, run_dir)
+    info = connect(cfg.cluster, address)
+    roles = None
+    try:
+        check_fits(cfg.cluster)
+        roles = Roles(cfg, pool, pool_dir, run_dir, model_path)
+        ctl = Controller(cfg, roles, run_dir)
+        if resume:
+            ctl.restore(load_checkpoint(find_checkpoint(run_dir)))
+        result = ctl.run()
+        _write_jsonl(run_dir / "filter_log.jsonl", roles.filter_events())
+        _write_jsonl(run_dir / "dropped.jsonl", ctl.dropped)
+    finally:
+        if roles is not None:
+            roles.shutdown()
+        if info["embedded"]:
+            shutdown(info)
+    summary = {**result, **summarize(read_metrics(run_dir)), "run_dir": str(run_dir),
+               "pool": str(pool_dir), "model": model_path, "ray": info["address"],
+               "total_seconds": round(time.perf_counter() - t0, 1)}
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True))
+    return summary

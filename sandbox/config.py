@@ -1,0 +1,68 @@
+"""``SandboxConfig``: the one typed configuration of a sandbox worker (backend and limits).
+
+Mirrored 1:1 by the ``sandbox:`` section of the YAML configs. Every default lives here.
+
+Limits and what enforces them:
+- ``memory_mb``        RLIMIT_AS of the worker process (docker: the container memory limit)
+- ``cpu_seconds``      RLIMIT_CPU: CPU budget of one worker process over its life; the parent
+                       replaces a worker that has used 90 % of it before the kernel kills it
+- ``call_timeout_s``   wall clock the parent waits for any one reply; past it the worker is
+                       killed and replaced and the call raises ``SandboxError(kind="timeout")``
+- ``tool_timeout_s``   soft per-tool-call / per-check limit inside the worker (SIGALRM): the
+                       call comes back as an error step and the worker lives on
+- ``max_output_bytes`` largest reply the worker may send (an observation, a diff, a replay)
+- ``max_file_mb``      RLIMIT_FSIZE;  ``max_open_files`` RLIMIT_NOFILE;
+  ``max_processes``    RLIMIT_NPROC, counted per uid: when started as root the worker drops to
+                       its own uid from ``uid_range`` so the count is per worker.
+
+May import: pydantic and the standard library only.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+Backend = Literal["auto", "bwrap", "unshare", "docker", "none"]
+
+
+class SandboxConfig(BaseModel):
+    """Backend and resource limits of one sandbox worker."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    backend: Backend = "auto"
+    memory_mb: int = Field(2048, ge=128, description="address-space limit of the worker")
+    cpu_seconds: int = Field(3600, ge=5, description="CPU seconds over a worker's life")
+    call_timeout_s: float = Field(30.0, gt=0, description="wall clock per call before a kill")
+    tool_timeout_s: float = Field(10.0, gt=0, description="soft limit per tool call / check")
+    start_timeout_s: float = Field(60.0, gt=0, description="wall clock for a worker to start")
+    max_output_bytes: int = Field(8 << 20, ge=1024, description="largest reply accepted")
+    max_file_mb: int = Field(64, ge=1)
+    max_open_files: int = Field(256, ge=32)
+    max_processes: int = Field(8, ge=1, description="RLIMIT_NPROC (per worker uid)")
+    uid_range: tuple[int, int] = Field((200000, 260000),
+                                       description="uids a root-started worker drops to")
+    state_cache_entries: int = Field(8, ge=1, description="initial states cached per worker")
+    docker_image: str = Field("envsched-sandbox:local",
+                              description="tag of the locally built image (never pulled)")
+    docker_base_image: str = Field("python:3.11-slim",
+                                   description="FROM line; must already exist locally")
+    python: Optional[str] = Field(None, description="interpreter for the worker (default: ours)")
+
+    @model_validator(mode="after")
+    def _timeouts_nest(self) -> "SandboxConfig":
+        if self.tool_timeout_s > self.call_timeout_s:
+            raise ValueError(
+                f"tool_timeout_s ({self.tool_timeout_s}) must not exceed call_timeout_s "
+                f"({self.call_timeout_s}): the soft per-tool limit has to fire before the hard "
+                "kill; lower tool_timeout_s or raise call_timeout_s")
+        lo, hi = self.uid_range
+        if not 0 < lo < hi:
+            raise ValueError(f"uid_range must be (low, high) with 0 < low < high, got {self.uid_range}")
+        return self
+
+    def hard_timeout(self, soft_units: int = 0) -> float:
+        """Wall clock for a call made of ``soft_units`` tool calls / checks (replay, verify)."""
+        return self.call_timeout_s + self.tool_timeout_s * soft_units

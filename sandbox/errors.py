@@ -1,0 +1,52 @@
+"""The sandbox's own exceptions: one typed error for every way a sandboxed call can fail.
+
+``SandboxError.kind`` says what happened, so callers (the agent loop, the scheduler's replay
+filter) can decide without parsing messages:
+
+- ``timeout``       the call ran past its wall-clock limit; the worker was killed and replaced
+- ``crash``         the worker process died (signal, os._exit, memory limit, killed its parent)
+- ``output_limit``  the reply exceeded ``max_output_bytes``; the worker was replaced
+- ``load_error``    the environment's class source does not compile, import or define its class
+- ``protocol``      the worker answered something that is not a well-formed reply
+- ``bad_request``   the caller asked for something invalid (unknown env, no episode reset, ...)
+- ``unavailable``   the backend cannot start here (no bwrap, no docker daemon, ...)
+- ``closed``        the worker or session was already closed
+- ``executor``      the EnvExecutor actor holding the session died or did not answer
+
+Errors pickle by value (``__reduce__``) so they cross Ray and process boundaries intact.
+
+May import: the standard library only.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+KINDS = ("timeout", "crash", "output_limit", "load_error", "protocol", "bad_request",
+         "unavailable", "closed", "executor")
+
+
+class SandboxError(Exception):
+    """A sandboxed call failed; ``kind`` is one of ``KINDS``, ``where`` names env/task/worker."""
+
+    def __init__(self, kind: str, message: str, where: Optional[str] = None):
+        if kind not in KINDS:
+            raise ValueError(f"SandboxError kind must be one of {KINDS}, got {kind!r}")
+        self.kind = kind
+        self.message = message
+        self.where = where
+        super().__init__(f"[{kind}] {message}" + (f" ({where})" if where else ""))
+
+    def __reduce__(self):
+        return (self.__class__, (self.kind, self.message, self.where))
+
+
+class EnvLoadError(SandboxError):
+    """An environment's source failed to compile, import, or define its class."""
+
+    def __init__(self, env_id: str, message: str):
+        self.env_id = env_id
+        super().__init__("load_error", message, f"env {env_id}")
+
+    def __reduce__(self):
+        return (self.__class__, (self.env_id, self.message))

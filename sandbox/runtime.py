@@ -1,0 +1,287 @@
+"""The in-process episode engine: what runs *inside* a sandbox worker (no isolation here).
+
+``EpisodeRuntime(env)`` execs an environment's class source into a fresh namespace (EnvScaler's
+contract, see ``envs.spec``), then per episode: ``reset(initial_state, seed)`` builds
+``cls(state)`` (falling back to ``cls()``) and sets every key as an attribute; ``step(tool,
+arguments)`` calls one tool and returns an ``ActionStep`` with the observation and the recursive
+state diff; ``verify(checks)`` runs each ``check_func(final_state)`` with ``initial_state`` (the
+snapshot taken at reset) as a global and returns the reward = fraction of checks passed.
+``replay`` runs a fixed action list from a fresh reset (see ``sandbox.idmap`` for traces recorded
+without a seed).
+
+Errors: a bad environment raises ``EnvLoadError`` naming env id, line and exception; a bad tool
+call (unknown tool, non-dict arguments, arguments that do not bind, the tool raising, the tool
+running past ``timeout_s``) is *not* raised: it comes back as an ``ActionStep`` whose ``error`` is
+set and whose observation is ``{"success": False, "error": ...}``, as the agent would see it. A
+check that raises, returns a non-bool or runs past its time passes False with ``error`` set.
+
+Determinism: see ``sandbox.determinism``; the episode seed is ``self.seed``.
+Per-call timeouts use SIGALRM and so only apply on the main thread (the sandbox child); the
+worker's wall-clock kill is the backstop for code that swallows the alarm.
+
+May import: envs.spec, envs.trajectory, sandbox.*, the standard library (numpy lazily).
+"""
+
+from __future__ import annotations
+
+import inspect
+import pickle
+import signal
+import sys
+import threading
+import traceback
+from contextlib import contextmanager
+from typing import Any, Iterable, Optional, Union
+
+from envs.spec import Check, Environment, ToolCall
+from envs.trajectory import ActionStep, CheckResult, VerifyResult
+from sandbox.determinism import EpisodeClock, episode_builtins
+from sandbox.errors import EnvLoadError, SandboxError
+from sandbox.statediff import compact, fast_copy, new_diff, state_view, sync_diff
+
+
+class _Deadline(BaseException):
+    """Raised by SIGALRM; a BaseException so a tool's ``except Exception`` does not swallow it."""
+
+
+@contextmanager
+def deadline(seconds: Optional[float]):
+    if not seconds or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def _fire(signum, frame):
+        raise _Deadline()
+
+    previous = signal.signal(signal.SIGALRM, _fire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def describe(exc: BaseException, filename_prefix: str) -> str:
+    """``Type: message (line N)`` with the line of the innermost frame in environment/check code."""
+    line = None
+    for frame, lineno in traceback.walk_tb(exc.__traceback__):
+        if frame.f_code.co_filename.startswith(filename_prefix):
+            line = lineno
+    where = f" (line {line})" if line is not None else ""
+    return f"{type(exc).__name__}: {exc}{where}"
+
+
+def _load_class(env: Environment, table: dict[str, Any], filename: str) -> type:
+    try:
+        code = compile(env.source, filename, "exec")
+    except SyntaxError as e:
+        raise EnvLoadError(env.env_id, f"SyntaxError at line {e.lineno}: {e.msg}") from None
+    namespace: dict[str, Any] = {"__builtins__": table, "__name__": f"envsched_env_{env.env_id}"}
+    try:
+        exec(code, namespace)
+    except Exception as e:  # noqa: BLE001 - any failure while importing the source is a load error
+        raise EnvLoadError(env.env_id, f"executing the source raised {describe(e, filename)}") \
+            from None
+    cls = namespace.get(env.class_name)
+    if not isinstance(cls, type):
+        found = sorted(k for k, v in namespace.items() if isinstance(v, type))
+        raise EnvLoadError(env.env_id, f"the source defines no class {env.class_name!r} "
+                                       f"(classes found: {found})")
+    return cls
+
+
+class EpisodeRuntime:
+    """One environment, many episodes; not thread-safe (one per sandbox worker)."""
+
+    def __init__(self, env: Environment):
+        self.env = env
+        self.clock = EpisodeClock()
+        self._builtins = episode_builtins(self.clock)
+        self._file = f"<env {env.env_id}>"
+        self.cls = _load_class(env, self._builtins, self._file)
+        self._tools = set(env.tool_names)
+        self._signatures: dict[str, inspect.Signature] = {}
+        self._check_code: dict[str, Any] = {}
+        self._uses_numpy = "numpy" in env.source
+        self.instance: Any = None
+        self.seed: Optional[int] = None
+        self._shadow: dict[str, Any] = {}
+        self._initial_blob: Optional[bytes] = None
+        self._initial: Any = None
+
+    # ----------------------------------------------------------------- episode
+    def reset(self, initial_state: dict[str, Any], seed: int = 0,
+              state_blob: Optional[bytes] = None) -> None:
+        """Start an episode. ``state_blob`` (the pickled state) skips one copy when given."""
+        state = pickle.loads(state_blob) if state_blob is not None else fast_copy(initial_state)
+        if not isinstance(state, dict):
+            raise SandboxError("bad_request", f"initial state must be a dict, got "
+                                              f"{type(state).__name__}", f"env {self.env.env_id}")
+        self.clock.reseed(seed)
+        self.seed = int(seed)
+        if self._uses_numpy and "numpy" in sys.modules:
+            sys.modules["numpy"].random.seed(self.seed % 2**32)
+        self.instance = self._construct(state)
+        snap = state_view(self.instance)
+        try:
+            self._initial_blob, self._initial = pickle.dumps(snap, pickle.HIGHEST_PROTOCOL), None
+            self._shadow = pickle.loads(self._initial_blob)
+        except Exception:  # noqa: BLE001 - unpicklable state: keep a deep copy instead
+            self._initial_blob, self._initial = None, fast_copy(snap)
+            self._shadow = fast_copy(snap)
+
+    def _construct(self, state: dict[str, Any]) -> Any:
+        try:
+            with deadline(30.0):
+                try:
+                    instance = self.cls(state)
+                except TypeError:
+                    instance = self.cls()
+                for key, value in state.items():
+                    setattr(instance, key, value)
+        except (Exception, SystemExit, _Deadline) as e:  # noqa: BLE001 - reported, never raised raw
+            raise EnvLoadError(self.env.env_id, f"constructing {self.env.class_name} from the "
+                                                f"initial state raised {describe(e, self._file)}") \
+                from None
+        return instance
+
+    def _require_episode(self) -> None:
+        if self.instance is None:
+            raise SandboxError("bad_request", "no episode: call reset() first",
+                               f"env {self.env.env_id}")
+
+    def _bind_error(self, tool: str, arguments: Any) -> Optional[str]:
+        if tool not in self._tools or tool.startswith("_"):
+            return f"unknown tool {tool!r}; available tools: {sorted(self._tools)}"
+        if not isinstance(arguments, dict):
+            return f"arguments of {tool!r} must be a JSON object, got {type(arguments).__name__}"
+        method = getattr(self.instance, tool, None)
+        if not callable(method):
+            return f"tool {tool!r} is declared but {self.env.class_name} has no such method"
+        sig = self._signatures.get(tool)
+        if sig is None:
+            try:
+                sig = self._signatures[tool] = inspect.signature(method)
+            except (TypeError, ValueError):
+                return None
+        try:
+            sig.bind(**arguments)
+        except TypeError as e:
+            return f"bad arguments for {tool!r}: {e}"
+        return None
+
+    def step(self, tool: str, arguments: dict[str, Any],
+             timeout_s: Optional[float] = None) -> ActionStep:
+        """Run one tool call; failures come back in ``ActionStep.error`` (see module doc)."""
+        self._require_episode()
+        error = self._bind_error(tool, arguments)
+        if error is not None:
+            return ActionStep(tool, arguments, {"success": False, "error": error}, {}, error)
+        try:
+            with deadline(timeout_s):
+                observation = getattr(self.instance, tool)(**fast_copy(arguments))
+        except _Deadline:
+            error = f"timeout: tool {tool!r} ran longer than {timeout_s} s"
+        except (Exception, SystemExit) as e:  # noqa: BLE001 - the agent sees the tool's error
+            error = f"tool {tool!r} raised {describe(e, self._file)}"
+        if error is not None:
+            observation = {"success": False, "error": error}
+        else:
+            observation = fast_copy(observation)
+        diff = new_diff()
+        sync_diff(self._shadow, state_view(self.instance), diff)
+        return ActionStep(tool, arguments, observation, compact(diff), error)
+
+    def snapshot(self) -> dict[str, Any]:
+        """A deep copy of the current state."""
+        self._require_episode()
+        return fast_copy(state_view(self.instance))
+
+    def initial_snapshot(self) -> dict[str, Any]:
+        """A deep copy of the state right after reset (what checks see as ``initial_state``)."""
+        self._require_episode()
+        if self._initial_blob is not None:
+            return pickle.loads(self._initial_blob)
+        return fast_copy(self._initial)
+
+    # ----------------------------------------------------------------- verify
+    def _check_func(self, check: Check, initial: dict[str, Any]):
+        code = self._check_code.get(check.code)
+        if code is None:
+            code = compile(check.code, f"<check {check.check_id}>", "exec")
+            if len(self._check_code) > 4096:
+                self._check_code.clear()
+            self._check_code[check.code] = code
+        namespace = {"__builtins__": self._builtins, "initial_state": initial}
+        exec(code, namespace)
+        return namespace["check_func"]
+
+    def verify(self, checks: Iterable[Check], timeout_s: Optional[float] = None) -> VerifyResult:
+        """Reward = fraction of checks passed; one shared copy of initial and final state."""
+        self._require_episode()
+        final, initial = self.snapshot(), self.initial_snapshot()
+        results = [self._run_check(c, final, initial, timeout_s) for c in checks]
+        return VerifyResult.from_checks(results)
+
+    def _run_check(self, check: Check, final: dict, initial: dict,
+                   timeout_s: Optional[float]) -> CheckResult:
+        try:
+            with deadline(timeout_s):
+                result = self._check_func(check, initial)(final)
+        except _Deadline:
+            return CheckResult(check.check_id, False, f"timeout: check ran longer than {timeout_s} s")
+        except SyntaxError as e:
+            return CheckResult(check.check_id, False, f"SyntaxError at line {e.lineno}: {e.msg}")
+        except (Exception, SystemExit) as e:  # noqa: BLE001 - a raising check counts 0
+            return CheckResult(check.check_id, False, describe(e, "<check "))
+        if isinstance(result, bool) or type(result).__name__ == "bool_":
+            return CheckResult(check.check_id, bool(result))
+        return CheckResult(check.check_id, False,
+                           f"check_func returned {type(result).__name__}, not bool")
+
+    # ----------------------------------------------------------------- replay
+    def replay(self, initial_state: dict[str, Any], checks: list[Check],
+               actions: list[Union[ToolCall, ActionStep, dict]], seed: Optional[int] = None,
+               state_blob: Optional[bytes] = None, timeout_s: Optional[float] = None,
+               ) -> tuple[VerifyResult, list[ActionStep]]:
+        """Reset, run ``actions`` in order, verify. Actions that carry a recorded observation
+        (``ActionStep`` or a dict with ``observation``) get ids minted in the recording mapped to
+        those minted now (``sandbox.idmap``), so traces recorded without a seed replay too."""
+        from sandbox.idmap import IdMapper
+
+        self.reset(initial_state, 0 if seed is None else seed, state_blob)
+        mapper = IdMapper(self.initial_snapshot)
+        steps = []
+        for action in actions:
+            tool, arguments, recorded = _unpack(action)
+            step = self.step(tool, mapper.substitute(arguments), timeout_s)
+            if recorded is not _MISSING:
+                mapper.learn(recorded, step.observation)
+            steps.append(step)
+        return self.verify(checks, timeout_s), steps
+
+
+_MISSING = object()
+
+
+def _unpack(action: Union[ToolCall, ActionStep, dict]) -> tuple[str, dict, Any]:
+    if isinstance(action, ToolCall):
+        return action.name, action.arguments, _MISSING
+    if isinstance(action, ActionStep):
+        return action.tool, action.arguments, action.observation
+    if isinstance(action, dict):
+        name = action.get("name", action.get("tool"))
+        if not isinstance(name, str):
+            raise SandboxError("bad_request", f"replay action needs a 'name' or 'tool', got "
+                                              f"{str(action)[:120]}")
+        return name, action.get("arguments", {}), action.get("observation", _MISSING)
+    raise SandboxError("bad_request", f"replay action must be a ToolCall, ActionStep or dict, "
+                                      f"got {type(action).__name__}")
+
+
+def replay(env: Environment, initial_state: dict[str, Any], checks: list[Check],
+           actions: list[Union[ToolCall, ActionStep, dict]], seed: Optional[int] = None,
+           ) -> tuple[VerifyResult, list[ActionStep]]:
+    """Load ``env`` in-process and replay ``actions`` from ``initial_state`` (no isolation)."""
+    return EpisodeRuntime(env).replay(initial_state, checks, actions, seed)

@@ -1,0 +1,287 @@
+"""Coverage-aware batch builder of EnvSched: Section 2.4 (Eq. 5) and Appendix C.
+
+One batch of B tasks is built greedily over a shared selected set:
+- B_cov = floor(rho B) coverage picks first: the eligible candidates are restricted
+  lexicographically by (count of the task's environment in the current batch, cumulative
+  selections of that environment before this step, the task's observation count); among the
+  minimal ones, Eq. 5 with the phase score q.
+- then B_exp = B - B_cov exploitation picks: Eq. 5 with q * omega, omega = (1 + c/c0)^(-1/2),
+  c = cumulative selections of the task before this step.
+- Eq. 5: i* = argmax_i [score_i - lambda_sim max_{j in batch} S_full(i, j)] (penalty 0 on an empty
+  batch). Ties go to the higher score, then to the lower task index (deterministic).
+  Because the penalty is non-negative, the argmax is found exactly by evaluating the penalty for a
+  growing prefix of the score-sorted candidates (64, 256, ...) until the best penalised value is
+  at least the next unevaluated score: O(prefix * |batch|) sparse products, never O(n |batch|).
+- Hard constraints: C1 (tasks of one environment in this batch), C3 (tasks of one environment in
+  steps t-2, t-1 and t together), C_task (a task already selected at the C_task previous steps in a
+  row is not selected now).
+
+Relaxation (the paper is silent): when no candidate satisfies the constraints, the pick is retried
+with, in this order, C3 dropped, then C1 too, then C_task too, then (exploitation only) the
+progress filter too; each relaxation adds a line to ``Batch.notes``. Identifier-filtered and
+excluded tasks are never relaxed in; with fewer eligible tasks than B a ``SchedulerError`` says so.
+
+Cold start (Appendix C, first batch only): one representative per environment, the task with the
+highest mean within-environment S_full (more environments than B: the B representatives chosen
+greedily by global novelty 1 - max S_full to those already chosen); the remaining slots by
+novelty = 0.5 (1 - max S_full to the batch) + 0.5 (1 - max S_full to the batch's tasks of the same
+environment), at most ``cold_start_env_cap`` (2) tasks per environment (relaxed, with a note, if the
+pool cannot fill B that way). The equal 0.5 / 0.5 mix is our choice.
+
+May import: numpy, scipy, the standard library, scheduling.config / scheduling.base.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any, Callable
+
+import numpy as np
+
+from scheduling.base import SchedulerError, Selection
+from scheduling.config import EnvSchedConfig
+
+RELAXATIONS = ("C3", "C1", "C_task", "progress")
+
+
+@dataclass
+class ExposureState:
+    """Selection counters the constraints and scores read; owned and checkpointed by EnvSched."""
+
+    n: int
+    n_env: int
+    selected: np.ndarray = field(init=False)      # c_i: cumulative selections per task
+    env_cum: np.ndarray = field(init=False)       # cumulative selections per environment
+    streak: np.ndarray = field(init=False)        # consecutive steps selected, ending at last_step
+    env_recent: np.ndarray = field(init=False)    # (2, n_env) env counts at last_step, last_step-1
+    last_step: int = -1
+
+    def __post_init__(self) -> None:
+        self.selected = np.zeros(self.n, dtype=np.int64)
+        self.env_cum = np.zeros(self.n_env, dtype=np.int64)
+        self.streak = np.zeros(self.n, dtype=np.int64)
+        self.env_recent = np.zeros((2, self.n_env), dtype=np.int64)
+
+    def prior_streak(self, step: int) -> np.ndarray:
+        """Consecutive selections ending at step - 1."""
+        return self.streak if self.last_step == step - 1 else np.zeros_like(self.streak)
+
+    def prior_env_window(self, step: int) -> np.ndarray:
+        """Environment selections at steps step-2 and step-1."""
+        gap = step - self.last_step
+        if gap == 1:
+            return self.env_recent.sum(axis=0)
+        return self.env_recent[0].copy() if gap == 2 else np.zeros(self.n_env, dtype=np.int64)
+
+    def record(self, step: int, idx: np.ndarray, env_of: np.ndarray) -> None:
+        counts = np.bincount(env_of[idx], minlength=self.n_env)
+        chosen = np.zeros(self.n, dtype=bool)
+        chosen[idx] = True
+        self.streak = np.where(chosen, self.prior_streak(step) + 1, 0)
+        gap = step - self.last_step
+        prev = self.env_recent[0] if gap == 1 else np.zeros(self.n_env, dtype=np.int64)
+        self.env_recent = np.stack([counts, prev])
+        self.selected[idx] += 1
+        self.env_cum += counts
+        self.last_step = step
+
+    def state_dict(self) -> dict[str, Any]:
+        return {k: getattr(self, k).copy() for k in ("selected", "env_cum", "streak", "env_recent")
+                } | {"last_step": self.last_step}
+
+    def load_state_dict(self, s: dict[str, Any]) -> None:
+        for k in ("selected", "env_cum", "streak", "env_recent"):
+            setattr(self, k, np.array(s[k], dtype=np.int64))
+        self.last_step = int(s["last_step"])
+
+
+def max_similarity(graph: Any, rows: np.ndarray, batch: list[int]) -> np.ndarray:
+    """max_{j in batch} S_full(i, j) for each i in rows (0 for an empty batch)."""
+    if not batch or rows.size == 0:
+        return np.zeros(rows.size)
+    prod = graph.X_full[rows] @ graph.X_full[np.asarray(batch)].T
+    return np.asarray(prod.max(axis=1).todense()).ravel()
+
+
+def penalised_argmax(cands: np.ndarray, score: np.ndarray, batch: list[int], graph: Any,
+                     lam: float) -> tuple[int, float]:
+    """Eq. 5 over ``cands`` (sorted by score desc, index asc): (task index, its penalty)."""
+    m = 64
+    while True:
+        top = cands[:m]
+        pen = lam * max_similarity(graph, top, batch)
+        val = score[top] - pen
+        k = int(np.argmax(val))
+        if m >= cands.size or val[k] >= score[cands[m]]:
+            return int(top[k]), float(pen[k])
+        m *= 4
+
+
+def sort_desc(idx: np.ndarray, score: np.ndarray) -> np.ndarray:
+    """idx ordered by score descending, ties by task index ascending."""
+    return idx[np.lexsort((idx, -score[idx]))]
+
+
+@dataclass
+class PickContext:
+    step: int
+    env_of: np.ndarray
+    batch: list[int]
+    in_batch: np.ndarray
+    env_batch: np.ndarray
+    env_window: np.ndarray
+    streak: np.ndarray
+    notes: list[str]
+
+
+def allowed(ctx: PickContext, base: np.ndarray, cfg: EnvSchedConfig, dropped: set[str]
+            ) -> np.ndarray:
+    ok = base & ~ctx.in_batch
+    if "C1" not in dropped:
+        ok &= ctx.env_batch[ctx.env_of] < cfg.c1
+    if "C3" not in dropped:
+        ok &= (ctx.env_window + ctx.env_batch)[ctx.env_of] < cfg.c3
+    if "C_task" not in dropped:
+        ok &= ctx.streak < cfg.c_task
+    return ok
+
+
+def pick_one(ctx: PickContext, phase: str, masks: dict[str, np.ndarray], cfg: EnvSchedConfig,
+             choose: Callable[[np.ndarray], tuple[int, dict[str, float]]]) -> tuple[int, dict]:
+    """Apply the constraints, relaxing in RELAXATIONS order until a candidate exists."""
+    dropped: set[str] = set()
+    for level in range(len(RELAXATIONS) + 1):
+        base = masks["strict"] if "progress" not in dropped else masks["relaxed"]
+        ok = allowed(ctx, base, cfg, dropped)
+        if ok.any():
+            if dropped:
+                ctx.notes.append(f"step {ctx.step}: {phase} pick {len(ctx.batch) + 1}: no "
+                                 f"candidate met all constraints; relaxed {sorted(dropped)}")
+            return choose(ok)
+        if level < len(RELAXATIONS):
+            dropped.add(RELAXATIONS[level])
+    raise SchedulerError(f"step {ctx.step}: only {len(ctx.batch)} eligible tasks can be selected "
+                         f"but B = {cfg.batch_size}; lower batch_size or re-include tasks")
+
+
+def add(ctx: PickContext, i: int) -> None:
+    ctx.batch.append(i)
+    ctx.in_batch[i] = True
+    ctx.env_batch[ctx.env_of[i]] += 1
+
+
+def build_batch(step: int, q: np.ndarray, obs_count: np.ndarray, graph: Any,
+                exposure: ExposureState, eligible: np.ndarray, exploit_eligible: np.ndarray,
+                cfg: EnvSchedConfig) -> tuple[list[Selection], list[str]]:
+    """Eq. 5 coverage then exploitation picks, with C1 / C3 / C_task (module docstring)."""
+    env_of = graph.env_of
+    ctx = PickContext(step=step, env_of=env_of, batch=[], in_batch=np.zeros(graph.n, bool),
+                      env_batch=np.zeros(exposure.n_env, np.int64),
+                      env_window=exposure.prior_env_window(step),
+                      streak=exposure.prior_streak(step), notes=[])
+    out: list[Selection] = []
+    cum_env = exposure.env_cum[env_of]
+
+    def cover(ok: np.ndarray) -> tuple[int, dict]:
+        keys = (ctx.env_batch[env_of], cum_env, obs_count)
+        sel = ok.copy()
+        for key in keys:
+            sel &= key == key[sel].min()
+        i, pen = penalised_argmax(sort_desc(np.flatnonzero(sel), q), q, ctx.batch, graph,
+                                  cfg.lambda_sim)
+        return i, {"q": float(q[i]), "penalty": pen, "score": float(q[i]) - pen,
+                   "env_batch_count": float(ctx.env_batch[env_of[i]]),
+                   "env_cumulative": float(cum_env[i]), "observations": float(obs_count[i]),
+                   "restricted_to": float(sel.sum())}
+
+    omega = (1.0 + exposure.selected / cfg.c0) ** -0.5
+    exploit = q * omega
+
+    def exploit_pick(ok: np.ndarray) -> tuple[int, dict]:
+        i, pen = penalised_argmax(sort_desc(np.flatnonzero(ok), exploit), exploit, ctx.batch,
+                                  graph, cfg.lambda_sim)
+        return i, {"q": float(q[i]), "omega": float(omega[i]), "penalty": pen,
+                   "score": float(exploit[i]) - pen}
+
+    masks_cov = {"strict": eligible, "relaxed": eligible}
+    masks_exp = {"strict": eligible & exploit_eligible, "relaxed": eligible}
+    for phase, count, masks, choose in (("coverage", cfg.b_cov, masks_cov, cover),
+                                        ("exploitation", cfg.b_exp, masks_exp, exploit_pick)):
+        for _ in range(count):
+            i, scores = pick_one(ctx, phase, masks, cfg, choose)
+            add(ctx, i)
+            out.append(Selection(task_id=graph.task_ids[i], phase=phase, rank=len(out),
+                                 scores=scores))
+    return out, ctx.notes
+
+
+def cold_start_batch(graph: Any, eligible: np.ndarray, cfg: EnvSchedConfig
+                     ) -> tuple[list[Selection], list[str]]:
+    """Appendix C initialisation from static structure only (module docstring)."""
+    notes: list[str] = []
+    mean_sim = graph.mean_within_similarity()
+    reps = []
+    for members in graph.env_members:
+        members = members[eligible[members]]
+        if members.size:
+            reps.append(int(members[np.lexsort((members, -mean_sim[members]))[0]]))
+    reps_arr = np.array(reps, dtype=np.int64)
+    B = cfg.batch_size
+    if reps_arr.size >= B:
+        batch: list[int] = []
+        novelty = np.ones(reps_arr.size)
+        sub = SimpleNamespace(X_full=graph.X_full[reps_arr])   # local indices 0..len(reps)-1
+        for _ in range(B):
+            cands = sort_desc(np.flatnonzero(novelty > -np.inf), novelty)
+            k, _ = penalised_argmax(cands, novelty, batch, sub, 1.0)
+            batch.append(k)
+            novelty[k] = -np.inf
+        chosen = [int(reps_arr[k]) for k in batch]
+        return [_cold(graph, i, r, {"representative": 1.0}) for r, i in enumerate(chosen)], notes
+    return _cold_fill(graph, reps, eligible, mean_sim, cfg, notes), notes
+
+
+def _cold(graph: Any, i: int, rank: int, scores: dict[str, float]) -> Selection:
+    return Selection(task_id=graph.task_ids[i], phase="cold-start", rank=rank, scores=scores)
+
+
+def _cold_fill(graph: Any, reps: list[int], eligible: np.ndarray, mean_sim: np.ndarray,
+               cfg: EnvSchedConfig, notes: list[str]) -> list[Selection]:
+    out = [_cold(graph, i, r, {"representative": 1.0, "mean_within_similarity":
+                               float(mean_sim[i])}) for r, i in enumerate(reps)]
+    taken = np.zeros(graph.n, dtype=bool)
+    taken[reps] = True
+    env_count = np.bincount(graph.env_of[reps], minlength=len(graph.env_members))
+    gmax = np.zeros(graph.n)
+    emax = np.zeros(graph.n)
+    for j in reps:
+        _absorb(graph, j, gmax, emax)
+    cap = cfg.cold_start_env_cap
+    while len(out) < cfg.batch_size:
+        ok = eligible & ~taken & (env_count[graph.env_of] < cap)
+        if not ok.any():
+            if not (eligible & ~taken).any():
+                raise SchedulerError(f"cold start: only {len(out)} eligible tasks, B = "
+                                     f"{cfg.batch_size}")
+            cap += 1
+            notes.append(f"cold start: environment cap raised to {cap} to fill B")
+            continue
+        nov = 0.5 * (1.0 - gmax) + 0.5 * (1.0 - emax)
+        i = int(sort_desc(np.flatnonzero(ok), nov)[0])
+        out.append(_cold(graph, i, len(out), {"novelty": float(nov[i]),
+                                               "global_novelty": float(1.0 - gmax[i]),
+                                               "within_novelty": float(1.0 - emax[i])}))
+        taken[i] = True
+        env_count[graph.env_of[i]] += 1
+        _absorb(graph, i, gmax, emax)
+    return out
+
+
+def _absorb(graph: Any, j: int, gmax: np.ndarray, emax: np.ndarray) -> None:
+    """Update max-similarity-to-batch (global and same-environment) after adding task j."""
+    s = np.asarray((graph.X_full @ graph.X_full[j].T).todense()).ravel()
+    np.maximum(gmax, s, out=gmax)
+    members = graph.env_members[graph.env_of[j]]
+    emax[members] = np.maximum(emax[members], s[members])
+

@@ -1,0 +1,122 @@
+"""Exact ranked neighbour lists over sparse L2-normalised rows, without an N x N matrix.
+
+Order everywhere: similarity descending, ties by task index ascending. Two relations:
+
+- within (``rank_within``): for rows of one environment, the candidates of the same environment
+  except the row itself, by ``X[i] . X[j]`` (S_full). Products in row chunks against the
+  environment's candidates; ``argpartition`` then a stable sort of the kept columns.
+- cross (``rank_cross``): candidates in other environments by S_abs. Tasks with identical abstract
+  text share one abstract vector (``group`` id), so similarities are computed between distinct
+  vectors only (chunks of requesting groups x candidate groups). For a requesting group u, the
+  candidate groups are taken in similarity order until they hold ``L + max_e |candidates in e|``
+  tasks (each group holds at least one task, so that many groups always suffice, and every group
+  tied with the last one taken is added so index tie-breaking stays exact); the pooled tasks are
+  sorted once and each environment of u's requesting rows keeps its first L outside itself.
+
+Both are used at build time (candidates = all tasks, L = list length) and by the exact fallback of
+``DualGraph.topk_observed`` (candidates = observed tasks, L = k).
+
+May import: numpy, scipy.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import scipy.sparse as sp
+
+DENSE_BUDGET = 1 << 24  # entries of one dense similarity chunk (64 MiB in float32)
+
+
+def top_sorted(S: np.ndarray, k: int) -> np.ndarray:
+    """Column indices of each row's k largest entries, descending, ties by column ascending."""
+    r, m = S.shape
+    k = min(k, m)
+    if k <= 0:
+        return np.zeros((r, 0), dtype=np.int64)
+    if k < m:
+        cols = np.sort(np.argpartition(-S, k - 1, axis=1)[:, :k], axis=1)
+    else:
+        cols = np.broadcast_to(np.arange(m), (r, m))
+    vals = np.take_along_axis(S, cols, axis=1)
+    order = np.argsort(-vals, axis=1, kind="stable")
+    return np.take_along_axis(cols, order, axis=1)
+
+
+def rank_within(X: sp.csr_matrix, rows: np.ndarray, cands: np.ndarray, L: int,
+                out_idx: np.ndarray, out_sim: np.ndarray) -> None:
+    """Fill ``out_*[rows]`` with each row's top-L of ``cands`` (sorted; the row itself excluded)."""
+    if rows.size == 0:
+        return
+    k = min(L, cands.size)  # a row's own column is -inf: it sorts last and becomes padding
+    step = max(1, min(4096, DENSE_BUDGET // max(cands.size, 1)))
+    Xc = X[cands]
+    for s in range(0, rows.size, step):
+        r = rows[s:s + step]
+        S = (X[r] @ Xc.T).toarray()
+        self_r, self_c = np.nonzero(r[:, None] == cands[None, :])
+        S[self_r, self_c] = -np.inf
+        cols = top_sorted(S, k)
+        vals = np.take_along_axis(S, cols, axis=1)
+        ok = np.isfinite(vals)
+        out_idx[r, :k] = np.where(ok, cands[cols], -1)
+        out_sim[r, :k] = np.where(ok, vals, 0.0)
+
+
+def _groups(cands: np.ndarray, group: np.ndarray):
+    g = group[cands]
+    order = np.lexsort((cands, g))
+    flat = cands[order]
+    gids, starts, sizes = np.unique(g[order], return_index=True, return_counts=True)
+    return flat, gids, starts, sizes
+
+
+def _pool(D_row: np.ndarray, flat, starts, sizes, need: int):
+    """Tasks of the best ``need`` candidate groups (plus ties), sorted (-sim, index)."""
+    G = D_row.size
+    if need < G:
+        boundary = np.partition(D_row, G - need)[G - need]
+        sel = np.nonzero(D_row >= boundary)[0]
+    else:
+        sel = np.arange(G)
+    sz = sizes[sel]
+    offs = np.repeat(starts[sel] - np.concatenate(([0], np.cumsum(sz)[:-1])), sz)
+    tasks = flat[offs + np.arange(sz.sum())]
+    sims = np.repeat(D_row[sel], sz)
+    order = np.lexsort((tasks, -sims))
+    return tasks[order], sims[order]
+
+
+def rank_cross(Xu: sp.csr_matrix, group: np.ndarray, env_of: np.ndarray, rows: np.ndarray,
+               cands: np.ndarray, L: int, out_idx: np.ndarray, out_sim: np.ndarray) -> None:
+    """Fill ``out_*[rows]`` with each row's top-L of ``cands`` outside the row's environment.
+
+    ``Xu`` holds one abstract vector per group; ``group[i]`` is task i's group.
+    """
+    if rows.size == 0 or cands.size == 0 or L <= 0:
+        return
+    flat, gids, starts, sizes = _groups(cands, group)
+    need = min(gids.size, L + int(np.bincount(env_of[cands]).max()))
+    n_env = int(env_of.max()) + 1
+    key = group[rows].astype(np.int64) * n_env + env_of[rows]
+    order = np.argsort(key, kind="stable")
+    rows, key = rows[order], key[order]
+    pair_keys, pair_starts = np.unique(key, return_index=True)
+    pair_ends = np.append(pair_starts[1:], rows.size)
+    req_groups = np.unique(pair_keys // n_env)
+    pair_of_group = np.searchsorted(pair_keys // n_env, req_groups)
+    Xc = Xu[gids]
+    step = max(1, min(4096, DENSE_BUDGET // max(gids.size, 1)))
+    for s in range(0, req_groups.size, step):
+        chunk = req_groups[s:s + step]
+        D = (Xu[chunk] @ Xc.T).toarray()
+        for c, u in enumerate(chunk):
+            tasks, sims = _pool(D[c], flat, starts, sizes, need)
+            p = pair_of_group[s + c]
+            while p < pair_keys.size and pair_keys[p] // n_env == u:
+                e = pair_keys[p] % n_env
+                keep = env_of[tasks] != e
+                t, v = tasks[keep][:L], sims[keep][:L]
+                r = rows[pair_starts[p]:pair_ends[p]]
+                out_idx[r[:, None], np.arange(t.size)] = t
+                out_sim[r[:, None], np.arange(t.size)] = v
+                p += 1

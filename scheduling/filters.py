@@ -1,0 +1,287 @@
+"""Candidate-eligibility filters of EnvSched (Appendix C): the progress and identifier filters.
+
+Progress filter. Training transitions are adjacent observations (s -> s') of the same task. A
+ridge predictor estimates the later mean reward m' from x = (1, m, m^2, v, s, n_obs up to s,
+one-hot environment category); the transition completed at s' is predicted by a ridge fitted only
+on transitions completed at steps < s' (so each prediction uses earlier completed steps only) and
+is *scorable* when that fit has at least ``progress_min_fit`` transitions. Residual r = m' - pred.
+A task's estimate fuses its own residuals with a reference, exactly like Eq. 4:
+    est_i = (n_i rbar_i + lambda_s ref_i) / (n_i + lambda_s),
+    ref_i = mean of (environment mean residual, mean of the neighbours' mean residuals)
+(neighbours: the task's within and cross top-K observed neighbours; missing references dropped;
+0 when none). ``progress_min_transitions`` (3) scorable transitions and est <= 0 removes the task
+from exploitation only. Our choices (paper silent): the ridge penalises every coefficient but the
+intercept (alpha = ``progress_ridge_alpha``, raw feature scales), categories are environment
+categories (default: the environment id) folded into ``progress_max_categories`` buckets by
+sorted index, lambda_s doubles as the residual shrinkage.
+
+Identifier filter. Pure logic; the replay is injected: ``replay(task_id, actions, seed) -> reward``.
+For each trajectory with reward >= ``identifier_min_reward``, an action is suspicious when an
+argument holds an identifier-like string (no spaces, >= 3 characters, containing a digit, or >= 4
+digits) that appears nowhere in the permitted context (instruction, system prompt, observations of
+earlier actions), or when its state diff adds a record equal (ignoring id-like fields) to an
+existing record of the same collection. Then: (1) replay the saved actions; |replayed - stored|
+> 1e-4 makes the check inconclusive (logged, task kept); (2) remove the suspicious action and
+every later action that uses an identifier it used or created (transitively) and replay; the task
+is filtered from both phases only when that reward is lower than the stored one.
+
+May import: numpy, the standard library, envs.spec / envs.trajectory, scheduling.config.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Iterable, Optional, Sequence
+
+import numpy as np
+
+from envs.spec import ToolCall
+from scheduling.config import EnvSchedConfig
+from scheduling.estimator import History
+
+Replay = Callable[[str, list[ToolCall], Optional[int]], float]
+
+
+# ----------------------------------------------------------------------------- progress filter
+def transitions(history: History, t: int) -> dict[str, np.ndarray]:
+    """Adjacent observations of each task among those credited to steps < t."""
+    task, step, y = history.arrays()
+    keep = step < t
+    task, step, y = task[keep], step[keep], y[keep]
+    order = np.lexsort((np.arange(task.size), step, task))
+    task, step, y = task[order], step[order], y[order]
+    same = task[1:] == task[:-1]
+    first = np.r_[True, ~same]
+    run_start = np.maximum.accumulate(np.where(first, np.arange(task.size), 0))
+    count = np.arange(task.size) - run_start + 1          # observations of the task up to here
+    a, b = np.flatnonzero(same), np.flatnonzero(same) + 1
+    return {"task": task[a], "m": y[a, 1], "v": y[a, 0], "step": step[a].astype(float),
+            "count": count[a].astype(float), "target": y[b, 1], "done": step[b]}
+
+
+def _features(tr: dict[str, np.ndarray], cat: np.ndarray, n_cat: int) -> np.ndarray:
+    base = np.stack([np.ones_like(tr["m"]), tr["m"], tr["m"] ** 2, tr["v"], tr["step"],
+                     tr["count"]], axis=1)
+    onehot = np.zeros((base.shape[0], n_cat))
+    onehot[np.arange(base.shape[0]), cat] = 1.0
+    return np.hstack([base, onehot])
+
+
+def ridge_residuals(tr: dict[str, np.ndarray], cat: np.ndarray, n_cat: int,
+                    cfg: EnvSchedConfig) -> tuple[np.ndarray, np.ndarray]:
+    """(residual, scorable) per transition; each fitted on transitions done at earlier steps."""
+    X = _features(tr, cat, n_cat)
+    y = tr["target"]
+    resid = np.zeros(y.size)
+    scorable = np.zeros(y.size, dtype=bool)
+    pen = cfg.progress_ridge_alpha * np.eye(X.shape[1])
+    pen[0, 0] = 0.0
+    for s in np.unique(tr["done"]):
+        fit = tr["done"] < s
+        if fit.sum() < cfg.progress_min_fit:
+            continue
+        beta = np.linalg.solve(X[fit].T @ X[fit] + pen, X[fit].T @ y[fit])
+        now = tr["done"] == s
+        resid[now] = y[now] - X[now] @ beta
+        scorable[now] = True
+    return resid, scorable
+
+
+def progress_estimates(history: History, t: int, env_of: np.ndarray, category_of_env: np.ndarray,
+                       neighbours: Sequence[np.ndarray], cfg: EnvSchedConfig
+                       ) -> tuple[np.ndarray, np.ndarray]:
+    """(estimate (n,), scorable transition count (n,)) as in the module docstring."""
+    n = env_of.size
+    tr = transitions(history, t)
+    est, cnt = np.zeros(n), np.zeros(n, dtype=np.int64)
+    if tr["task"].size == 0:
+        return est, cnt
+    n_cat = min(int(category_of_env.max()) + 1, cfg.progress_max_categories)
+    cat = category_of_env[env_of[tr["task"]]] % cfg.progress_max_categories
+    resid, ok = ridge_residuals(tr, cat, n_cat, cfg)
+    task, resid = tr["task"][ok], resid[ok]
+    cnt = np.bincount(task, minlength=n)
+    own = np.divide(np.bincount(task, weights=resid, minlength=n), cnt,
+                    out=np.zeros(n), where=cnt > 0)
+    env_cnt = np.bincount(env_of[task], minlength=int(env_of.max()) + 1)
+    env_sum = np.bincount(env_of[task], weights=resid, minlength=env_cnt.size)
+    refs, have = [], []
+    refs.append(np.divide(env_sum, env_cnt, out=np.zeros(env_cnt.size), where=env_cnt > 0)[env_of])
+    have.append(env_cnt[env_of] > 0)
+    idx = np.hstack([nb for nb in neighbours]) if neighbours else np.zeros((n, 0), np.int32)
+    valid = (idx >= 0) & (cnt[np.maximum(idx, 0)] > 0)
+    nb_cnt = valid.sum(axis=1)
+    refs.append(np.divide(np.where(valid, own[np.maximum(idx, 0)], 0.0).sum(axis=1), nb_cnt,
+                          out=np.zeros(n), where=nb_cnt > 0))
+    have.append(nb_cnt > 0)
+    h = np.stack(have).astype(float)
+    ref = np.divide((np.stack(refs) * h).sum(axis=0), h.sum(axis=0), out=np.zeros(n),
+                    where=h.sum(axis=0) > 0)
+    est = (cnt * own + cfg.lambda_s * ref) / (cnt + cfg.lambda_s)
+    return est, cnt
+
+
+def progress_blocked(est: np.ndarray, cnt: np.ndarray, cfg: EnvSchedConfig) -> np.ndarray:
+    """Tasks removed from exploitation: >= min_transitions scorable and estimate <= 0."""
+    return (cnt >= cfg.progress_min_transitions) & (est <= 0.0)
+
+
+# --------------------------------------------------------------------------- identifier filter
+_ID = re.compile(r"^(?=[^\s]*\d)[^\s]{3,}$")
+_ID_FIELD = re.compile(r"(^id$|_id$|Id$|^uuid$)")
+
+
+def identifiers(value: Any) -> set[str]:
+    """Identifier-like strings inside an argument value (recursively)."""
+    out: set[str] = set()
+    if isinstance(value, str):
+        if _ID.match(value) and not _is_number(value) or (value.isdigit() and len(value) >= 4):
+            out.add(value)
+    elif isinstance(value, dict):
+        for v in value.values():
+            out |= identifiers(v)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            out |= identifiers(v)
+    return out
+
+
+def strings(value: Any) -> set[str]:
+    """Every string (and integer, as text) inside an argument value."""
+    if isinstance(value, dict):
+        return set().union(*(strings(v) for v in value.values())) if value else set()
+    if isinstance(value, (list, tuple)):
+        return set().union(*(strings(v) for v in value)) if value else set()
+    return {str(value)} if isinstance(value, (str, int)) and not isinstance(value, bool) else set()
+
+
+def _is_number(s: str) -> bool:
+    try:
+        float(s.replace(",", ""))
+        return True
+    except ValueError:
+        return False
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value, default=str, sort_keys=True)
+
+
+def _strip_ids(record: Any) -> Any:
+    if not isinstance(record, dict):
+        return record
+    return {k: v for k, v in record.items() if not _ID_FIELD.search(str(k))}
+
+
+def _collection(state: dict[str, Any], ptr: str) -> Optional[dict[str, Any]]:
+    """The dict holding the record at JSON pointer ``ptr`` in ``state`` (None if absent)."""
+    parts = [p.replace("~1", "/").replace("~0", "~") for p in ptr.split("/")[1:-1]]
+    node: Any = state
+    for p in parts:
+        if not isinstance(node, dict) or p not in node:
+            return None
+        node = node[p]
+    return node if isinstance(node, dict) else None
+
+
+def duplicate_record(diff: dict[str, Any], state: dict[str, Any]) -> Optional[str]:
+    """A pointer added by ``diff`` whose record duplicates an existing one (ids ignored)."""
+    for ptr, new in (diff.get("added") or {}).items():
+        coll = _collection(state, ptr)
+        if not isinstance(new, dict) or coll is None:
+            continue
+        key = ptr.rsplit("/", 1)[-1]
+        if any(_strip_ids(rec) == _strip_ids(new) for k, rec in coll.items() if k != key):
+            return ptr
+    return None
+
+
+@dataclass
+class Suspicion:
+    action: int
+    reason: str
+    identifier: str
+
+
+def find_suspicious(actions: Sequence[Any], context: str, state: Optional[dict[str, Any]]
+                    ) -> Optional[Suspicion]:
+    """The first action using an unobtainable identifier or creating a duplicate record."""
+    seen = context.lower()
+    for k, act in enumerate(actions):
+        for ident in sorted(identifiers(act.arguments)):
+            if ident.lower() not in seen:
+                return Suspicion(k, "identifier not in permitted context", ident)
+        if state is not None:
+            dup = duplicate_record(act.state_diff or {}, state)
+            if dup is not None:
+                return Suspicion(k, "record duplicates an existing one", dup)
+        seen += "\n" + _text(act.observation).lower()
+    return None
+
+
+def dependent_actions(actions: Sequence[Any], k: int, ident: str) -> list[int]:
+    """k and every later action using an identifier that k (or a dependant) used or created."""
+    tainted = {ident} | identifiers(actions[k].arguments)
+    tainted |= {p.rsplit("/", 1)[-1] for p in (actions[k].state_diff or {}).get("added", {})}
+    out = [k]
+    for m in range(k + 1, len(actions)):
+        if strings(actions[m].arguments) & tainted:
+            out.append(m)
+            tainted |= {p.rsplit("/", 1)[-1]
+                        for p in (actions[m].state_diff or {}).get("added", {})}
+    return out
+
+
+@dataclass
+class IdentifierFinding:
+    task_id: str
+    trajectory: int
+    action: int
+    reason: str
+    identifier: str
+    stored_reward: float
+    replay_reward: Optional[float] = None
+    ablated_reward: Optional[float] = None
+    removed: list[int] = field(default_factory=list)
+    verdict: str = "pending"          # filtered | kept | inconclusive
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class IdentifierFilter:
+    """Appendix C identifier filter over one group's trajectories (replay injected)."""
+
+    def __init__(self, replay: Replay, cfg: EnvSchedConfig) -> None:
+        self.replay = replay
+        self.cfg = cfg
+
+    def check(self, task_id: str, trajectories: Iterable[Any], context: str,
+              state: Optional[dict[str, Any]] = None) -> list[IdentifierFinding]:
+        out = []
+        for n, traj in enumerate(trajectories):
+            if traj.reward < self.cfg.identifier_min_reward or not traj.actions:
+                continue
+            sus = find_suspicious(traj.actions, context, state)
+            if sus is None:
+                continue
+            out.append(self._confirm(task_id, n, traj, sus))
+            if out[-1].verdict == "filtered":
+                break
+        return out
+
+    def _confirm(self, task_id: str, n: int, traj: Any, sus: Suspicion) -> IdentifierFinding:
+        f = IdentifierFinding(task_id, n, sus.action, sus.reason, sus.identifier, traj.reward)
+        calls = [ToolCall(name=a.tool, arguments=a.arguments) for a in traj.actions]
+        f.replay_reward = float(self.replay(task_id, calls, traj.seed))
+        if abs(f.replay_reward - traj.reward) > self.cfg.replay_tolerance:
+            f.verdict = "inconclusive"
+            return f
+        f.removed = dependent_actions(traj.actions, sus.action, sus.identifier)
+        kept = [c for m, c in enumerate(calls) if m not in set(f.removed)]
+        f.ablated_reward = float(self.replay(task_id, kept, traj.seed))
+        f.verdict = "filtered" if f.ablated_reward < traj.reward - self.cfg.replay_tolerance \
+            else "kept"
+        return f

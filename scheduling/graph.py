@@ -1,0 +1,314 @@
+"""The static dual-relation graph of Section 2.2 (Eq. 1, Appendix D), built once and cached.
+
+    S_full(i, j) = sum_a alpha_a cos(h_i^(a), h_j^(a))      (six concrete views, scheduling.views)
+    S_abs(i, j)  = cos(g_i, g_j)                             (abstract view, scheduling.abstraction)
+
+Representation (never a dense N x N matrix):
+
+- ``X_full`` (n, F) csr: the six L2-normalised TF-IDF views, view a scaled by sqrt(alpha_a) and
+  concatenated, so ``X_full[i] @ X_full[j].T == S_full(i, j)``; ``X_abs`` (n, G) csr, L2-normalised,
+  so ``X_abs[i] @ X_abs[j].T == S_abs(i, j)``. float32.
+- Ranked candidate lists (``scheduling.candidates``): ``within_*`` (n, Lw) same-environment tasks by
+  S_full, ``cross_*`` (n, Lc) other-environment tasks by S_abs; descending, ties by task index,
+  padding -1 / 0.0; ``*_complete[i]`` says the list holds every candidate of row i.
+- ``topk_observed`` reads the top-k observed neighbours (|N_in| <= K_within, |N_cross| <= K_cross
+  of Section 2.2) from the lists for all rows at once and recomputes exactly (sparse products
+  against the observed candidates) only rows whose list runs out while observed candidates remain
+  outside it.
+
+Decisions where the paper is silent: the weights are used as given (they sum to 1); a view whose
+text is empty for a task contributes 0 to that task's similarities; op descriptions passed in
+``op_descriptions`` win over the pool's, and tasks missing from it go through
+``envs.opdesc.describe_task``; the cache records a SHA-256 of the config, the environments, the
+tasks and the descriptions passed in, so ``load(path, expected_hash)`` detects a stale cache.
+
+May import: numpy, scipy, scikit-learn, the standard library, envs.spec, envs.opdesc and the other
+scheduling modules (never Ray or torch).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+import scipy.sparse as sp
+
+from envs.opdesc import Extractor, describe_task
+from envs.spec import Environment, TaskSpec
+from scheduling.abstraction import abstract_text
+from scheduling.candidates import rank_cross, rank_within
+from scheduling.views import (VIEW_NAMES, VIEW_WEIGHTS, StateOf, encode, make_vectorizer,
+                              view_texts)
+
+FORMAT_VERSION = 1
+
+
+class GraphError(ValueError):
+    """Bad graph input, or a cache that does not match the pool."""
+
+
+@dataclass(frozen=True)
+class GraphConfig:
+    """Appendix D's static-representation constants plus the candidate-list sizes."""
+
+    weights: tuple[float, ...] = VIEW_WEIGHTS
+    max_features: int = 35000
+    min_df: int = 1
+    sublinear_tf: bool = True
+    within_candidates: int = 64
+    cross_candidates: int = 96
+
+    def __post_init__(self) -> None:
+        w = tuple(float(x) for x in self.weights)
+        if len(w) != len(VIEW_NAMES) or min(w) < 0 or sum(w) <= 0:
+            raise GraphError(f"the weights parameter of GraphConfig must be {len(VIEW_NAMES)} "
+                             f"non-negative numbers with a positive sum (views {VIEW_NAMES}), "
+                             f"got {self.weights!r}")
+        object.__setattr__(self, "weights", w)
+        for name in ("max_features", "min_df", "within_candidates", "cross_candidates"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise GraphError(f"the {name} parameter of GraphConfig must be an int >= 1, "
+                                 f"got {v!r}")
+
+
+@dataclass
+class DualGraph:
+    task_ids: list[str]
+    env_ids: list[str]
+    env_of: np.ndarray
+    X_full: sp.csr_matrix
+    X_abs: sp.csr_matrix
+    abs_group: np.ndarray
+    within_idx: np.ndarray
+    within_sim: np.ndarray
+    within_complete: np.ndarray
+    cross_idx: np.ndarray
+    cross_sim: np.ndarray
+    cross_complete: np.ndarray
+    config: GraphConfig = field(default_factory=GraphConfig)
+    content_hash: str = ""
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.n = len(self.task_ids)
+        self.index = {t: k for k, t in enumerate(self.task_ids)}
+        order = np.argsort(self.env_of, kind="stable")
+        bounds = np.searchsorted(self.env_of[order], np.arange(len(self.env_ids) + 1))
+        self.env_members = [order[bounds[e]:bounds[e + 1]] for e in range(len(self.env_ids))]
+        first = np.unique(self.abs_group, return_index=True)[1]
+        self._X_abs_groups = self.X_abs[first]
+        self._mean_within: Optional[np.ndarray] = None
+
+    # --- building -------------------------------------------------------------------------
+
+    @classmethod
+    def build(cls, tasks: list[TaskSpec], environments: dict[str, Environment],
+              config: Optional[GraphConfig] = None,
+              op_descriptions: Optional[dict[str, dict]] = None, *,
+              state_of: Optional[StateOf] = None,
+              extractor: Optional[Extractor] = None) -> "DualGraph":
+        """Encode the views, rank the candidates. ``state_of(task)`` resolves
+        ``initial_state_ref`` (e.g. ``pool.initial_state``); without it such tasks get an empty
+        initial-context view."""
+        config = config or GraphConfig()
+        t0 = time.perf_counter()
+        env_ids = _check_tasks(tasks, environments)
+        descs = {t.task_id: (op_descriptions or {}).get(t.task_id)
+                 or describe_task(t, environments[t.env_id], extractor).model_dump()
+                 for t in tasks}
+        t_desc = time.perf_counter()
+        texts = view_texts(tasks, descs, state_of)
+        blocks = []
+        for name, w in zip(VIEW_NAMES, config.weights):
+            vec = make_vectorizer(name, config.max_features, config.min_df, config.sublinear_tf)
+            blocks.append(encode(texts[name], vec) * np.float32(np.sqrt(w)))
+        X_full = sp.csr_matrix(sp.hstack(blocks, format="csr"), dtype=np.float32)
+        abstract = [abstract_text(descs[t.task_id]) for t in tasks]
+        X_abs = encode(abstract, make_vectorizer("abstract", config.max_features, config.min_df,
+                                                 config.sublinear_tf))
+        _, abs_group = np.unique(np.array(abstract, dtype=object), return_inverse=True)
+        t_enc = time.perf_counter()
+        env_index = {e: k for k, e in enumerate(env_ids)}
+        env_of = np.array([env_index[t.env_id] for t in tasks], dtype=np.int32)
+        graph = cls(task_ids=[t.task_id for t in tasks], env_ids=env_ids, env_of=env_of,
+                    X_full=X_full, X_abs=X_abs, abs_group=abs_group.astype(np.int32),
+                    **_empty_lists(len(tasks), 0, 0), config=config,
+                    content_hash=content_hash(tasks, environments, config, op_descriptions))
+        graph._rank_candidates()
+        t_end = time.perf_counter()
+        graph.info = {"seconds_total": t_end - t0, "seconds_descriptions": t_desc - t0,
+                      "seconds_encode": t_enc - t_desc, "seconds_candidates": t_end - t_enc,
+                      "abstract_groups": int(abs_group.max()) + 1,
+                      "description_sources": _count_sources(descs)}
+        return graph
+
+    def _rank_candidates(self) -> None:
+        sizes = np.bincount(self.env_of, minlength=len(self.env_ids))
+        Lw = int(min(self.config.within_candidates, sizes.max() - 1))
+        Lc = int(min(self.config.cross_candidates, self.n - sizes.min()))
+        lists = _empty_lists(self.n, Lw, Lc)
+        for members in self.env_members:
+            rank_within(self.X_full, members, members, Lw, lists["within_idx"],
+                        lists["within_sim"])
+        everyone = np.arange(self.n)
+        rank_cross(self._X_abs_groups, self.abs_group, self.env_of, everyone, everyone, Lc,
+                   lists["cross_idx"], lists["cross_sim"])
+        lists["within_complete"] = (sizes[self.env_of] - 1) <= Lw
+        lists["cross_complete"] = (self.n - sizes[self.env_of]) <= Lc
+        for k, v in lists.items():
+            setattr(self, k, v)
+
+    # --- queries --------------------------------------------------------------------------
+
+    def sim_full(self, i: int, js: np.ndarray) -> np.ndarray:
+        """Exact S_full(i, j) for each j in ``js`` (Eq. 1)."""
+        js = np.asarray(js, dtype=np.int64).ravel()
+        return (self.X_full[js] @ self.X_full[int(i)].T).toarray().ravel()
+
+    def sim_abs(self, i: int, js: np.ndarray) -> np.ndarray:
+        """Exact S_abs(i, j) for each j in ``js`` (Eq. 1)."""
+        js = np.asarray(js, dtype=np.int64).ravel()
+        return (self.X_abs[js] @ self.X_abs[int(i)].T).toarray().ravel()
+
+    def topk_observed(self, relation: str, observed: np.ndarray,
+                      k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Every row's top-k observed neighbours of ``relation`` ("within" | "cross"):
+        ``idx`` (n, k) int32 padded with -1, ``sim`` (n, k) float32 padded with 0."""
+        if relation not in ("within", "cross"):
+            raise GraphError(f"relation must be 'within' or 'cross', got {relation!r}")
+        obs = np.asarray(observed, dtype=bool)
+        if obs.shape != (self.n,):
+            raise GraphError(f"observed must be a bool array of shape ({self.n},), "
+                             f"got shape {obs.shape}")
+        if not isinstance(k, (int, np.integer)) or k < 0:
+            raise GraphError(f"k must be an int >= 0, got {k!r}")
+        idx, sim, complete = (getattr(self, f"{relation}_{x}") for x in ("idx", "sim",
+                                                                          "complete"))
+        out_idx = np.full((self.n, k), -1, dtype=np.int32)
+        out_sim = np.zeros((self.n, k), dtype=np.float32)
+        found = np.zeros(self.n, dtype=np.int64)
+        if idx.shape[1] and k:
+            hit = (idx >= 0) & obs[np.maximum(idx, 0)]
+            cs = np.cumsum(hit, axis=1)
+            r, c = np.nonzero(hit & (cs <= k))
+            out_idx[r, cs[r, c] - 1] = idx[r, c]
+            out_sim[r, cs[r, c] - 1] = sim[r, c]
+            found = np.minimum(cs[:, -1], k)
+        env_obs = np.bincount(self.env_of[obs], minlength=len(self.env_ids))
+        if relation == "within":
+            avail = env_obs[self.env_of] - obs
+        else:
+            avail = int(obs.sum()) - env_obs[self.env_of]
+        rows = np.nonzero(~complete & (found < k) & (found < avail))[0]
+        if rows.size:
+            self._exact_topk(relation, rows, obs, k, out_idx, out_sim)
+        return out_idx, out_sim
+
+    def _exact_topk(self, relation: str, rows: np.ndarray, obs: np.ndarray, k: int,
+                    out_idx: np.ndarray, out_sim: np.ndarray) -> None:
+        out_idx[rows] = -1
+        out_sim[rows] = 0.0
+        if relation == "cross":
+            rank_cross(self._X_abs_groups, self.abs_group, self.env_of, rows,
+                       np.nonzero(obs)[0], k, out_idx, out_sim)
+            return
+        row_env = self.env_of[rows]
+        for e in np.unique(row_env):
+            members = self.env_members[e]
+            rank_within(self.X_full, rows[row_env == e], members[obs[members]], k, out_idx,
+                        out_sim)
+
+    def mean_within_similarity(self) -> np.ndarray:
+        """Mean S_full(i, j) over the other tasks j of i's environment (0 when i is alone)."""
+        if self._mean_within is None:
+            out = np.zeros(self.n)
+            self_sim = np.asarray(self.X_full.multiply(self.X_full).sum(axis=1)).ravel()
+            for members in self.env_members:
+                if members.size < 2:
+                    continue
+                Xe = self.X_full[members]
+                total = np.asarray(Xe.sum(axis=0), dtype=np.float64).ravel()
+                dots = Xe @ total
+                out[members] = (dots - self_sim[members]) / (members.size - 1)
+            self._mean_within = out
+        return self._mean_within
+
+    def size(self) -> dict[str, Any]:
+        arrays = [self.within_idx, self.within_sim, self.cross_idx, self.cross_sim,
+                  self.env_of, self.abs_group]
+        mats = [self.X_full, self.X_abs]
+        nbytes = sum(a.nbytes for a in arrays) + sum(m.data.nbytes + m.indices.nbytes +
+                                                     m.indptr.nbytes for m in mats)
+        return {"nodes": self.n, "environments": len(self.env_ids),
+                "features_full": self.X_full.shape[1], "features_abs": self.X_abs.shape[1],
+                "nnz_full": int(self.X_full.nnz), "nnz_abs": int(self.X_abs.nnz),
+                "abstract_groups": int(self._X_abs_groups.shape[0]),
+                "within_list": int(self.within_idx.shape[1]),
+                "cross_list": int(self.cross_idx.shape[1]),
+                "within_complete": float(self.within_complete.mean()) if self.n else 0.0,
+                "cross_complete": float(self.cross_complete.mean()) if self.n else 0.0,
+                "bytes": int(nbytes)}
+
+    # --- persistence ----------------------------------------------------------------------
+
+    def save(self, path: str | Path) -> Path:
+        from scheduling.graph_io import save_graph
+
+        return save_graph(self, Path(path))
+
+    @classmethod
+    def load(cls, path: str | Path, expected_hash: Optional[str] = None) -> "DualGraph":
+        from scheduling.graph_io import load_graph
+
+        return load_graph(cls, Path(path), expected_hash)
+
+
+def _empty_lists(n: int, Lw: int, Lc: int) -> dict[str, np.ndarray]:
+    return {"within_idx": np.full((n, Lw), -1, dtype=np.int32),
+            "within_sim": np.zeros((n, Lw), dtype=np.float32),
+            "within_complete": np.zeros(n, dtype=bool),
+            "cross_idx": np.full((n, Lc), -1, dtype=np.int32),
+            "cross_sim": np.zeros((n, Lc), dtype=np.float32),
+            "cross_complete": np.zeros(n, dtype=bool)}
+
+
+def _check_tasks(tasks: list[TaskSpec], environments: dict[str, Environment]) -> list[str]:
+    if not tasks:
+        raise GraphError("cannot build a graph over zero tasks")
+    seen: set[str] = set()
+    for t in tasks:
+        if t.task_id in seen:
+            raise GraphError(f"task {t.task_id}: duplicate task_id")
+        seen.add(t.task_id)
+        if t.env_id not in environments:
+            raise GraphError(f"task {t.task_id}: unknown env_id {t.env_id!r} (known: "
+                             f"{sorted(environments)[:10]})")
+    return sorted({t.env_id for t in tasks})
+
+
+def _count_sources(descs: dict[str, dict]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for d in descs.values():
+        out[d.get("source", "?")] = out.get(d.get("source", "?"), 0) + 1
+    return out
+
+
+def content_hash(tasks: list[TaskSpec], environments: dict[str, Environment],
+                 config: GraphConfig, op_descriptions: Optional[dict[str, dict]] = None) -> str:
+    """SHA-256 over everything the graph depends on (format version, config, pool content)."""
+    h = hashlib.sha256(f"envsched-graph-v{FORMAT_VERSION}".encode())
+    h.update(json.dumps(asdict(config), sort_keys=True).encode())
+    for env_id in sorted({t.env_id for t in tasks}):
+        env = environments[env_id]
+        h.update(env.model_dump_json(include={"env_id", "tools", "introduction", "rules"}).encode())
+    for t in tasks:
+        h.update(t.model_dump_json().encode())
+        if op_descriptions and t.task_id in op_descriptions:
+            h.update(json.dumps(op_descriptions[t.task_id], sort_keys=True, default=str).encode())
+    return h.hexdigest()

@@ -1,0 +1,177 @@
+"""GRPO advantages, the clipped token loss, batching and the LR schedule, with hand-worked numbers.
+
+No Ray, no DeepSpeed: these are the plain modules under actors/learner/.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from pydantic import ValidationError
+
+from actors.learner import grpo
+from actors.learner.batching import BatchError, pack, shard
+from actors.learner.config import GRPOConfig, LearnerConfig
+from actors.learner.engine import lr_factor
+from envs.trajectory import Trajectory
+
+# -- advantages --------------------------------------------------------------------------------
+
+
+def test_group_advantage_divides_by_sample_std():
+    # rewards 1,0,1,0: mean 0.5, sample std sqrt(4 * 0.25 / 3) = 0.57735 -> +-0.5 / 0.57735
+    (a,) = grpo.group_advantages([[1, 0, 1, 0]], std_norm=True, eps=0.0)
+    np.testing.assert_allclose(a, [0.866025, -0.866025, 0.866025, -0.866025], rtol=1e-5)
+    (b,) = grpo.group_advantages([[1, 0, 1, 0]], std_norm=False)
+    np.testing.assert_allclose(b, [0.5, -0.5, 0.5, -0.5])
+
+
+def test_identical_rewards_and_singleton_groups_have_zero_advantage():
+    same, single = grpo.group_advantages([[0.7, 0.7, 0.7], [1.0]])
+    assert same.tolist() == [0.0, 0.0, 0.0] and single.tolist() == [0.0]
+
+
+def test_whitening_then_clip_to_point_two():
+    # centred [1,-1] and [0,0,0]; flat mean 0, sample std sqrt(2/4) = 0.707107 -> +-1.414214
+    out = grpo.compute_advantages([[3, 1], [2, 2, 2]], group_std_norm=False, clip=None, eps=0.0)
+    np.testing.assert_allclose(np.concatenate(out), [1.414214, -1.414214, 0, 0, 0], rtol=1e-5)
+    clipped = grpo.compute_advantages([[3, 1], [2, 2, 2]], group_std_norm=False, clip=0.2)
+    assert [a.tolist() for a in clipped] == [[0.2, -0.2], [0.0, 0.0, 0.0]]
+
+
+def test_whitening_across_groups():
+    # centred [.5,-.5] and [-.5,-.5,.5,.5]: sample std sqrt(6 * .25 / 5) = 0.547723 -> +-0.912871
+    out = grpo.compute_advantages([[1, 0], [0, 0, 1, 1]], group_std_norm=False, clip=1.0, eps=0.0)
+    np.testing.assert_allclose(np.concatenate(out), 0.912871 * np.array([1, -1, -1, -1, 1, 1]),
+                               rtol=1e-5)
+
+
+# -- loss --------------------------------------------------------------------------------------
+
+def _ratios(*r):
+    """log-probs whose ratio to old = 0 is r, as a leaf tensor for gradients."""
+    return torch.log(torch.tensor([list(r)], dtype=torch.float64)).requires_grad_(True)
+
+
+def test_positive_advantage_clips_ratio_above_one_point_two_and_masks_tokens():
+    logp = _ratios(1.5, 0.9, 0.5)
+    loss, st = grpo.policy_loss(logp, torch.zeros_like(logp), torch.tensor([1.0]),
+                                torch.tensor([[1, 1, 0]]))
+    # tokens: -min(1.5, 1.2) = -1.2, -0.9, (masked); mean over 2 model tokens
+    assert loss.item() == pytest.approx(-1.05)
+    assert st["tokens"] == 2 and st["clip_frac_sum"] == 1
+    loss.backward()
+    # clipped token and masked token get no gradient; d(-r)/dlogp = -r / N = -0.45
+    np.testing.assert_allclose(logp.grad[0].numpy(), [0.0, -0.45, 0.0], atol=1e-12)
+
+
+def test_negative_advantage_clips_ratio_below_point_eight():
+    logp = _ratios(1.5, 0.9, 0.5)
+    loss, _ = grpo.policy_loss(logp, torch.zeros_like(logp), torch.tensor([-1.0]),
+                               torch.ones(1, 3))
+    # -min(-1.5, -1.2) = 1.5, 0.9, -min(-0.5, -0.8) = 0.8 -> mean 3.2 / 3
+    assert loss.item() == pytest.approx(3.2 / 3)
+    loss.backward()
+    np.testing.assert_allclose(logp.grad[0].numpy(), [0.5, 0.3, 0.0], atol=1e-12)
+
+
+def test_no_ratio_clip_is_plain_policy_gradient():
+    logp = _ratios(1.5, 0.9, 0.5)
+    loss, _ = grpo.policy_loss(logp, torch.zeros_like(logp), torch.tensor([1.0]),
+                               torch.ones(1, 3), ratio_clip=None)
+    assert loss.item() == pytest.approx(-(1.5 + 0.9 + 0.5) / 3)
+
+
+def test_importance_weight_is_capped_and_kl_is_k3():
+    logp = _ratios(1.5, 0.9, 0.5)
+    old, mask, adv = torch.zeros_like(logp), torch.tensor([[1, 1, 0]]), torch.tensor([1.0])
+    # behaviour policy half as likely: w = 2, capped at 1.5
+    loss, _ = grpo.policy_loss(logp, old, adv, mask, behav_logp=old - math.log(2),
+                               importance_cap=1.5)
+    assert loss.item() == pytest.approx(-1.05 * 1.5)
+    # ref - logp = log 2 on every token: k3 = 2 - log 2 - 1 = 0.306853, times beta 0.1
+    loss, st = grpo.policy_loss(logp, old, adv, mask, ref_logp=logp.detach() + math.log(2),
+                                kl_coef=0.1)
+    assert loss.item() == pytest.approx(-1.05 + 0.0306853, abs=1e-6)
+    assert st["kl_sum"] == pytest.approx(2 * 0.306853, abs=1e-6)
+
+
+def test_sequence_mean_and_external_normaliser():
+    logp = torch.log(torch.tensor([[1.5, 0.9, 0.5], [1.5, 0.9, 0.5], [1.0, 1.0, 1.0]],
+                                  dtype=torch.float64))
+    adv, mask = torch.tensor([1.0, -1.0, 5.0], dtype=torch.float64), torch.tensor([[1, 1, 0], [1, 1, 1], [0, 0, 0]])
+    old = torch.zeros_like(logp)
+    seq, _ = grpo.policy_loss(logp, old, adv, mask, agg="seq_mean")
+    assert seq.item() == pytest.approx((-1.05 + 3.2 / 3) / 2)   # empty row excluded
+    tok, _ = grpo.policy_loss(logp, old, adv, mask, agg="token_mean")
+    assert tok.item() == pytest.approx((-2.1 + 3.2) / 5)
+    part, _ = grpo.policy_loss(logp[:1], old[:1], adv[:1], mask[:1], normaliser=4.0)
+    assert part.item() == pytest.approx(-2.1 / 4)
+
+
+def test_token_logprobs_score_the_next_token():
+    logits = torch.log(torch.tensor([[[0.5, 0.25, 0.25], [0.1, 0.1, 0.8], [1 / 3] * 3]]))
+    out = grpo.token_logprobs(logits, torch.tensor([[0, 1, 2]]))
+    np.testing.assert_allclose(out.numpy(), np.log([[0.25, 0.8]]), rtol=1e-6)
+
+
+# -- batching ----------------------------------------------------------------------------------
+
+def _traj(n_prompt, n_model, task="t", lp=None):
+    ids = list(range(1, n_prompt + n_model + 1))
+    mask = [0] * n_prompt + [1] * n_model
+    return Trajectory(task_id=task, reward=0.0, token_ids=ids, loss_mask=mask,
+                      logprobs=lp if lp is not None else [-0.5] * len(ids))
+
+
+def test_pack_shifts_mask_and_accepts_model_only_logprobs():
+    b = pack([_traj(2, 2, lp=[-1.0, -2.0]), _traj(1, 4)], [0.2, -0.2], pad_id=9)
+    assert b.input_ids.tolist() == [[1, 2, 3, 4, 9], [1, 2, 3, 4, 5]]
+    assert b.loss_mask.tolist() == [[0, 1, 1, 0], [1, 1, 1, 1]]
+    assert b.rollout_logprobs[0].tolist() == [0.0, -1.0, -2.0, 0.0]
+    assert b.advantages.tolist() == pytest.approx([0.2, -0.2])
+
+
+def test_pack_names_the_task_on_bad_lengths():
+    bad = _traj(2, 2, task="env_7-task_3", lp=[-1.0] * 3)
+    with pytest.raises(BatchError, match="env_7-task_3.*logprobs has 3 entries"):
+        pack([bad], [0.0])
+    bad = Trajectory(task_id="x", reward=0, token_ids=[1, 2, 3], loss_mask=[1], logprobs=[])
+    with pytest.raises(BatchError, match="'x'.*loss_mask has 1 entries for 3 tokens"):
+        pack([bad], [0.0])
+
+
+def test_shard_gives_ranks_equal_rows_and_inactive_padding():
+    trajs = [_traj(1, n) for n in (9, 8, 3, 2, 2)]
+    shards = shard(trajs, [1, 2, 3, 4, 5], world=2, micro_batch_size=2)
+    assert [len(s) for s in shards] == [4, 4]
+    assert sum(float(s.loss_mask.sum()) for s in shards) == sum(t.loss_mask[1:].count(1)
+                                                               for t in trajs)
+    real = sorted(a for s in shards for a, m in zip(s.advantages.tolist(), s.loss_mask.sum(-1))
+                  if m > 0)
+    assert real == [1, 2, 3, 4, 5]
+
+
+# -- schedule and config -----------------------------------------------------------------------
+
+def test_cosine_schedule_with_ten_warmup_steps():
+    assert lr_factor(0, 10, 200) == pytest.approx(0.1)
+    assert lr_factor(9, 10, 200) == pytest.approx(1.0)
+    assert lr_factor(105, 10, 200) == pytest.approx(0.5)   # halfway through the cosine
+    assert lr_factor(200, 10, 200) == pytest.approx(0.0)
+    assert lr_factor(200, 10, 200, min_ratio=0.1) == pytest.approx(0.1)
+
+
+def test_config_defaults_follow_the_paper_and_errors_say_the_fix():
+    cfg = LearnerConfig()
+    assert (cfg.lr, cfg.warmup_steps, cfg.loss.ratio_clip, cfg.loss.adv_clip) == (1e-6, 10, 0.2, 0.2)
+    assert cfg.torch_dtype_name(cuda=False) == "float32" and cfg.torch_dtype_name(True) == "bfloat16"
+    with pytest.raises(ValidationError, match="set old_logprobs: recompute"):
+        GRPOConfig(importance_correction=True)
+    with pytest.raises(ValidationError, match="CPU ranks train in fp32"):
+        LearnerConfig(dtype="bf16")
+    with pytest.raises(ValidationError, match="warmup_steps"):
+        LearnerConfig(warmup_steps=5, total_steps=5)

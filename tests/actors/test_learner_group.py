@@ -1,0 +1,158 @@
+"""The learner group on a local Ray: two CPU ranks (gloo, ZeRO-2) of the tiny Qwen3 policy.
+
+One group is shared by the module (DeepSpeed init costs seconds per rank); tests run in file order
+and each states what it relies on. Tolerance for engine-vs-learner log-probs: 1e-5 absolute (both
+fp32 on CPU, same weights; differences come only from batch shape / padding in the matmuls).
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from envs.trajectory import Group, Trajectory
+
+LOGPROB_TOL = 1e-5
+
+
+def _trajectory(rng: random.Random, task: str, reward: float, vocab: int) -> Trajectory:
+    prompt = [rng.randrange(10, vocab) for _ in range(6)]
+    reply = [rng.randrange(10, vocab) for _ in range(rng.randint(6, 10))]
+    env = [rng.randrange(10, vocab) for _ in range(3)]
+    tail = [rng.randrange(10, vocab) for _ in range(4)]
+    ids = prompt + reply + env + tail
+    mask = [0] * len(prompt) + [1] * len(reply) + [0] * len(env) + [1] * len(tail)
+    return Trajectory(task_id=task, reward=reward, token_ids=ids, loss_mask=mask,
+                      logprobs=[0.0] * len(ids))
+
+
+@pytest.fixture(scope="module")
+def policy_path():
+    from actors.policy import build_tiny_policy
+
+    return str(build_tiny_policy())
+
+
+@pytest.fixture(scope="module")
+def learner(ray_local, policy_path):
+    from actors.learner.config import LearnerConfig
+    from actors.learner.learner_actor import LearnerGroup
+
+    cfg = LearnerConfig(model_path=policy_path, ranks=2, zero_stage=2, lr=2e-3, warmup_steps=0,
+                        total_steps=100, micro_batch_size=2, num_cpus_per_rank=0.25)
+    group = LearnerGroup(cfg)
+    yield group
+    group.shutdown()
+
+
+@pytest.fixture(scope="module")
+def groups(learner, policy_path):
+    """Two tasks x 4 samples, rewards 1,0,1,0, with on-policy rollout log-probs."""
+    from transformers import AutoConfig
+
+    vocab = AutoConfig.from_pretrained(policy_path).vocab_size
+    rng = random.Random(7)
+    out = [Group(task_id=f"t{k}", step=0, trajectories=[
+        _trajectory(rng, f"t{k}", float(i % 2 == 0), vocab) for i in range(4)]) for k in range(2)]
+    trajs = [t for g in out for t in g.trajectories]
+    for t, lp in zip(trajs, learner.logprobs(trajs)):
+        t.logprobs = lp
+    return out
+
+
+def _mean_model_logprob(learner, trajs):
+    out = []
+    for t, lp in zip(trajs, learner.logprobs(trajs)):
+        model = [v for v, m in zip(lp, t.loss_mask) if m]
+        out.append(sum(model) / len(model))
+    return out
+
+
+def test_two_zero2_ranks_report_identical_loss_and_keep_identical_weights(learner, groups):
+    metrics = learner.train_step(groups)
+    assert metrics["step"] == 1 and learner.version == 1
+    a, b = metrics["loss_per_rank"]
+    assert a == pytest.approx(b, abs=1e-9)
+    c0, c1 = metrics["checksum_per_rank"]
+    assert c0 == pytest.approx(c1, abs=1e-9)
+    assert metrics["tokens"] == sum(sum(t.loss_mask[1:]) for g in groups for t in g.trajectories)
+    assert metrics["grad_norm"] > 0
+
+
+def test_repeated_updates_raise_high_and_lower_low_advantage_logprobs(learner, groups):
+    trajs = [t for g in groups for t in g.trajectories]
+    before = _mean_model_logprob(learner, trajs)
+    for _ in range(4):
+        # on-policy, as fresh rollouts of the same sequences would be: ratios start at 1
+        for t, lp in zip(trajs, learner.logprobs(trajs)):
+            t.logprobs = lp
+        learner.train_step(groups)
+    after = _mean_model_logprob(learner, trajs)
+    for t, b, a in zip(trajs, before, after):
+        if t.reward > 0.5:
+            assert a > b, f"high-advantage trajectory fell: {b:.4f} -> {a:.4f}"
+        else:
+            assert a < b, f"low-advantage trajectory rose: {b:.4f} -> {a:.4f}"
+
+
+def test_object_store_sync_makes_engine_logprobs_match_learner(learner, groups, policy_path):
+    import ray
+    import torch
+
+    from actors.learner.weight_sync import ObjectStoreSync
+    from actors.rollout.engines.hf_engine import HFEngine
+
+    @ray.remote(num_cpus=0.25)
+    class Scored:
+        """A real HFEngine in a Ray actor, plus scoring of a fixed sequence through its model."""
+
+        def __init__(self, path):
+            self.engine = HFEngine(path)
+
+        def update_weights(self, named_tensors, version):
+            self.engine.update_weights(named_tensors, version)
+
+        def version(self):
+            return self.engine.version
+
+        def score(self, ids):
+            with torch.no_grad():
+                logits = self.engine.model(torch.tensor([ids])).logits[0, :-1].float()
+            return torch.log_softmax(logits, -1)[torch.arange(len(ids) - 1), ids[1:]].tolist()
+
+    engine = Scored.remote(policy_path)
+    fixed = groups[0].trajectories[0]
+    learner_lp = learner.logprobs([fixed])[0][1:]
+    stale = ray.get(engine.score.remote(fixed.token_ids), timeout=120)
+    assert max(abs(x - y) for x, y in zip(stale, learner_lp)) > 1e-3  # training moved the weights
+    report = ObjectStoreSync([engine]).publish(learner, learner.version)
+    assert report.version == learner.version == ray.get(engine.version.remote(), timeout=60)
+    synced = ray.get(engine.score.remote(fixed.token_ids), timeout=120)
+    assert max(abs(x - y) for x, y in zip(synced, learner_lp)) < LOGPROB_TOL
+    ray.kill(engine)
+
+
+def test_checkpoint_restores_weights_and_step_and_export_loads_in_hf(learner, groups, tmp_path):
+    from actors.policy import load_policy
+
+    tag = learner.save(str(tmp_path / "ckpt"))
+    saved_step = learner.step
+    saved = learner.train_step(groups)["checksum_per_rank"]
+    moved = learner.train_step(groups)["checksum_per_rank"]
+    assert moved[0] != saved[0]
+    assert learner.load(str(tmp_path / "ckpt"), tag) == saved_step
+    assert learner.train_step(groups)["checksum_per_rank"] == pytest.approx(saved, abs=1e-9)
+
+    out = learner.export(str(tmp_path / "hf"))
+    model, tokenizer = load_policy(out)
+    assert tokenizer is not None
+    fixed = groups[1].trajectories[2]
+    import torch
+
+    with torch.no_grad():
+        logits = model(torch.tensor([fixed.token_ids])).logits[0, :-1]
+    ids = fixed.token_ids
+    hf = torch.log_softmax(logits, -1)[torch.arange(len(ids) - 1), ids[1:]].tolist()
+    ours = learner.logprobs([fixed])[0][1:]
+    assert max(abs(x - y) for x, y in zip(hf, ours)) < LOGPROB_TOL

@@ -1,0 +1,141 @@
+"""The agent loop over in-process sessions: scripted reference solutions reach reward 1.0, the
+token stream equals the chat template's rendering, malformed turns are handled one by one under
+both policies, limits hold, and the transformers engine's log-probs match a forward pass."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from actors.policy import build_tiny_policy, load_tokenizer
+from actors.rollout.agent_loop import AgentLoop, format_observation
+from actors.rollout.config import RolloutConfig
+from actors.rollout.engines.scripted_engine import ScriptedEngine
+from actors.rollout.session import InProcessSession
+from actors.rollout.toolcall import render_call
+from rollout_pool import make_notes_pool
+from sandbox.errors import SandboxError
+
+
+@pytest.fixture(scope="module")
+def pool(tmp_path_factory):
+    return make_notes_pool(tmp_path_factory.mktemp("notes"))
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return load_tokenizer(build_tiny_policy())
+
+
+def run(engine, tokenizer, pool, task_id, seed=0, session_cls=InProcessSession, **cfg):
+    task = pool.task(task_id)
+    env = pool.environment(task.env_id)
+    session = session_cls(env, task, pool.initial_state(task), seed)
+    loop = AgentLoop(engine, tokenizer, RolloutConfig(**cfg))
+    return asyncio.run(loop.run(env, task, session, seed))
+
+
+def assert_aligned(traj):
+    assert len(traj.token_ids) == len(traj.logprobs) == len(traj.loss_mask)
+    assert set(traj.loss_mask[:traj.prompt_len]) == {0}
+    assert all(lp == 0.0 for lp, m in zip(traj.logprobs, traj.loss_mask) if m == 0)
+
+
+@pytest.mark.parametrize("task_id", ["notes-1", "notes-2", "notes-3"])
+def test_scripted_reference_solution_reaches_reward_one(pool, tokenizer, task_id):
+    traj = run(ScriptedEngine.from_pool(tokenizer, pool), tokenizer, pool, task_id)
+    assert (traj.status, traj.reward, traj.final_reply) == ("ok", 1.0, "Task Completed")
+    assert [(a.tool, a.arguments) for a in traj.actions] == [
+        (c.name, c.arguments) for c in pool.task(task_id).reference_solution]
+    assert all(c.passed for c in traj.checks)
+    assert_aligned(traj)
+
+
+def test_token_stream_equals_template_rendering_of_the_conversation(pool, tokenizer):
+    traj = run(ScriptedEngine.from_pool(tokenizer, pool), tokenizer, pool, "notes-2")
+    env, task = pool.environment("notes"), pool.task("notes-2")
+    messages = [{"role": "system", "content": env.system_prompt()},
+                {"role": "user", "content": task.instruction}]
+    for step in traj.actions:
+        messages.append({"role": "assistant", "content": "", "tool_calls": [
+            {"function": {"name": step.tool, "arguments": step.arguments}}]})
+        messages.append({"role": "tool", "content": format_observation(step.observation)})
+    messages.append({"role": "assistant", "content": "Task Completed"})
+    rendered = tokenizer.apply_chat_template(messages, tools=env.tools, tokenize=False)
+    assert tokenizer.decode(traj.token_ids) + "\n" == rendered
+    assert traj.token_ids == tokenizer.encode(rendered, add_special_tokens=False)[:-1]
+    generated = [t for t, m in zip(traj.token_ids, traj.loss_mask) if m]
+    turns = [render_call(a.tool, a.arguments) + "<|im_end|>" for a in traj.actions]
+    assert tokenizer.decode(generated) == "".join(turns) + "Task Completed<|im_end|>"
+
+
+CALL = render_call("delete_note", {"note_id": "n1"})
+MALFORMED = {
+    "invalid_json": '<tool_call>\n{"name": "delete_note", "arguments": {"note_id": "n1"}}}\n'
+                    '</tool_call>',
+    "unknown_tool": render_call("drop_table", {}),
+    "wrong_arguments": render_call("delete_note", {"id": "n1"}),
+    "several_calls": CALL + "\n" + CALL,
+    "no_closing_tag": '<tool_call>\n{"name": "list_notes", "arguments": {}}',
+    "runaway_length": "I will now think at length. " * 40,
+}
+
+
+@pytest.mark.parametrize("kind", sorted(MALFORMED))
+def test_malformed_turn_gets_an_error_observation_and_the_episode_continues(pool, tokenizer,
+                                                                           kind):
+    engine = ScriptedEngine(tokenizer, {"notes-1": [MALFORMED[kind], CALL]})
+    traj = run(engine, tokenizer, pool, "notes-1", max_tokens_per_turn=64)
+    assert (traj.status, traj.reward, traj.info["malformed"]) == ("ok", 1.0, {kind: 1})
+    assert traj.info["turns"] == 2 and [a.tool for a in traj.actions] == ["delete_note"]
+    env_text = tokenizer.decode([t for t, m in zip(traj.token_ids, traj.loss_mask) if not m])
+    assert "<tool_response>\nError: " in env_text
+    assert_aligned(traj)
+
+
+@pytest.mark.parametrize("kind", sorted(MALFORMED))
+def test_malformed_turn_ends_the_episode_with_zero_under_end_zero(pool, tokenizer, kind):
+    engine = ScriptedEngine(tokenizer, {"notes-1": [MALFORMED[kind], CALL]})
+    traj = run(engine, tokenizer, pool, "notes-1", max_tokens_per_turn=64, malformed="end_zero")
+    assert (traj.status, traj.reward, traj.actions, traj.checks) == ("malformed", 0.0, [], [])
+    assert traj.info["malformed"] == {kind: 1}
+    assert_aligned(traj)
+
+
+def test_turn_limit_truncates_and_still_verifies_the_state(pool, tokenizer):
+    engine = ScriptedEngine(tokenizer, {"notes-1": [render_call("list_notes", {})] * 5})
+    traj = run(engine, tokenizer, pool, "notes-1", max_turns=2)
+    assert traj.status == "truncated" and len(traj.actions) == 2
+    assert traj.reward == 0.5  # "kept" passes, "gone" does not
+    assert_aligned(traj)
+
+
+def test_sequence_limit_holds(pool, tokenizer):
+    engine = ScriptedEngine(tokenizer, {"notes-2": [render_call("list_notes", {})] * 50})
+    prompt_len = run(engine, tokenizer, pool, "notes-2", max_turns=1).prompt_len
+    limit = prompt_len + 100
+    traj = run(engine, tokenizer, pool, "notes-2", max_turns=40, max_tokens_per_turn=64,
+               max_tokens_per_sequence=limit)
+    assert traj.status == "truncated" and len(traj.token_ids) <= limit
+    assert 1 <= len(traj.actions) < 50
+    assert_aligned(traj)
+
+
+class _CrashingSession(InProcessSession):
+    async def astep(self, tool, arguments):
+        raise SandboxError("crash", "worker died", "test")
+
+
+class _HangingSession(InProcessSession):
+    async def astep(self, tool, arguments):
+        await asyncio.sleep(30)
+
+
+@pytest.mark.parametrize("session_cls,status", [(_CrashingSession, "env_error"),
+                                                (_HangingSession, "timeout")])
+def test_sandbox_failure_marks_the_episode(pool, tokenizer, session_cls, status):
+    engine = ScriptedEngine.from_pool(tokenizer, pool)
+    traj = run(engine, tokenizer, pool, "notes-1", session_cls=session_cls, step_timeout_s=0.2)
+    assert (traj.status, traj.reward) == (status, 0.0) and traj.info["error"]
+    assert_aligned(traj)

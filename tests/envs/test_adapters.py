@@ -1,0 +1,87 @@
+"""Pool adapters: EnvScaler JSON and a tau-bench checkout import into valid pools whose semantics
+match the source (EnvScaler's setattr initialisation and mean-of-checks reward; tau-bench's
+binary database-and-outputs reward reached by the gold actions)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from envs.adapters.envscaler import import_envscaler
+from envs.adapters.taubench import import_taubench
+from envs.pool import PoolError, load_pool
+from sandbox.runtime import EpisodeRuntime, replay
+
+FIX = Path(__file__).resolve().parents[1] / "fixtures"
+TAU = FIX / "tau_bench_mini"
+
+
+def test_envscaler_import_keeps_semantics_and_skips_bad_records(tmp_path):
+    summary = import_envscaler(FIX / "envscaler_mini", tmp_path / "pool")
+    assert (summary.environments, summary.tasks) == (1, 2)
+    reasons = " | ".join(str(p) for p in summary.skipped)
+    assert "unknown env_id 'env_missing_rl'" in reasons and "env_7_rl-task_3" in reasons
+    assert "init_config is a string but not JSON" in reasons
+
+    pool = load_pool(tmp_path / "pool")
+    task = pool.task("env_7_rl-task_1")
+    assert pool.initial_state(task)["consultants"]["C1"]["status"] == "available"  # parsed string
+    runtime = EpisodeRuntime(pool.environment(task.env_id))
+    runtime.reset(pool.initial_state(task), seed=1)
+    runtime.step("assign_consultant", {"consultant_id": "C2", "project_id": "P9"})  # not available
+    partial = runtime.verify(task.checks)
+    assert partial.reward == pytest.approx(round(1 / 3, 4))  # only "C2 untouched" passes
+    runtime.step("assign_consultant", {"consultant_id": "C1", "project_id": "P9"})
+    assert runtime.verify(task.checks).reward == 1.0
+
+
+def test_envscaler_strict_aborts_naming_file_and_task(tmp_path):
+    with pytest.raises(PoolError, match=r"EnvScaler-RL-Scenario.json.*env_missing_rl-task_1"):
+        import_envscaler(FIX / "envscaler_mini", tmp_path / "pool", strict=True)
+
+
+def test_envscaler_malformed_json_names_file_and_line(tmp_path):
+    src = tmp_path / "src"
+    shutil.copytree(FIX / "envscaler_mini", src)
+    (src / "extra.jsonl").write_text('{"task_id": "a"}\n{broken\n')
+    with pytest.raises(PoolError, match=r"extra.jsonl:2: invalid JSON"):
+        import_envscaler(src, tmp_path / "pool")
+
+
+def test_taubench_import_gold_actions_reach_reward_one(tmp_path):
+    summary = import_taubench(TAU, "retail", "train", tmp_path / "pool")
+    assert (summary.environments, summary.tasks) == (1, 2)
+    pool = load_pool(tmp_path / "pool")
+    env = pool.environment("taubench_retail")
+    assert {"find_user_id_by_email", "cancel_pending_order", "respond"} <= set(env.tool_names)
+    assert "tau_bench" not in env.source.replace("TauBench", "")  # imports stripped
+    shared = {t.initial_state_ref for t in pool.tasks}
+    assert shared == {"states/retail_db.json"}  # one database, never copied per task
+    for task in pool.tasks:
+        result, _ = replay(env, pool.initial_state(task), task.checks, task.reference_solution, 0)
+        assert result.reward == 1.0, task.task_id
+
+
+def test_taubench_reward_is_binary_and_needs_database_and_outputs(tmp_path):
+    import_taubench(TAU, "retail", "train", tmp_path / "pool")
+    pool = load_pool(tmp_path / "pool")
+    env = pool.environment("taubench_retail")
+    cancel, ask_price = pool.tasks
+    wrong = [a for a in cancel.reference_solution if a.name != "cancel_pending_order"]
+    assert replay(env, pool.initial_state(cancel), cancel.checks, wrong, 0)[0].reward == 0.0
+    no_reply = [a for a in ask_price.reference_solution if a.name != "respond"]
+    assert replay(env, pool.initial_state(ask_price), ask_price.checks, no_reply, 0)[0].reward == 0.0
+    assert ask_price.metadata["outputs"] == ["7.25"]
+
+
+def test_taubench_missing_split_and_bad_task_file_are_clear(tmp_path):
+    with pytest.raises(PoolError, match="no 'dev' split for retail"):
+        import_taubench(TAU, "retail", "dev", tmp_path / "a")
+    src = tmp_path / "tau"
+    shutil.copytree(TAU, src)
+    (src / "tau_bench/envs/retail/tasks_test.py").write_text("TASKS = [Task(user_id=\n")
+    with pytest.raises(PoolError, match=r"tasks_test.py:1: syntax error"):
+        import_taubench(src, "retail", "test", tmp_path / "b")
