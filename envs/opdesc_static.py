@@ -3,8 +3,10 @@
 Derives Appendix E's five components from what a pool carries without running anything:
 
 1. Operations: one per reference-solution step (tool -> type by its verb, ``classify_tool``); without
-   a reference solution, the tools whose verb (or a synonym) and object both occur in the
-   instruction, ordered authorize, lookup, validate, then by first mention.
+   a reference solution, the tools the instruction mentions, ordered authorize, lookup, validate,
+   then by first mention (at most MAX_INFERRED_OPS).
+   A tool is mentioned when its own verb occurs with its entity, or a verb of the same type
+   with two of its object words.
 2. Gates: an identifier-resolution gate per distinct identifier argument, an authorization gate per
    authorize operation (blocks every later state change), a state-precondition gate per validate
    operation (blocks later state changes on the same identifiers, else all later ones).
@@ -31,12 +33,12 @@ May import: the standard library, envs.spec, envs.opdesc.
 
 from __future__ import annotations
 
-import ast
 import re
+from functools import lru_cache
 from typing import Any, Optional
 
 from envs.opdesc import (Argument, Conflict, Dependency, Gate, OpDescription, Operation,
-                         RewardGroup, is_identifier_name, parse_check, value_category)
+                         RewardGroup, check_facts, is_identifier_name, value_category)
 from envs.spec import Environment, TaskSpec
 
 VERB_TYPES: dict[str, str] = {
@@ -68,11 +70,13 @@ STATE_CHANGES = ("update", "create", "delete")
 MAX_INFERRED_OPS = 12
 
 
-def tool_tokens(name: str) -> list[str]:
+@lru_cache(maxsize=1 << 14)
+def tool_tokens(name: str) -> tuple[str, ...]:
     spaced = re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", name)
-    return [t for t in re.split(r"[_\W]+", spaced.lower()) if t]
+    return tuple(t for t in re.split(r"[_\W]+", spaced.lower()) if t)
 
 
+@lru_cache(maxsize=1 << 14)
 def classify_tool(name: str, description: str = "") -> str:
     """Appendix E step 1: a tool name's operation type (``get_user_by_name -> lookup``)."""
     toks = tool_tokens(name)
@@ -85,6 +89,7 @@ def classify_tool(name: str, description: str = "") -> str:
     return "update"
 
 
+@lru_cache(maxsize=1 << 14)
 def tool_entity(name: str) -> str:
     """The record kind a tool acts on: the first non-verb token before 'by' (singular)."""
     toks = tool_tokens(name)
@@ -137,8 +142,13 @@ def _ops_from_instruction(task: TaskSpec, env: Environment, text: str) -> list[O
         fn = tool["function"]
         kind = classify_tool(fn["name"], fn.get("description", ""))
         entity = tool_entity(fn["name"])
-        verb_hit = TYPE_SYNONYMS.get(kind, set()) & words or (kind == "authorize" and
-                                                              AUTH_WORDS & words)
+        toks = tool_tokens(fn["name"])
+        objects = {t[:-1] if t.endswith("s") and len(t) > 3 else t for t in toks
+                   if t not in VERB_TYPES and t not in STOP}
+        # the tool's own verb, or a synonym when at least two of its object words occur
+        verb_hit = (toks and toks[0] in words) or (
+            (TYPE_SYNONYMS.get(kind, set()) & words) and len(objects & words) >= 2) or (
+            kind == "authorize" and AUTH_WORDS & words)
         if not (verb_hit and entity and entity in words):
             continue
         position = text.find(entity)
@@ -170,9 +180,15 @@ def _leaves(value: Any) -> list[str]:
 
 
 def _in_text(value: str, text: str) -> bool:
-    if not value:
-        return False
-    return re.search(r"(?<![\w])" + re.escape(value) + r"(?![\w])", text) is not None
+    """``value`` occurs in ``text`` as a whole token run (not inside a longer word)."""
+    start = text.find(value) if value else -1
+    while start >= 0:
+        end = start + len(value)
+        if (start == 0 or not text[start - 1].isalnum()) and \
+                (end == len(text) or not text[end].isalnum()):
+            return True
+        start = text.find(value, start + 1)
+    return False
 
 
 def _resolve_provenance(ops: list[Operation], text: str) -> list[Dependency]:
@@ -193,8 +209,8 @@ def _resolve_provenance(ops: list[Operation], text: str) -> list[Dependency]:
                 continue
             if producer.type == "create":
                 arg.provenance = "prior_tool_output"
-            elif tool_tokens(producer.tool)[:1] and (tool_tokens(producer.tool)[0] in BROAD_VERBS
-                                                     or "all" in tool_tokens(producer.tool)):
+            elif set(tool_tokens(producer.tool)[:1]) & BROAD_VERBS or \
+                    "all" in tool_tokens(producer.tool):
                 arg.provenance = "broad_lookup"
             else:
                 arg.provenance = "unique_lookup"
@@ -258,36 +274,31 @@ def _dedupe_edges(edges: list[Dependency]) -> list[Dependency]:
 
 
 def _check_tokens(task: TaskSpec, check) -> set[str]:
-    toks: set[str] = set()
-    for node in ast.walk(parse_check(task.task_id, check)):
-        if isinstance(node, ast.Constant) and isinstance(node.value, (str, int, float)):
-            toks.add(str(node.value).lower())
-        elif isinstance(node, ast.Attribute):
-            toks.add(node.attr.lower())
-    for word in re.findall(r"[A-Za-z0-9][\w\-.]*", check.description):
-        toks.add(word.lower())
+    toks = set(check_facts(task.task_id, check).constants)
+    toks.update(w.lower() for w in re.findall(r"[A-Za-z0-9][\w\-.]*", check.description))
     return toks
 
 
-def _controller(tokens: set[str], ops: list[Operation]) -> Optional[Operation]:
-    def score(op: Operation) -> int:
-        keys = {a.name.lower() for a in op.arguments} | {op.entity}
-        keys |= {v for a in op.arguments for v in _leaves(a.value)}
-        return len(tokens & keys)
+def _op_keys(op: Operation) -> set[str]:
+    keys = {a.name.lower() for a in op.arguments} | {op.entity}
+    return keys | {v for a in op.arguments for v in _leaves(a.value)}
 
-    for pool in ([o for o in ops if o.type in STATE_CHANGES], ops):
-        scored = [(score(o), -k, o) for k, o in enumerate(pool)]
-        best = max(scored, key=lambda x: x[:2], default=None)
-        if best is not None and best[0] > 0:
-            return best[2]
+
+def _controller(tokens: set[str], ops: list[Operation],
+                keys: list[set[str]]) -> Optional[Operation]:
+    for pool in ([k for k, o in enumerate(ops) if o.type in STATE_CHANGES], range(len(ops))):
+        best = max(((len(tokens & keys[k]), -k) for k in pool), default=(0, 0))
+        if best[0] > 0:
+            return ops[-best[1]]
     return None
 
 
 def _reward_groups(task: TaskSpec, ops: list[Operation], gates: list[Gate]) -> list[RewardGroup]:
     by_op: dict[str, list[str]] = {}
     untouched: list[str] = []
+    keys = [_op_keys(op) for op in ops]
     for check in task.checks:
-        op = _controller(_check_tokens(task, check), ops)
+        op = _controller(_check_tokens(task, check), ops, keys)
         (by_op.setdefault(op.op_id, []) if op else untouched).append(check.check_id)
     groups = [("shared_operation", checks, op_id) for op_id, checks in by_op.items()
               if len(checks) > 1]
@@ -318,8 +329,7 @@ def _conflicts(ops: list[Operation], edges: list[Dependency]) -> list[Conflict]:
                     b.type == "delete" and a.type in STATE_CHANGES:
                 first, second = (a, b) if a.type == "delete" else (b, a)
                 out.append(Conflict(kind="destructive", first=first.op_id, second=second.op_id))
-            verbs = frozenset((tool_tokens(a.tool)[:1] or [""])[0:1] +
-                              (tool_tokens(b.tool)[:1] or [""])[0:1])
+            verbs = frozenset(((tool_tokens(a.tool) or ("",))[0], (tool_tokens(b.tool) or ("",))[0]))
             if verbs in ANTONYMS:
                 out.append(Conflict(kind="mutual_exclusion", first=a.op_id, second=b.op_id))
     return out

@@ -33,7 +33,10 @@ class SchemaIssue:
     warning: bool = False
 
 
-def _class_methods(tree: ast.Module, name: str) -> tuple[Optional[dict[str, ast.FunctionDef]], bool]:
+Methods = dict[str, ast.FunctionDef]
+
+
+def _class_methods(tree: ast.Module, name: str) -> tuple[Optional[Methods], bool]:
     """Methods of class ``name`` including same-module bases; second value: all bases resolved."""
     classes = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
     if name not in classes:

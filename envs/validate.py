@@ -38,10 +38,12 @@ class Runner(Protocol):
     def load(self, env: Environment) -> None: ...  # raises sandbox.errors.EnvLoadError
 
     def replay(self, env: Environment, initial_state: dict[str, Any], checks: list[Check],
-               actions: list, seed: int) -> tuple[VerifyResult, list[ActionStep]]: ...
+               actions: list, seed: int, state_key: Optional[str] = None,
+               ) -> tuple[VerifyResult, Optional[list[ActionStep]]]: ...
 
     def verify_initial(self, env: Environment, initial_state: dict[str, Any],
-                       checks: list[Check], seed: int) -> VerifyResult: ...
+                       checks: list[Check], seed: int,
+                       state_key: Optional[str] = None) -> VerifyResult: ...
 
     def close(self) -> None: ...
 
@@ -55,6 +57,7 @@ class ValidationReport:
     problems: list[PoolProblem] = field(default_factory=list)
     warnings: list[PoolProblem] = field(default_factory=list)
     bad_tasks: list[str] = field(default_factory=list)
+    failed_loaded: set[str] = field(default_factory=set, repr=False)  # loaded, then failed
 
     @property
     def ok(self) -> bool:
@@ -63,11 +66,9 @@ class ValidationReport:
     def to_dict(self) -> dict[str, Any]:
         return {"pool": self.root, "ok": self.ok, "environments": self.n_environments,
                 "tasks": self.n_tasks, "replayed": self.n_replayed,
-                "valid_tasks": self.n_tasks - len(set(self.bad_tasks) & self._loaded),
+                "valid_tasks": self.n_tasks - len(self.failed_loaded),
                 "bad_tasks": self.bad_tasks, "problems": [asdict(p) for p in self.problems],
                 "warnings": [asdict(p) for p in self.warnings]}
-
-    _loaded: set[str] = field(default_factory=set, repr=False)
 
     def format(self) -> str:
         lines = [f"pool {self.root}: {self.n_environments} environments, {self.n_tasks} tasks "
@@ -84,12 +85,15 @@ class _Collector:
     def __init__(self, report: ValidationReport, strict: bool):
         self.report, self.strict = report, strict
 
-    def problem(self, p: PoolProblem) -> None:
+    def problem(self, p: PoolProblem, loaded: bool = False) -> None:
+        """``loaded``: the task passed the static load and fails a later pass."""
         if self.strict:
             raise PoolError([p])
         self.report.problems.append(p)
         if p.task_id and p.task_id not in self.report.bad_tasks:
             self.report.bad_tasks.append(p.task_id)
+        if loaded and p.task_id:
+            self.report.failed_loaded.add(p.task_id)
 
     def warning(self, p: PoolProblem) -> None:
         self.report.warnings.append(p)
@@ -113,7 +117,6 @@ def validate_pool(root: str | Path, strict: bool = False, seed: int = 0,
     for p in pool.problems:
         out.problem(p)
     report.n_environments, report.n_tasks = len(pool.environments), len(pool.tasks)
-    report._loaded = {t.task_id for t in pool.tasks}
     bad_envs = _static_environments(pool, out)
     runner = (runner_factory or sandbox_runner)()
     try:
@@ -170,7 +173,7 @@ def _run_tasks(pool: Pool, runner: Runner, out: _Collector, bad_envs: dict[str, 
 
         def bad(msg: str) -> None:
             out.problem(PoolProblem(TASKS_FILE, msg, line=line, task_id=task.task_id,
-                                    env_id=task.env_id))
+                                    env_id=task.env_id), loaded=True)
 
         env = pool.environment(task.env_id)
         if task.env_id not in loaded and task.env_id not in bad_envs:
@@ -187,39 +190,49 @@ def _run_tasks(pool: Pool, runner: Runner, out: _Collector, bad_envs: dict[str, 
         elif (msgs := _static_checks(task)):
             for m in msgs:
                 bad(m)
-        else:
+        elif (state := _state_or_report(pool, task, out)) is not None:
             try:
-                _run_task(pool, runner, env, task, seed, bad, out, line)
-            except PoolError:
-                raise
+                _run_task(state, runner, env, task, seed, bad, out, line)
             except SandboxError as e:
                 bad(f"sandbox error while replaying: {e}")
         if progress is not None:
             progress(k + 1, len(pool.tasks))
 
 
-def _run_task(pool: Pool, runner: Runner, env: Environment, task: TaskSpec, seed: int,
+def _state_or_report(pool: Pool, task: TaskSpec, out: _Collector) -> Optional[dict[str, Any]]:
+    """The task's initial state, or None after reporting an unreadable shared state file."""
+    try:
+        return pool.initial_state(task)
+    except PoolError as e:
+        for p in e.problems:
+            out.problem(p, loaded=True)
+        return None
+
+
+def _run_task(state: dict[str, Any], runner: Runner, env: Environment, task: TaskSpec, seed: int,
               bad: Callable[[str], None], out: _Collector, line: Optional[int]) -> None:
-    state = pool.initial_state(task)
     if task.reference_solution is None:
-        result = runner.verify_initial(env, state, task.checks, seed)
+        result = runner.verify_initial(env, state, task.checks, seed, task.initial_state_ref)
         for c in result.checks:
             if c.error:
                 out.warning(PoolProblem(TASKS_FILE, f"check {c.check_id} on the initial state: "
                                                     f"{c.error}", line=line, task_id=task.task_id))
         return
-    result, steps = runner.replay(env, state, task.checks, task.reference_solution, seed)
+    result, steps = runner.replay(env, state, task.checks, task.reference_solution, seed,
+                                  task.initial_state_ref)
     out.report.n_replayed += 1
-    for c in result.checks:
-        if c.error:
-            bad(f"check {c.check_id} failed to evaluate: {c.error}")
-    if result.reward < 1.0:
-        failed = [c.check_id for c in result.checks if not c.passed]
-        step_errors = [f"step {j + 1} {s.tool}: {_step_error(s)}"
-                       for j, s in enumerate(steps) if _step_error(s)]
-        why = f"; {step_errors[0]}" if step_errors else ""
-        bad(f"reference solution reaches reward {result.reward} < 1.0 (failed checks: "
-            f"{', '.join(failed)}){why}")
+    if result.reward >= 1.0:
+        return
+    parts = [f"reference solution reaches reward {result.reward} < 1.0"]
+    parts += [f"check {c.check_id} failed to evaluate: {c.error}" for c in result.checks if c.error]
+    failed = [c.check_id for c in result.checks if not c.passed and not c.error]
+    if failed:
+        parts.append(f"failed checks: {', '.join(failed)}")
+    step_errors = [f"step {j + 1} {s.tool}: {_step_error(s)}"
+                   for j, s in enumerate(steps or []) if _step_error(s)]
+    if step_errors:
+        parts.append(f"first failing {step_errors[0]}")
+    bad("; ".join(parts))
 
 
 def _step_error(step: ActionStep) -> Optional[str]:
@@ -231,33 +244,30 @@ def _step_error(step: ActionStep) -> Optional[str]:
     return None
 
 
-class InProcessRunner:
-    """The sandbox's in-process engine without isolation: for trusted pools (the generator's own
-    tests) where speed matters more than containment."""
+class SandboxRunner:
+    """Validation's runner: one isolated ``sandbox.worker.SandboxWorker`` (replaced by the worker
+    itself when a call crashes or hangs). Shared states are sent to the worker once per ref."""
 
-    def __init__(self) -> None:
-        self._runtimes: dict[str, Any] = {}
+    def __init__(self, config: Any = None):
+        from sandbox.worker import SandboxWorker
+
+        self.worker = SandboxWorker(config)
 
     def load(self, env: Environment) -> None:
-        from sandbox.runtime import EpisodeRuntime
+        self.worker.load(env)
 
-        if env.env_id not in self._runtimes:
-            self._runtimes[env.env_id] = EpisodeRuntime(env)
+    def replay(self, env, initial_state, checks, actions, seed, state_key=None):
+        return self.worker.replay(env, initial_state, checks, actions, seed=seed,
+                                  state_key=state_key)
 
-    def replay(self, env, initial_state, checks, actions, seed):
-        self.load(env)
-        return self._runtimes[env.env_id].replay(initial_state, checks, actions, seed)
-
-    def verify_initial(self, env, initial_state, checks, seed):
-        self.load(env)
-        rt = self._runtimes[env.env_id]
-        rt.reset(initial_state, seed)
-        return rt.verify(checks)
+    def verify_initial(self, env, initial_state, checks, seed, state_key=None):
+        self.worker.reset(env, initial_state, seed=seed, state_key=state_key)
+        return self.worker.verify(checks)
 
     def close(self) -> None:
-        self._runtimes.clear()
+        self.worker.close()
 
 
 def sandbox_runner() -> Runner:
-    """A runner over one isolated sandbox worker."""
-    return InProcessRunner()  # TODO(A): switch to sandbox.worker.SandboxWorker when it lands
+    """The default runner: a sandbox worker with the default ``SandboxConfig`` (backend auto)."""
+    return SandboxRunner()

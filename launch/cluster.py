@@ -7,9 +7,9 @@
 
 ``role_options(cfg, role)`` turns ``cluster.<role>`` (``RoleResources``) into
 ``.options(num_cpus=..., num_gpus=..., resources=...)`` for the role's actors: GPUs for the
-learner and rollout, CPUs (and an optional custom resource such as ``{executor: 1}`` that only
-executor nodes advertise) for executors, so executors land where their resources are and their
-count is independent of the GPU count.
+rollout workers (optionally a custom resource), CPUs for the scheduler. Executors and learner
+ranks take theirs from their own sections (``executors.num_cpus_per_executor``,
+``learner.num_gpus_per_rank``), so the executor count is independent of the GPU count.
 
 May import: ray (inside functions), the standard library.
 """
@@ -61,7 +61,7 @@ def check_fits(cfg: ClusterConfig) -> None:
     from launch.cli import UserError
 
     total = ray.cluster_resources()
-    for role in ("executors", "rollout", "learner", "scheduler"):
+    for role in ("rollout", "scheduler"):
         res: RoleResources = getattr(cfg, role)
         wants = {"GPU": res.num_gpus, **res.custom} if res.num else {}
         for name, amount in wants.items():

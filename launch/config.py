@@ -89,9 +89,9 @@ class RoleResources(_Section):
 class ClusterConfig(_Section):
     address: Optional[str] = Field(None, description="None = embedded local Ray; 'auto'; ray://")
     num_cpus: Optional[int] = Field(None, ge=1, description="embedded Ray only")
-    executors: RoleResources = RoleResources(num=2, num_cpus=0.25)
+    # Executors and learner ranks take their resources from their own sections
+    # (executors.num_cpus_per_executor, learner.num_gpus_per_rank ...): one definition each.
     rollout: RoleResources = RoleResources(num=1, num_cpus=0.5)
-    learner: RoleResources = RoleResources(num=1, num_cpus=0.5)
     scheduler: RoleResources = RoleResources(num=1, num_cpus=0.1)
 
     @field_validator("scheduler")

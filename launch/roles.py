@@ -19,6 +19,7 @@ May import: ray, actors.*, launch.*, envs.*, the standard library.
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,22 +42,17 @@ class RoleError(RuntimeError):
 
 class Roles:
     def __init__(self, cfg: Any, pool: Any, pool_dir: Path, run_dir: Path, model_path: str):
-        from actors.executor_pool import ExecutorPool
         from actors.learner.learner_actor import LearnerGroup
         from actors.learner.weight_sync import make_weight_sync
         from actors.scheduler_actor import scheduler_actor_class
-        from launch.scheduler_factory import build_scheduler, identifier_filter_fn
+        from launch.scheduler_factory import build_scheduler, replaying_filter
 
         self.cfg, self.pool, self.pool_dir, self.model_path = cfg, pool, str(pool_dir), model_path
         self.timeout = cfg.controller.call_timeout_s
-        self.executors = ExecutorPool(pool, cfg.executors)
-        if cfg.cluster.executors.num:
-            self.executors.resize(cfg.cluster.executors.num)
         scheduler = build_scheduler(cfg, pool, run_dir)
-        replay = lambda tid, calls, seed: self.executors.replay(tid, calls, seed).reward  # noqa
-        filt = identifier_filter_fn(pool, cfg, replay)
+        builder = functools.partial(replaying_filter, self.pool_dir, cfg.to_yaml_dict())
         self.scheduler = scheduler_actor_class().options(
-            **role_options(cfg.cluster.scheduler)).remote(scheduler, filt)
+            **role_options(cfg.cluster.scheduler)).remote(scheduler, filter_builder=builder)
         self.workers = [self._new_worker(i) for i in range(cfg.cluster.rollout.num)]
         self.flights: dict[Any, _Flight] = {}
         self.version = 0
@@ -72,7 +68,8 @@ class Roles:
         return start_rollout_worker(
             self.pool_dir, self.cfg.policy.engine, num_cpus=res.num_cpus, num_gpus=res.num_gpus,
             model_path=self.model_path, config=self.cfg.rollout.model_dump(),
-            executors=self.executors, name=f"rollout-{i}")
+            executors="pool", executor_config=self.cfg.executors.model_dump(),
+            name=f"rollout-{i}")
 
     def submit(self, ticket: Any) -> Any:
         busy = [0] * len(self.workers)
@@ -166,10 +163,13 @@ class Roles:
     # ---- metrics and shutdown ----------------------------------------------------------------
     def step_extras(self) -> dict[str, float]:
         out = self._sched(self.scheduler.metrics.remote(), "metrics")
-        stats = self.executors.wait_time_stats()
-        out.update({f"executor_{k}": float(v) for k, v in stats.items()
-                    if isinstance(v, (int, float))})
-        out["executors"] = float(self.executors.size)
+        per_worker = ray.get([w.metrics.remote() for w in self.workers], timeout=self.timeout)
+        # cumulative per-worker seconds: generating, inside executors (open + wait + tools +
+        # verify), whole episodes; executor_share is the signal to scale executors.
+        for key in ("time_generate_s", "time_executor_s", "time_episode_s"):
+            out[f"rollout_{key}"] = float(sum(m.get(key, 0.0) for m in per_worker))
+        if out["rollout_time_episode_s"] > 0:
+            out["executor_share"] = out["rollout_time_executor_s"] / out["rollout_time_episode_s"]
         out["rollout_restarts"] = float(self.restarts)
         return out
 
@@ -177,10 +177,11 @@ class Roles:
         return self._sched(self.scheduler.filter_events.remote(since), "filter_events")
 
     def shutdown(self) -> None:
+        try:  # lets each worker close its executor pool; killed below either way
+            ray.get([w.shutdown.remote() for w in self.workers], timeout=30)
+        except (ray.exceptions.RayError, ray.exceptions.GetTimeoutError):
+            pass
         for w in self.workers:
             ray.kill(w, no_restart=True)
         self.learner.shutdown()
         ray.kill(self.scheduler, no_restart=True)
-        close = getattr(self.executors, "close", None) or getattr(self.executors, "shutdown", None)
-        if callable(close):
-            close()

@@ -47,7 +47,7 @@ def load_or_build_graph(pool: Any, run_dir: Optional[Path]) -> Any:
     path = Path(run_dir) / "graph.pkl" if run_dir is not None else None
     if path is not None and path.is_file():
         return DualGraph.load(path)
-    graph = DualGraph.build(list(pool.tasks), {e.env_id: e for e in pool.environments})
+    graph = DualGraph.build(list(pool.tasks), dict(pool.environments))
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
         graph.save(path)
@@ -110,3 +110,19 @@ def identifier_filter_fn(pool: Any, cfg: Any, replay: Callable[[str, list, Optio
                              {"reason": reason, "findings": [f.to_dict() for f in findings]})
 
     return check
+
+
+def replaying_filter(pool_dir: str, cfg_tree: dict) -> Optional[Callable[[Any], FilterOutcome]]:
+    """Build the identifier filter with its own small executor pool (one executor); called
+    inside the scheduler actor (picklable via functools.partial)."""
+    from actors.executor_pool import ExecutorPool
+    from envs.pool import load_pool
+    from launch.config import build_config
+
+    cfg = build_config(cfg_tree, "scheduler actor")
+    if cfg.scheduler.name != "envsched" or not envsched_config(cfg).identifier_filter:
+        return None
+    pool = load_pool(pool_dir)
+    executors = ExecutorPool(pool, cfg.executors.model_copy(update={"num_executors": 1}))
+    replay = lambda tid, calls, seed: executors.replay(tid, calls, seed).reward  # noqa: E731
+    return identifier_filter_fn(pool, cfg, replay)

@@ -100,7 +100,7 @@ def train_sft(model: Any, sequences: list[tuple[list[int], list[int]]], epochs: 
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
-            total, count = total + float(loss), count + 1
+            total, count = total + loss.item(), count + 1
         losses.append(total / max(count, 1))
     model.eval()
     return losses

@@ -20,6 +20,7 @@ May import: pydantic and the standard library only.
 
 from __future__ import annotations
 
+import sys
 from typing import Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -47,8 +48,9 @@ class SandboxConfig(BaseModel):
     state_cache_entries: int = Field(8, ge=1, description="initial states cached per worker")
     docker_image: str = Field("envsched-sandbox:local",
                               description="tag of the locally built image (never pulled)")
-    docker_base_image: str = Field("python:3.11-slim",
-                                   description="FROM line; must already exist locally")
+    docker_base_image: str = Field(
+        f"python:{sys.version_info[0]}.{sys.version_info[1]}-slim",
+        description="FROM line; must exist locally and match the host's Python minor version")
     python: Optional[str] = Field(None, description="interpreter for the worker (default: ours)")
 
     @model_validator(mode="after")

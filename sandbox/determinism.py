@@ -25,6 +25,7 @@ May import: the standard library only.
 
 from __future__ import annotations
 
+import base64
 import builtins
 import calendar
 import datetime as _dt
@@ -92,7 +93,6 @@ def _secrets_module(clock: EpisodeClock) -> types.ModuleType:
         return token_bytes(nbytes).hex()
 
     def token_urlsafe(nbytes: int | None = None) -> str:
-        import base64
         return base64.urlsafe_b64encode(token_bytes(nbytes)).rstrip(b"=").decode("ascii")
 
     return _module("secrets", _secrets, {

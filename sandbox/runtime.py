@@ -37,7 +37,8 @@ from envs.spec import Check, Environment, ToolCall
 from envs.trajectory import ActionStep, CheckResult, VerifyResult
 from sandbox.determinism import EpisodeClock, episode_builtins
 from sandbox.errors import EnvLoadError, SandboxError
-from sandbox.statediff import compact, fast_copy, new_diff, state_view, sync_diff
+from sandbox.idmap import IdMapper
+from sandbox.statediff import compact, fast_copy, loads, new_diff, state_view, sync_diff
 
 
 class _Deadline(BaseException):
@@ -106,7 +107,8 @@ class EpisodeRuntime:
         self._uses_numpy = "numpy" in env.source
         self.instance: Any = None
         self.seed: Optional[int] = None
-        self._shadow: dict[str, Any] = {}
+        self._shadow: Optional[dict[str, Any]] = None  # deep copy of the state before a step
+        self._pristine = False  # no step or verify since reset: live state == initial snapshot
         self._initial_blob: Optional[bytes] = None
         self._initial: Any = None
 
@@ -114,7 +116,7 @@ class EpisodeRuntime:
     def reset(self, initial_state: dict[str, Any], seed: int = 0,
               state_blob: Optional[bytes] = None) -> None:
         """Start an episode. ``state_blob`` (the pickled state) skips one copy when given."""
-        state = pickle.loads(state_blob) if state_blob is not None else fast_copy(initial_state)
+        state = loads(state_blob) if state_blob is not None else fast_copy(initial_state)
         if not isinstance(state, dict):
             raise SandboxError("bad_request", f"initial state must be a dict, got "
                                               f"{type(state).__name__}", f"env {self.env.env_id}")
@@ -123,13 +125,21 @@ class EpisodeRuntime:
         if self._uses_numpy and "numpy" in sys.modules:
             sys.modules["numpy"].random.seed(self.seed % 2**32)
         self.instance = self._construct(state)
+        self._shadow, self._pristine = None, True
+        self._keep_initial(state, state_blob)
+
+    def _keep_initial(self, state: dict[str, Any], state_blob: Optional[bytes]) -> None:
+        """Keep the initial snapshot as a pickle; when the constructor left the state exactly as
+        given (the usual case) the caller's blob is reused instead of pickling it again."""
         snap = state_view(self.instance)
+        if state_blob is not None and snap.keys() == state.keys() and \
+                all(snap[k] is v for k, v in state.items()):
+            self._initial_blob, self._initial = state_blob, None
+            return
         try:
             self._initial_blob, self._initial = pickle.dumps(snap, pickle.HIGHEST_PROTOCOL), None
-            self._shadow = pickle.loads(self._initial_blob)
         except Exception:  # noqa: BLE001 - unpicklable state: keep a deep copy instead
             self._initial_blob, self._initial = None, fast_copy(snap)
-            self._shadow = fast_copy(snap)
 
     def _construct(self, state: dict[str, Any]) -> Any:
         try:
@@ -178,6 +188,7 @@ class EpisodeRuntime:
         error = self._bind_error(tool, arguments)
         if error is not None:
             return ActionStep(tool, arguments, {"success": False, "error": error}, {}, error)
+        shadow = self._before_step()
         try:
             with deadline(timeout_s):
                 observation = getattr(self.instance, tool)(**fast_copy(arguments))
@@ -190,8 +201,16 @@ class EpisodeRuntime:
         else:
             observation = fast_copy(observation)
         diff = new_diff()
-        sync_diff(self._shadow, state_view(self.instance), diff)
+        sync_diff(shadow, state_view(self.instance), diff)
         return ActionStep(tool, arguments, observation, compact(diff), error)
+
+    def _before_step(self) -> dict[str, Any]:
+        # Built at the first step only: an episode that is reset and verified never pays for it.
+        if self._shadow is None:
+            self._shadow = (self.initial_snapshot() if self._pristine
+                            else fast_copy(state_view(self.instance)))
+        self._pristine = False
+        return self._shadow
 
     def snapshot(self) -> dict[str, Any]:
         """A deep copy of the current state."""
@@ -202,11 +221,11 @@ class EpisodeRuntime:
         """A deep copy of the state right after reset (what checks see as ``initial_state``)."""
         self._require_episode()
         if self._initial_blob is not None:
-            return pickle.loads(self._initial_blob)
+            return loads(self._initial_blob)
         return fast_copy(self._initial)
 
     # ----------------------------------------------------------------- verify
-    def _check_func(self, check: Check, initial: dict[str, Any]):
+    def _check_func(self, check: Check, initial: Optional[dict[str, Any]]):
         code = self._check_code.get(check.code)
         if code is None:
             code = compile(check.code, f"<check {check.check_id}>", "exec")
@@ -218,13 +237,22 @@ class EpisodeRuntime:
         return namespace["check_func"]
 
     def verify(self, checks: Iterable[Check], timeout_s: Optional[float] = None) -> VerifyResult:
-        """Reward = fraction of checks passed; one shared copy of initial and final state."""
+        """Reward = fraction of checks passed.
+
+        Checks share the *live* final state (no copy: a 2 MB state would cost tens of ms) and one
+        fresh copy of the initial snapshot, made only when some check names ``initial_state``.
+        A check that mutates ``final_state`` changes what later checks and steps see, as with
+        EnvScaler's shared snapshot; ``initial_state`` is fresh for every ``verify``."""
         self._require_episode()
-        final, initial = self.snapshot(), self.initial_snapshot()
+        checks = list(checks)
+        final = state_view(self.instance)
+        initial = self.initial_snapshot() if any("initial_state" in c.code for c in checks) \
+            else None
+        self._pristine = False
         results = [self._run_check(c, final, initial, timeout_s) for c in checks]
         return VerifyResult.from_checks(results)
 
-    def _run_check(self, check: Check, final: dict, initial: dict,
+    def _run_check(self, check: Check, final: dict, initial: Optional[dict],
                    timeout_s: Optional[float]) -> CheckResult:
         try:
             with deadline(timeout_s):
@@ -248,8 +276,6 @@ class EpisodeRuntime:
         """Reset, run ``actions`` in order, verify. Actions that carry a recorded observation
         (``ActionStep`` or a dict with ``observation``) get ids minted in the recording mapped to
         those minted now (``sandbox.idmap``), so traces recorded without a seed replay too."""
-        from sandbox.idmap import IdMapper
-
         self.reset(initial_state, 0 if seed is None else seed, state_blob)
         mapper = IdMapper(self.initial_snapshot)
         steps = []

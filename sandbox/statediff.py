@@ -16,10 +16,30 @@ May import: the standard library only.
 from __future__ import annotations
 
 import copy
+import gc
 import pickle
+from contextlib import contextmanager
 from typing import Any
 
 EMPTY_DIFF_KEYS = ("added", "removed", "changed")
+
+
+@contextmanager
+def no_gc():
+    """Building a big state allocates ~10^5 containers, each allocation can trigger a cyclic GC
+    pass over all of them; pausing the collector makes copies of a 2 MB state about 2x faster."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+def loads(blob: bytes) -> Any:
+    with no_gc():
+        return pickle.loads(blob)
 
 
 def fast_copy(value: Any) -> Any:
@@ -28,7 +48,8 @@ def fast_copy(value: Any) -> Any:
     if isinstance(value, (str, int, float, bool, type(None))):
         return value
     try:
-        return pickle.loads(pickle.dumps(value, pickle.HIGHEST_PROTOCOL))
+        with no_gc():
+            return pickle.loads(pickle.dumps(value, pickle.HIGHEST_PROTOCOL))
     except Exception:  # noqa: BLE001 - any pickling failure means: use the slow generic copy
         return copy.deepcopy(value)
 

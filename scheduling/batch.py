@@ -104,18 +104,78 @@ def max_similarity(graph: Any, rows: np.ndarray, batch: list[int]) -> np.ndarray
     return np.asarray(prod.max(axis=1).todense()).ravel()
 
 
-def penalised_argmax(cands: np.ndarray, score: np.ndarray, batch: list[int], graph: Any,
+class BatchPenalty:
+    """max_{j in batch} S_full(i, j), cached per task for one batch under construction.
+
+    The batch only grows, so a task's cached maximum stays valid and is brought up to date with
+    the members added since it was last evaluated. Members are kept as dense columns (F x B, float32,
+    one batch at a time) so an update is a gather over the candidate's stored features only;
+    scipy's sparse product costs ~1 ms per call whatever its size, too slow for 64 picks a step.
+    """
+
+    CHUNK = 1 << 22          # gathered products per temporary (16 MiB of float32)
+
+    def __init__(self, graph: Any, capacity: int = 64) -> None:
+        self.X = graph.X_full
+        self.batch: list[int] = []
+        # feature-major so a candidate's features gather contiguous runs of batch members
+        self.dense = np.zeros((self.X.shape[1], capacity), dtype=np.float32)
+        self.val = np.zeros(graph.n)
+        self.upto = np.zeros(graph.n, dtype=np.int64)
+        self.row_nnz = max(1, int(np.ceil(self.X.nnz / max(self.X.shape[0], 1))))
+
+    def add(self, j: int) -> None:
+        k = len(self.batch)
+        if k == self.dense.shape[1]:
+            self.dense = np.hstack([self.dense, np.zeros_like(self.dense)])
+        lo, hi = self.X.indptr[j], self.X.indptr[j + 1]
+        self.dense[self.X.indices[lo:hi], k] = self.X.data[lo:hi]
+        self.batch.append(j)
+
+    def get(self, rows: np.ndarray) -> np.ndarray:
+        k = len(self.batch)
+        stale = rows[self.upto[rows] < k]
+        for u in np.unique(self.upto[stale]):
+            grp = stale[self.upto[stale] == u]
+            step = max(1, self.CHUNK // ((k - int(u)) * self.row_nnz))   # bounds the temporary
+            for c in range(0, grp.size, step):
+                part = grp[c:c + step]
+                sims = self._sims(part, int(u), k)
+                self.val[part] = np.maximum(self.val[part], sims.max(axis=0))
+            self.upto[grp] = k
+        return self.val[rows]
+
+    def _sims(self, rows: np.ndarray, lo: int, hi: int) -> np.ndarray:
+        """S_full(batch[lo:hi], rows): (hi - lo, len(rows))."""
+        pos, lens = _segments(self.X, rows)
+        prod = self.dense[self.X.indices[pos], lo:hi]
+        prod *= self.X.data[pos][:, None]
+        out = np.zeros((rows.size, hi - lo))
+        nonempty = lens > 0
+        if nonempty.any():
+            out[nonempty] = np.add.reduceat(prod, (np.cumsum(lens) - lens)[nonempty], axis=0)
+        return out.T
+
+
+def _segments(X: Any, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Positions in X.data / X.indices of the stored entries of ``rows``, and each row's length."""
+    starts, lens = X.indptr[rows], X.indptr[rows + 1] - X.indptr[rows]
+    first = np.cumsum(lens) - lens
+    return np.repeat(starts - first, lens) + np.arange(int(lens.sum())), lens
+
+
+def penalised_argmax(cands: np.ndarray, score: np.ndarray, penalty: BatchPenalty,
                      lam: float) -> tuple[int, float]:
     """Eq. 5 over ``cands`` (sorted by score desc, index asc): (task index, its penalty)."""
-    m = 64
+    m = 16
     while True:
         top = cands[:m]
-        pen = lam * max_similarity(graph, top, batch)
+        pen = lam * penalty.get(top)
         val = score[top] - pen
         k = int(np.argmax(val))
         if m >= cands.size or val[k] >= score[cands[m]]:
             return int(top[k]), float(pen[k])
-        m *= 4
+        m *= 2
 
 
 def sort_desc(idx: np.ndarray, score: np.ndarray) -> np.ndarray:
@@ -128,6 +188,7 @@ class PickContext:
     step: int
     env_of: np.ndarray
     batch: list[int]
+    penalty: BatchPenalty
     in_batch: np.ndarray
     env_batch: np.ndarray
     env_window: np.ndarray
@@ -167,6 +228,7 @@ def pick_one(ctx: PickContext, phase: str, masks: dict[str, np.ndarray], cfg: En
 
 def add(ctx: PickContext, i: int) -> None:
     ctx.batch.append(i)
+    ctx.penalty.add(i)
     ctx.in_batch[i] = True
     ctx.env_batch[ctx.env_of[i]] += 1
 
@@ -176,7 +238,9 @@ def build_batch(step: int, q: np.ndarray, obs_count: np.ndarray, graph: Any,
                 cfg: EnvSchedConfig) -> tuple[list[Selection], list[str]]:
     """Eq. 5 coverage then exploitation picks, with C1 / C3 / C_task (module docstring)."""
     env_of = graph.env_of
-    ctx = PickContext(step=step, env_of=env_of, batch=[], in_batch=np.zeros(graph.n, bool),
+    ctx = PickContext(step=step, env_of=env_of, batch=[],
+                      penalty=BatchPenalty(graph, cfg.batch_size),
+                      in_batch=np.zeros(graph.n, bool),
                       env_batch=np.zeros(exposure.n_env, np.int64),
                       env_window=exposure.prior_env_window(step),
                       streak=exposure.prior_streak(step), notes=[])
@@ -188,7 +252,7 @@ def build_batch(step: int, q: np.ndarray, obs_count: np.ndarray, graph: Any,
         sel = ok.copy()
         for key in keys:
             sel &= key == key[sel].min()
-        i, pen = penalised_argmax(sort_desc(np.flatnonzero(sel), q), q, ctx.batch, graph,
+        i, pen = penalised_argmax(sort_desc(np.flatnonzero(sel), q), q, ctx.penalty,
                                   cfg.lambda_sim)
         return i, {"q": float(q[i]), "penalty": pen, "score": float(q[i]) - pen,
                    "env_batch_count": float(ctx.env_batch[env_of[i]]),
@@ -197,10 +261,11 @@ def build_batch(step: int, q: np.ndarray, obs_count: np.ndarray, graph: Any,
 
     omega = (1.0 + exposure.selected / cfg.c0) ** -0.5
     exploit = q * omega
+    exploit_order = sort_desc(np.arange(graph.n), exploit)     # fixed within the step
 
     def exploit_pick(ok: np.ndarray) -> tuple[int, dict]:
-        i, pen = penalised_argmax(sort_desc(np.flatnonzero(ok), exploit), exploit, ctx.batch,
-                                  graph, cfg.lambda_sim)
+        i, pen = penalised_argmax(exploit_order[ok[exploit_order]], exploit, ctx.penalty,
+                                  cfg.lambda_sim)
         return i, {"q": float(q[i]), "omega": float(omega[i]), "penalty": pen,
                    "score": float(exploit[i]) - pen}
 
@@ -231,11 +296,13 @@ def cold_start_batch(graph: Any, eligible: np.ndarray, cfg: EnvSchedConfig
     if reps_arr.size >= B:
         batch: list[int] = []
         novelty = np.ones(reps_arr.size)
-        sub = SimpleNamespace(X_full=graph.X_full[reps_arr])   # local indices 0..len(reps)-1
+        sub = SimpleNamespace(X_full=graph.X_full[reps_arr], n=reps_arr.size)   # local indices
+        penalty = BatchPenalty(sub, B)
         for _ in range(B):
             cands = sort_desc(np.flatnonzero(novelty > -np.inf), novelty)
-            k, _ = penalised_argmax(cands, novelty, batch, sub, 1.0)
+            k, _ = penalised_argmax(cands, novelty, penalty, 1.0)
             batch.append(k)
+            penalty.add(k)
             novelty[k] = -np.inf
         chosen = [int(reps_arr[k]) for k in batch]
         return [_cold(graph, i, r, {"representative": 1.0}) for r, i in enumerate(chosen)], notes

@@ -13,8 +13,9 @@ Order everywhere: similarity descending, ties by task index ascending. Two relat
   tied with the last one taken is added so index tie-breaking stays exact); the pooled tasks are
   sorted once and each environment of u's requesting rows keeps its first L outside itself.
 
-Both are used at build time (candidates = all tasks, L = list length) and by the exact fallback of
-``DualGraph.topk_observed`` (candidates = observed tasks, L = k).
+Both are used at build time (candidates = all tasks, L = list length); the exact fallback of
+``DualGraph.topk_observed`` (candidates = observed tasks, L = k) uses ``rank_within`` and the
+vectorised ``topk_cross_vectorised`` (many rows, small k).
 
 May import: numpy, scipy.
 """
@@ -25,6 +26,13 @@ import numpy as np
 import scipy.sparse as sp
 
 DENSE_BUDGET = 1 << 24  # entries of one dense similarity chunk (64 MiB in float32)
+
+
+def _gram(Xu, rows: np.ndarray, Xc) -> np.ndarray:
+    """Similarities of ``Xu[rows]`` with every row of ``Xc`` (dense BLAS when Xu is dense)."""
+    if isinstance(Xu, np.ndarray):
+        return Xu[rows] @ Xc.T
+    return (Xu[rows] @ Xc.T).toarray()
 
 
 def top_sorted(S: np.ndarray, k: int) -> np.ndarray:
@@ -90,7 +98,8 @@ def rank_cross(Xu: sp.csr_matrix, group: np.ndarray, env_of: np.ndarray, rows: n
                cands: np.ndarray, L: int, out_idx: np.ndarray, out_sim: np.ndarray) -> None:
     """Fill ``out_*[rows]`` with each row's top-L of ``cands`` outside the row's environment.
 
-    ``Xu`` holds one abstract vector per group; ``group[i]`` is task i's group.
+    ``Xu`` (csr, or a dense array when small) holds one abstract vector per group; ``group[i]``
+    is task i's group.
     """
     if rows.size == 0 or cands.size == 0 or L <= 0:
         return
@@ -108,7 +117,7 @@ def rank_cross(Xu: sp.csr_matrix, group: np.ndarray, env_of: np.ndarray, rows: n
     step = max(1, min(4096, DENSE_BUDGET // max(gids.size, 1)))
     for s in range(0, req_groups.size, step):
         chunk = req_groups[s:s + step]
-        D = (Xu[chunk] @ Xc.T).toarray()
+        D = _gram(Xu, chunk, Xc)
         for c, u in enumerate(chunk):
             tasks, sims = _pool(D[c], flat, starts, sizes, need)
             p = pair_of_group[s + c]
@@ -120,3 +129,39 @@ def rank_cross(Xu: sp.csr_matrix, group: np.ndarray, env_of: np.ndarray, rows: n
                 out_idx[r[:, None], np.arange(t.size)] = t
                 out_sim[r[:, None], np.arange(t.size)] = v
                 p += 1
+
+
+def topk_cross_vectorised(Xu: sp.csr_matrix, group: np.ndarray, env_of: np.ndarray,
+                          rows: np.ndarray, cands: np.ndarray, k: int, out_idx: np.ndarray,
+                          out_sim: np.ndarray) -> None:
+    """``rank_cross`` for small k and many rows (the fallback of ``topk_observed``).
+
+    Each requesting group gets its top P = k + max_e |cands in e| candidates once (dense chunks
+    of group x candidate similarities); a row then keeps the first k of its group's P outside its
+    own environment, read for all rows at once. Ties at the P-th place are cut by
+    ``argpartition``: similarities stay exact, the index order among equal similarities there may
+    differ from the lists'.
+    """
+    if rows.size == 0 or cands.size == 0 or k <= 0:
+        return
+    P = min(cands.size, k + int(np.bincount(env_of[cands]).max()))
+    gids, ginv = np.unique(group[cands], return_inverse=True)
+    req, rinv = np.unique(group[rows], return_inverse=True)
+    top_idx = np.empty((req.size, P), dtype=np.int64)
+    top_sim = np.empty((req.size, P), dtype=np.float32)
+    Xc = Xu[gids]
+    step = max(1, min(4096, DENSE_BUDGET // max(cands.size, 1)))
+    for s in range(0, req.size, step):
+        D = _gram(Xu, req[s:s + step], Xc)[:, ginv]
+        cols = top_sorted(D, P)
+        top_idx[s:s + step] = cands[cols]
+        top_sim[s:s + step] = np.take_along_axis(D, cols, axis=1)
+    step = max(1, DENSE_BUDGET // P)
+    for s in range(0, rows.size, step):
+        r = rows[s:s + step]
+        cand, sims = top_idx[rinv[s:s + step]], top_sim[rinv[s:s + step]]
+        ok = env_of[cand] != env_of[r][:, None]
+        cs = np.cumsum(ok, axis=1)
+        rr, cc = np.nonzero(ok & (cs <= k))
+        out_idx[r[rr], cs[rr, cc] - 1] = cand[rr, cc]
+        out_sim[r[rr], cs[rr, cc] - 1] = sims[rr, cc]

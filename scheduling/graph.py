@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -38,14 +39,19 @@ from typing import Any, Optional
 import numpy as np
 import scipy.sparse as sp
 
-from envs.opdesc import Extractor, describe_task
+from pydantic import ValidationError
+
+from envs.opdesc import (Extractor, OpDescription, OpDescriptionError, check_against_task,
+                         describe_task)
 from envs.spec import Environment, TaskSpec
 from scheduling.abstraction import abstract_text
-from scheduling.candidates import rank_cross, rank_within
+from scheduling.candidates import rank_cross, rank_within, topk_cross_vectorised
 from scheduling.views import (VIEW_NAMES, VIEW_WEIGHTS, StateOf, encode, make_vectorizer,
                               view_texts)
 
 FORMAT_VERSION = 1
+DENSE_ABS_LIMIT = 1 << 26  # entries (256 MiB float32) of the distinct abstract vectors
+log = logging.getLogger(__name__)
 
 
 class GraphError(ValueError):
@@ -103,6 +109,9 @@ class DualGraph:
         self.env_members = [order[bounds[e]:bounds[e + 1]] for e in range(len(self.env_ids))]
         first = np.unique(self.abs_group, return_index=True)[1]
         self._X_abs_groups = self.X_abs[first]
+        if self._X_abs_groups.shape[0] * self._X_abs_groups.shape[1] <= DENSE_ABS_LIMIT:
+            # the abstract vocabulary is small: dense BLAS products beat sparse x sparse ones
+            self._X_abs_groups = self._X_abs_groups.toarray()
         self._mean_within: Optional[np.ndarray] = None
 
     # --- building -------------------------------------------------------------------------
@@ -119,10 +128,10 @@ class DualGraph:
         config = config or GraphConfig()
         t0 = time.perf_counter()
         env_ids = _check_tasks(tasks, environments)
-        descs = {t.task_id: (op_descriptions or {}).get(t.task_id)
-                 or describe_task(t, environments[t.env_id], extractor).model_dump()
+        descs = {t.task_id: _description(t, environments[t.env_id], op_descriptions, extractor)
                  for t in tasks}
         t_desc = time.perf_counter()
+        log.info("graph: %d operation descriptions in %.1f s", len(descs), t_desc - t0)
         texts = view_texts(tasks, descs, state_of)
         blocks = []
         for name, w in zip(VIEW_NAMES, config.weights):
@@ -134,6 +143,8 @@ class DualGraph:
                                                  config.sublinear_tf))
         _, abs_group = np.unique(np.array(abstract, dtype=object), return_inverse=True)
         t_enc = time.perf_counter()
+        log.info("graph: views encoded in %.1f s (nnz %d, %d distinct abstract vectors)",
+                 t_enc - t_desc, X_full.nnz, int(abs_group.max()) + 1)
         env_index = {e: k for k, e in enumerate(env_ids)}
         env_of = np.array([env_index[t.env_id] for t in tasks], dtype=np.int32)
         graph = cls(task_ids=[t.task_id for t in tasks], env_ids=env_ids, env_of=env_of,
@@ -215,8 +226,8 @@ class DualGraph:
         out_idx[rows] = -1
         out_sim[rows] = 0.0
         if relation == "cross":
-            rank_cross(self._X_abs_groups, self.abs_group, self.env_of, rows,
-                       np.nonzero(obs)[0], k, out_idx, out_sim)
+            topk_cross_vectorised(self._X_abs_groups, self.abs_group, self.env_of, rows,
+                                  np.nonzero(obs)[0], k, out_idx, out_sim)
             return
         row_env = self.env_of[rows]
         for e in np.unique(row_env):
@@ -290,6 +301,20 @@ def _check_tasks(tasks: list[TaskSpec], environments: dict[str, Environment]) ->
             raise GraphError(f"task {t.task_id}: unknown env_id {t.env_id!r} (known: "
                              f"{sorted(environments)[:10]})")
     return sorted({t.env_id for t in tasks})
+
+
+def _description(task: TaskSpec, env: Environment, given: Optional[dict[str, dict]],
+                 extractor: Optional[Extractor]) -> dict[str, Any]:
+    """A description passed in (validated against the task), else ``describe_task``'s."""
+    if given and task.task_id in given:
+        try:
+            desc = OpDescription.model_validate(given[task.task_id])
+        except ValidationError as e:
+            raise OpDescriptionError(f"task {task.task_id}: op_descriptions entry is invalid: "
+                                     f"{e.errors()[0]['loc']}: {e.errors()[0]['msg']}") from None
+        check_against_task(desc, task)
+        return desc.model_dump()
+    return describe_task(task, env, extractor).model_dump()
 
 
 def _count_sources(descs: dict[str, dict]) -> dict[str, int]:

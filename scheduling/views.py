@@ -8,8 +8,8 @@ Views a = 1..6 with weights alpha = (0.28, 0.08, 0.16, 0.12, 0.16, 0.20), each i
                            word boundaries, so they do not straddle two words);
 3. ``check_text``          the verifier checks' descriptions (the string constants of a check's
                            code when it has no description);
-4. ``check_code``          verifier code structure: AST node types, parent>child node-type edges,
-                           called names, attributes, compare operators and subscript keys;
+4. ``check_code``          verifier code structure (``envs.opdesc.CheckFacts.structure``): AST
+                           node types, called names, attributes, compare operators, field keys;
 5. ``initial_context``     the initial-state summary: its top-level attributes, plus the records
                            the instruction mentions (a record key or a short string value of it
                            equal to a 1-4-word phrase of the instruction; at most 8 records);
@@ -23,7 +23,6 @@ scheduling.abstraction.
 
 from __future__ import annotations
 
-import ast
 import re
 from typing import Any, Callable, Optional
 
@@ -31,7 +30,7 @@ import numpy as np
 import scipy.sparse as sp
 from sklearn.feature_extraction.text import TfidfVectorizer
 
-from envs.opdesc import parse_check
+from envs.opdesc import check_facts
 from envs.spec import TaskSpec
 
 VIEW_NAMES = ("instruction_words", "instruction_chars", "check_text", "check_code",
@@ -74,14 +73,14 @@ def encode(texts: list[str], vectorizer: TfidfVectorizer) -> sp.csr_matrix:
 def view_texts(tasks: list[TaskSpec], descs: dict[str, dict[str, Any]],
                state_of: Optional[StateOf] = None) -> dict[str, list[str]]:
     """The six view texts, one list per view, rows in ``tasks`` order."""
-    code_cache: dict[str, str] = {}
     index_cache: dict[int, _StateIndex] = {}
     out: dict[str, list[str]] = {v: [] for v in VIEW_NAMES}
     for task in tasks:
         out["instruction_words"].append(task.instruction)
         out["instruction_chars"].append(task.instruction)
         out["check_text"].append(check_text(task))
-        out["check_code"].append(" ".join(_code_tokens(task, c, code_cache) for c in task.checks))
+        out["check_code"].append(" ".join(check_facts(task.task_id, c).structure
+                                          for c in task.checks))
         out["initial_context"].append(context_text(task, _state(task, state_of), index_cache))
         out["operation_description"].append(description_text(descs[task.task_id]))
     return out
@@ -101,32 +100,8 @@ def check_text(task: TaskSpec) -> str:
         if c.description.strip():
             parts.append(c.description)
         else:
-            tree = parse_check(task.task_id, c)
-            parts += [n.value for n in ast.walk(tree)
-                      if isinstance(n, ast.Constant) and isinstance(n.value, str)]
+            parts += check_facts(task.task_id, c).strings
     return "\n".join(parts)
-
-
-def _code_tokens(task: TaskSpec, check, cache: dict[str, str]) -> str:
-    if check.code not in cache:
-        toks = []
-        for node in ast.walk(parse_check(task.task_id, check)):
-            name = type(node).__name__
-            toks.append(name)
-            toks += [f"{name}>{type(child).__name__}" for child in ast.iter_child_nodes(node)
-                     if not isinstance(child, (ast.expr_context, ast.operator))]
-            if isinstance(node, ast.Call):
-                fn = node.func
-                toks.append("call:" + (fn.id if isinstance(fn, ast.Name) else
-                                       fn.attr if isinstance(fn, ast.Attribute) else "expr"))
-            elif isinstance(node, ast.Attribute):
-                toks.append("attr:" + node.attr)
-            elif isinstance(node, ast.Compare):
-                toks += ["cmp:" + type(op).__name__ for op in node.ops]
-            elif isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
-                toks.append("key:" + re.sub(r"\s+", "_", str(node.slice.value)))
-        cache[check.code] = " ".join(toks)
-    return cache[check.code]
 
 
 def description_text(desc: dict[str, Any]) -> str:

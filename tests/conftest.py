@@ -7,6 +7,7 @@ Ray: ``ray.init(address="local")`` with a private temp dir, no dashboard, auth d
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import tempfile
 from pathlib import Path
@@ -15,7 +16,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-os.environ.setdefault("DS_ACCELERATOR", "cpu")
+if shutil.which("nvidia-smi") is None:  # GPU hosts let DeepSpeed detect CUDA (-m gpu tests)
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
 os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(REPO / ".cache" / "torch_extensions"))
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

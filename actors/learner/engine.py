@@ -159,11 +159,13 @@ class LearnerEngine:
             totals["loss"] += float(loss.detach())
             for key, v in st.items():
                 totals[key] += v
+        totals["lr"] = float(self.scheduler.get_last_lr()[0])  # the rate this step used
         self.engine.step()
         self.step += 1
         return self._step_metrics(totals, t0)
 
     def _step_metrics(self, totals: dict[str, float], t0: float) -> dict[str, float]:
+        lr = totals.pop("lr")
         g = {k: self._all_reduce_sum(v) for k, v in totals.items()}
         tokens = max(g["tokens"], 1.0)
         grad_norm = self.engine.get_global_grad_norm()
@@ -175,7 +177,7 @@ class LearnerEngine:
             "ratio_mean": g["ratio_sum"] / tokens,
             "kl": g["kl_sum"] / tokens,
             "grad_norm": float(grad_norm) if grad_norm is not None else float("nan"),
-            "lr": float(self.scheduler.get_last_lr()[0]),
+            "lr": lr,
             "rank": self.rank,
             "local_tokens": totals["tokens"],
             "param_checksum": self.param_checksum(),

@@ -75,8 +75,10 @@ def compute_advantages(groups: Sequence[Sequence[float]], *, group_std_norm: boo
 
 def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
     """log p(x_{t+1} | x_<=t) for every position: logits [B, L, V], ids [B, L] -> [B, L-1] fp32."""
-    logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
-    return logp.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+    # gather - logsumexp instead of log_softmax: one fewer [B, L, V] fp32 tensor (V ~ 152k)
+    logits = logits[:, :-1].float()
+    picked = logits.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+    return picked - torch.logsumexp(logits, dim=-1)
 
 
 def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,

@@ -101,6 +101,9 @@ class LearnerGroup:
     """N ``LearnerActor`` ranks forming one DeepSpeed world; the trainer's handle on the learner."""
 
     def __init__(self, cfg: LearnerConfig):
+        if not cfg.model_path or not Path(cfg.model_path, "config.json").is_file():
+            raise LearnerError(f"the model_path parameter of LearnerConfig must be a Hugging Face "
+                               f"model directory (with config.json), got {cfg.model_path!r}")
         self.cfg = cfg
         remote = ray.remote(LearnerActor).options(num_cpus=cfg.num_cpus_per_rank,
                                                   num_gpus=cfg.num_gpus_per_rank)

@@ -41,6 +41,7 @@ from typing import Any, Optional
 from envs.adapters.common import ImportSummary
 from envs.pool import PoolError, PoolProblem, write_pool
 from envs.spec import Check, Environment, PoolMeta, TaskSpec, ToolCall
+from sandbox.errors import SandboxError
 
 RESPOND_SCHEMA = {
     "type": "function",
@@ -197,7 +198,27 @@ def import_taubench(src: str | Path, domain: str, split: str, out: str | Path,
                       rules=_rules(dom), domain=domain)
     state_ref = f"states/{domain}_db.json"
     state = {"data": _read_database(dom / "data"), "replies": []}
-    replay = replay or _sandbox_final_state
+    own = None if replay is not None else _SandboxReplay()
+    replay = replay or own
+    try:
+        specs, summary = _convert_tasks(task_file, env, state, state_ref, domain, split, replay,
+                                        strict)
+    finally:
+        if own is not None:
+            own.close()
+    if not specs:
+        raise PoolError(summary.skipped or [PoolProblem(str(task_file), "no tasks")])
+    meta = PoolMeta(name=f"taubench-{domain}-{split}", licence="MIT",
+                    source="sierra-research/tau-bench", adapter="taubench",
+                    description=f"imported from {src}")
+    write_pool(out, meta, [env], specs, states={state_ref: state})
+    summary.environments, summary.tasks = 1, len(specs)
+    return summary
+
+
+def _convert_tasks(task_file: Path, env: Environment, state: dict[str, Any], state_ref: str,
+                   domain: str, split: str, replay: Any, strict: bool
+                   ) -> tuple[list[TaskSpec], ImportSummary]:
     summary = ImportSummary(source=str(task_file))
     specs = []
     for k, (lineno, raw) in enumerate(_read_tasks(task_file)):
@@ -218,25 +239,28 @@ def import_taubench(src: str | Path, domain: str, split: str, out: str | Path,
                 metadata={"source": "tau-bench", "domain": domain, "split": split,
                           "user_id": raw.get("user_id"), "outputs": outputs,
                           "annotator": raw.get("annotator")}))
-        except (KeyError, TypeError, ValueError) as e:
+        except (KeyError, TypeError, ValueError, SandboxError) as e:
             summary.fail(PoolProblem(str(task_file), f"bad task: {e}", line=lineno,
                                      task_id=task_id), strict)
-    if not specs:
-        raise PoolError(summary.skipped or [PoolProblem(str(task_file), "no tasks")])
-    meta = PoolMeta(name=f"taubench-{domain}-{split}", licence="MIT",
-                    source="sierra-research/tau-bench", adapter="taubench",
-                    description=f"imported from {src}")
-    write_pool(out, meta, [env], specs, states={state_ref: state})
-    summary.environments, summary.tasks = 1, len(specs)
-    return summary
+    return specs, summary
 
 
-def _sandbox_final_state(env: Environment, state: dict[str, Any],
-                         actions: list[ToolCall]) -> dict[str, Any]:
-    from sandbox.worker import SandboxWorker
+class _SandboxReplay:
+    """Runs gold actions in one sandbox worker and returns the final state."""
 
-    worker = SandboxWorker()
-    try:
-        return worker.final_state(env, state, actions, seed=0)
-    finally:
-        worker.close()
+    def __init__(self) -> None:
+        from sandbox.worker import SandboxWorker
+
+        self.worker = SandboxWorker()
+
+    def __call__(self, env: Environment, state: dict[str, Any],
+                 actions: list[ToolCall]) -> dict[str, Any]:
+        self.worker.reset(env, state, seed=0, state_key=f"{env.env_id}/db")
+        for action in actions:
+            step = self.worker.step(action.name, action.arguments)
+            if step.error:
+                raise ValueError(f"gold action {action.name} failed: {step.error}")
+        return self.worker.snapshot()
+
+    def close(self) -> None:
+        self.worker.close()

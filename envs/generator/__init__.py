@@ -1,9 +1,9 @@
 """The builtin pool generator: realistic database-backed environments and graded tasks.
 
 ``generate_pool(out_dir, n_envs, tasks_per_env, seed)`` writes a pool directory (``envs.pool``
-layout). Environment ``i`` uses domain template ``i mod 16`` (``domains``); beyond the first round
-of templates a per-environment ``Variant`` (tool-name style, id style, clock, optional tools, rules,
-brand) keeps environments distinct. Each environment gets one shared database
+layout). Environment ``i`` uses domain template ``i mod 16`` (``domains``), with its alternative
+entity vocabulary in odd rounds of templates; a per-environment ``Variant`` (tool-name style, id
+style, clock, optional tools, rules, brand) keeps environments distinct. Each environment gets one shared database
 (``states/<env_id>.json``, referenced by ``initial_state_ref``); about ``INLINE_SHARE`` of its tasks
 carry a small scenario database inline instead. Tasks come from ``tasks.make_task``.
 
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
-from envs.generator.domains import BRANDS, DOMAINS, Domain
+from envs.generator.domains import BRANDS, DOMAINS, Domain, alternative
 from envs.generator.edits import Ctx
 from envs.generator.state import build_state
 from envs.generator.tasks import make_task
@@ -47,8 +47,16 @@ def _variant(i: int, rng: random.Random) -> Variant:
         eligibility_first=rng.random() < 0.5,
         auth_resource_status=rng.random() < 0.4,
         optional=tuple(r for r in OPTIONAL_ROLES if rng.random() < 0.6),
-        brand=BRANDS[rnd % len(BRANDS)] + (str(rnd // len(BRANDS) + 1) if rnd >= len(BRANDS) else ""),
+        brand=_brand(rnd),
     )
+
+
+def _brand(rnd: int) -> str:
+    """Distinct class-name prefixes per round of templates: "", Harbor, ..., Summit1, ..."""
+    n = len(BRANDS)
+    if rnd < n:
+        return BRANDS[rnd]
+    return BRANDS[1 + rnd % (n - 1)] + str(rnd // (n - 1))
 
 
 @dataclass
@@ -83,6 +91,8 @@ def build_environment(i: int, seed: int) -> GeneratedEnv:
     """Environment ``i`` of a pool generated with ``seed``."""
     rng = random.Random(f"{seed}:{i}")
     d = DOMAINS[i % len(DOMAINS)]
+    if (i // len(DOMAINS)) % 2 == 1:
+        d = alternative(d)
     v = _variant(i, rng)
     names = tool_names(d, v)
     env = Environment(env_id=f"env_{i:03d}_{d.key}", class_name=class_name(d, v),

@@ -13,7 +13,7 @@ May import: the standard library only.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 
 @dataclass(frozen=True)
@@ -146,3 +146,24 @@ LAST_NAMES = ("Diaz", "Ho", "Okafor", "Fong", "Novak", "Schmidt", "Kowalski", "T
               "Moreau", "Silva", "Brennan", "Ivanova", "Mendes", "Larsen", "Quist", "Rahman",
               "Sato", "Bauer", "Costa", "Nguyen", "Petrov", "Weber", "Yilmaz", "Abbott", "Lindqvist",
               "Ortega", "Park", "Rossi", "Varga")
+
+# Alternative vocabulary (person word, record word) used by every other round of templates, so
+# environments past the first 16 differ in their entity names and not only in tool-name style.
+ALT_VOCAB = {
+    "hotel": ("visitor", "booking"), "clinic": ("inpatient", "stay"),
+    "library": ("patron", "checkout"), "fleet": ("operator", "dispatch"),
+    "hr": ("staffer", "posting"), "banking": ("client", "lease"),
+    "insurance": ("insured", "case"), "inventory": ("vendor", "batch"),
+    "venue": ("host", "function"), "housing": ("resident", "tenancy"),
+    "veterinary": ("client", "booking"), "coworking": ("tenant", "reservation"),
+    "carrental": ("driver", "booking"), "helpdesk": ("employee", "case"),
+    "marina": ("skipper", "berthing"), "equipment": ("customer", "contract"),
+}
+_PLURALS = {"dispatch": "dispatches", "batch": "batches", "tenancy": "tenancies"}
+
+
+def alternative(d: Domain) -> Domain:
+    """``d`` with its person and record renamed (tables, id columns, instructions, tools)."""
+    person, record = ALT_VOCAB[d.key]
+    return replace(d, person=(person, f"{person}s", d.person[2]),
+                   record=(record, _PLURALS.get(record, f"{record}s"), d.record[2]))

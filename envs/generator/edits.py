@@ -73,7 +73,8 @@ class Ctx:
         d, k = self.d, self.ids
         cid = self.pick(self.records, lambda r: r["status"] == d.record_status[0]
                         and r[k["person"]] not in self.claimed
-                        and r[k["resource"]] not in self.claimed and pred(self.persons[r[k["person"]]]))
+                        and r[k["resource"]] not in self.claimed
+                        and pred(self.persons[r[k["person"]]]))
         if cid is not None:
             self.claimed |= {self.records[cid][k["person"]], self.records[cid][k["resource"]]}
         return cid
@@ -324,7 +325,8 @@ def reactivate(ctx: Ctx) -> Optional[Edit]:
                  ("set_person_status", {k["person"]: pid, "status": "active",
                                         "acting_user_id": None})],
                 ["identifier", "authorization"],
-                [(f"{name} is active", C.field_equals(d.person[1], pid, "status", "active"), False)],
+                [(f"{name} is active", C.field_equals(d.person[1], pid, "status", "active"),
+                  False)],
                 needs_auth=True)
 
 

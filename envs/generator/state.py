@@ -85,7 +85,6 @@ def build_state(d: Domain, v: Variant, rng: random.Random, n_persons: int,
 def _records(d: Domain, rng: random.Random, seq: bool, persons: dict[str, Any],
              resources: dict[str, Any]) -> dict[str, Any]:
     """Active records on ~45% of the free resources, plus a few ended ones."""
-    k = ids(d)
     mk = _id_maker(d.record[2], seq, rng)
     free = [r for r, row in resources.items() if row["status"] == d.resource_status[0]]
     rng.shuffle(free)

@@ -36,6 +36,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None, help="HF model dir (default: the tiny policy)")
     parser.add_argument("--gpus-per-rank", type=float, default=0.0, help="0 = CPU ranks")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--address", default="local",
+                        help="Ray address: 'local' starts a private instance (default), 'auto' "
+                             "joins a running cluster")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -120,7 +123,9 @@ def run(args: argparse.Namespace) -> int:
                         f"(got {args.steps}, {args.ranks}, {args.k})")
     path = str(args.model or build_tiny_policy(seed=args.seed))
     if not ray.is_initialized():
-        ray.init(num_cpus=max(4, args.ranks + 1), include_dashboard=False, log_to_driver=False)
+        local = args.address == "local"
+        ray.init(address=args.address, include_dashboard=False if local else None,
+                 num_cpus=max(4, args.ranks + 1) if local else None, log_to_driver=False)
     engine = HFEngine(path)
     groups = _rollouts(engine, args.groups, args.k, args.gen_len, args.seed)
     cfg = LearnerConfig(model_path=path, ranks=args.ranks, zero_stage=args.zero, lr=args.lr,

@@ -34,6 +34,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="sandboxed executor pool (default) or in-process environments")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a RolloutConfig field")
+    p.add_argument("--executor-set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override an ExecutorConfig field (e.g. num_executors=4)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--address", help="Ray address (default: an embedded local Ray)")
     p.add_argument("--timeout", type=float, default=3600.0, help="seconds for the whole run")
@@ -70,6 +72,20 @@ def rollout_config(overrides: dict[str, Any], k: Optional[int]):
         raise UserError(msgs) from None
 
 
+def executor_config(overrides: dict[str, Any]) -> dict[str, Any]:
+    """Validated here so a mistake is one line at exit 2, not an actor's traceback."""
+    from pydantic import ValidationError
+
+    from actors.executor_pool import ExecutorConfig
+    from launch.cli import UserError
+
+    try:
+        return ExecutorConfig(**overrides).model_dump()
+    except ValidationError as e:
+        raise UserError("; ".join(f"executors.{'.'.join(map(str, x['loc']))}: {x['msg']} (got "
+                                  f"{x.get('input')!r})" for x in e.errors())) from None
+
+
 def ensure_ray(address: Optional[str]) -> None:
     import ray
 
@@ -81,7 +97,7 @@ def ensure_ray(address: Optional[str]) -> None:
 
 def run_groups(pool_dir: str, task_ids: list[str], engine: str, model: Optional[str], config,
                workers: int, executors: str, seed: int, timeout: float,
-               num_cpus: float = 0.5) -> tuple[list, float]:
+               executor_cfg: Optional[dict] = None, num_cpus: float = 0.5) -> tuple[list, float]:
     """Run one group per task on ``workers`` actors; returns (groups in task order, wall seconds).
     Raises TimeoutError naming the unfinished tasks when ``timeout`` passes."""
     import ray
@@ -91,7 +107,8 @@ def run_groups(pool_dir: str, task_ids: list[str], engine: str, model: Optional[
     handles = [start_rollout_worker(pool_dir, engine, num_cpus=num_cpus,
                                     num_gpus=1.0 if engine == "vllm" else 0.0, model_path=model,
                                     config=config.model_dump(), executors=executors,
-                                    name=f"rollout-{i}") for i in range(workers)]
+                                    executor_config=executor_cfg, name=f"rollout-{i}")
+               for i in range(workers)]
     try:
         ray.get([h.ping.remote() for h in handles], timeout=min(timeout, 600))
         t0 = time.perf_counter()
@@ -103,6 +120,8 @@ def run_groups(pool_dir: str, task_ids: list[str], engine: str, model: Optional[
             raise TimeoutError(f"{len(pending)} groups unfinished after {timeout} s: {missing[:5]}")
         return ray.get(refs, timeout=60), time.perf_counter() - t0
     finally:
+        stops = [h.shutdown.remote() for h in handles]
+        ray.wait(stops, num_returns=len(stops), timeout=60)
         for h in handles:
             ray.kill(h)
 
@@ -122,10 +141,11 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--tasks must be >= 0 and --workers >= 1, got {args.tasks}, "
                         f"{args.workers}")
     tasks = pool.tasks[:args.tasks] if args.tasks else pool.tasks
+    ex_cfg = executor_config(parse_overrides(args.executor_set))
     ensure_ray(args.address)
     groups, wall = run_groups(str(pool.root), [t.task_id for t in tasks], args.engine,
                               args.model, config, args.workers, args.executors, args.seed,
-                              args.timeout)
+                              args.timeout, ex_cfg)
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         with open(args.out, "w") as f:

@@ -47,7 +47,8 @@ def _check_positive_int(name: str, owner: str, value: Any, low: int = 1) -> int:
 
 
 def check_unit_interval(name: str, owner: str, value: float, open_low: bool = False) -> float:
-    ok = isinstance(value, (int, float)) and (0.0 < value <= 1.0 if open_low else 0.0 <= value <= 1.0)
+    inside = 0.0 < value <= 1.0 if open_low else 0.0 <= value <= 1.0
+    ok = isinstance(value, (int, float)) and inside
     if not ok:
         rng = "(0, 1]" if open_low else "[0, 1]"
         raise SchedulerError(f"the {name} parameter of {owner} must be a float in {rng}, "

@@ -1,4 +1,5 @@
-"""DPS — Dynamics-Predictive Sampling (Mao et al., ICLR 2026; maoyixiu/DPS ``BayesianHMMSampler``).
+"""DPS — Dynamics-Predictive Sampling (Mao et al., ICLR 2026; code: maoyixiu/DPS,
+``recipe/dps/task_sampler.py`` ``BayesianHMMSampler``).
 
 Each task's solve state is a 3-state Markov chain, z in {0: unsolved (p = 0), 1: partial
 (0 < p < 1), 2: solved (p = 1)}, observed exactly when the task is rolled out. Per task:
@@ -90,7 +91,8 @@ class DPSScheduler(PoolScheduler):
         self.candidate_factor = candidate_factor
         self.lam = check_unit_interval("lam", "DPSScheduler", lam)
         if not alpha0 > 0:
-            raise SchedulerError(f"the alpha0 parameter of DPSScheduler must be > 0, got {alpha0!r}")
+            raise SchedulerError(f"the alpha0 parameter of DPSScheduler must be > 0, "
+                                 f"got {alpha0!r}")
         self.alpha0 = float(alpha0)
         self.A = np.full((self.n, 3, 3), self.alpha0)
         self.mu_post = np.full((self.n, 3), 1.0 / 3.0)

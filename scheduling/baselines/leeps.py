@@ -24,9 +24,9 @@ Chosen defaults: K = 8 neighbours, W = 8 steps, min_share = 0.25, ema = 0.1.
 
 Fractional rewards: p_j = the group's MEAN reward; "non-trivial" = rewards not all equal.
 
-Scale: cosine neighbours are read from precomputed top-M lists (M = 64, chunked sparse products,
-never an n x n matrix); rows whose list holds fewer than K observed tasks while other positive-cosine
-tasks exist fall back to an exact product against the observed tasks.
+Scale: cosine neighbours are read from precomputed top-M lists (M = 256, or 64 above 20k tasks;
+chunked sparse products, never an n x n matrix); rows whose list holds fewer than K observed tasks
+while other positive-cosine tasks exist fall back to an exact product against the observed tasks.
 
 Phases in ``Batch``: exploit picks are "exploitation", explore picks "coverage".
 
@@ -44,7 +44,9 @@ import scipy.sparse as sp
 from scheduling.base import Batch, GroupResult, SchedulerError, TaskInfo
 from scheduling.baselines.common import PoolScheduler, check_unit_interval, is_nontrivial
 
-LIST_LEN = 64
+LIST_LEN = 256
+LIST_LEN_LARGE = 64
+LARGE_POOL = 20_000
 
 
 def nontrivial_probability(p: np.ndarray, k: int) -> np.ndarray:
@@ -66,10 +68,13 @@ def _normalise(H: Any) -> sp.csr_matrix:
     return sp.csr_matrix(sp.diags(1.0 / norms) @ H)
 
 
-def neighbour_lists(H: sp.csr_matrix, m: int = LIST_LEN) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def neighbour_lists(H: sp.csr_matrix, m: Optional[int] = None
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Top-m positive-cosine neighbours of every row (self excluded): idx (-1 padded), sim,
-    complete (the list holds every positive-cosine neighbour)."""
+    complete (the list holds every positive-cosine neighbour). Default m: 256, or 64 above 20k
+    tasks (memory)."""
     n = H.shape[0]
+    m = (LIST_LEN if n <= LARGE_POOL else LIST_LEN_LARGE) if m is None else m
     m = max(1, min(m, n - 1))
     idx = np.full((n, m), -1, dtype=np.int64)
     sim = np.zeros((n, m))
@@ -96,7 +101,8 @@ class LEEPSScheduler(PoolScheduler):
 
     def __init__(self, tasks: Sequence[TaskInfo], batch_size: int = 64, rollouts: int = 8,
                  seed: int = 0, embedding: Optional[Any] = None, neighbors: int = 8,
-                 window: int = 8, min_share: float = 0.25, ema: float = 0.1) -> None:
+                 window: int = 8, min_share: float = 0.25, ema: float = 0.1,
+                 lists: Optional[tuple[np.ndarray, np.ndarray, np.ndarray]] = None) -> None:
         super().__init__(tasks, batch_size, rollouts, seed)
         for nm, v in (("neighbors", neighbors), ("window", window)):
             if not isinstance(v, int) or v < 1:
@@ -113,7 +119,8 @@ class LEEPSScheduler(PoolScheduler):
             raise SchedulerError(f"LEEPSScheduler: embedding has {H.shape[0]} rows for "
                                  f"{self.n} tasks (rows must follow the task order)")
         self.H = _normalise(H)
-        self.nb_idx, self.nb_sim, self.nb_complete = neighbour_lists(self.H)
+        # ``lists``: precomputed ``neighbour_lists(embedding)`` to share between runs
+        self.nb_idx, self.nb_sim, self.nb_complete = lists or neighbour_lists(self.H)
         self.last_mean = np.full(self.n, np.nan)
         self.last_nontrivial = np.zeros(self.n, dtype=bool)
         self.last_step = np.full(self.n, -1, dtype=np.int64)

@@ -43,21 +43,21 @@ class SimParams:
     """Every constant of the dynamics; chosen once (docs/simulator.md), never per scheduler."""
 
     rollouts: int = 8
-    b0: float = 1.0
-    beta: float = 3.0
-    sd_env: float = 0.8
+    b0: float = 2.0
+    beta: float = 4.0
+    sd_env: float = 1.2
     sd_pat: float = 0.5
-    sd_task: float = 0.8
-    tau: float = 1.5
+    sd_task: float = 2.5
+    tau: float = 0.6
     gate_bias: float = 1.0
     check_bias: float = 0.5
-    gain_env: float = 0.35
+    gain_env: float = 0.15
     scale_env: float = 4.0
-    gain_pat: float = 0.25
+    gain_pat: float = 0.12
     scale_pat: float = 20.0
-    gain_task: float = 0.8
-    scale_task: float = 0.5
-    gain_gate: float = 0.15
+    gain_task: float = 0.3
+    scale_task: float = 1.0
+    gain_gate: float = 0.06
     scale_gate: float = 50.0
     quad_nodes: int = 16
 

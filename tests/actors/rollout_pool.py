@@ -81,3 +81,18 @@ TASKS = [
 def make_notes_pool(root: Path):
     write_pool(root, PoolMeta(name="notes-test"), [ENV], TASKS, {"states/notes.json": STATE})
     return load_pool(root)
+
+
+FRAGILE = Environment(
+    env_id="fragile", class_name="Fragile",
+    source="class Fragile:\n    def explode(self):\n        import os\n        os._exit(3)\n",
+    tools=[_tool("explode", [], [])], introduction="A tool that kills its process.")
+
+
+def make_fragile_pool(root: Path):
+    """One task whose only tool kills the sandbox process: every episode ends ``env_error``."""
+    task = TaskSpec(task_id="fragile-1", env_id="fragile", instruction="Press the button.",
+                    initial_state={}, checks=[_check("never", "False")],
+                    reference_solution=[ToolCall(name="explode")])
+    write_pool(root, PoolMeta(name="fragile-test"), [FRAGILE], [task])
+    return load_pool(root)

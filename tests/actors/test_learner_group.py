@@ -78,6 +78,15 @@ def test_two_zero2_ranks_report_identical_loss_and_keep_identical_weights(learne
     assert c0 == pytest.approx(c1, abs=1e-9)
     assert metrics["tokens"] == sum(sum(t.loss_mask[1:]) for g in groups for t in g.trajectories)
     assert metrics["grad_norm"] > 0
+    assert metrics["lr"] == pytest.approx(2e-3)  # no warm-up: the cosine starts at the peak
+
+
+def test_group_refuses_a_missing_model_directory(ray_local, tmp_path):
+    from actors.learner.config import LearnerConfig
+    from actors.learner.learner_actor import LearnerError, LearnerGroup
+
+    with pytest.raises(LearnerError, match="model_path.*config.json"):
+        LearnerGroup(LearnerConfig(model_path=str(tmp_path)))
 
 
 def test_repeated_updates_raise_high_and_lower_low_advantage_logprobs(learner, groups):
@@ -156,3 +165,53 @@ def test_checkpoint_restores_weights_and_step_and_export_loads_in_hf(learner, gr
     hf = torch.log_softmax(logits, -1)[torch.arange(len(ids) - 1), ids[1:]].tolist()
     ours = learner.logprobs([fixed])[0][1:]
     assert max(abs(x - y) for x, y in zip(hf, ours)) < LOGPROB_TOL
+
+
+def test_auto_sync_picks_object_store_for_engines_without_nccl():
+    from actors.learner.weight_sync import NCCLSync, ObjectStoreSync, make_weight_sync
+
+    class Local:
+        def update_weights(self, named_tensors, version):
+            pass
+
+    class Remote:  # a vLLM engine actor's shape: methods with .remote
+        class _M:
+            def remote(self, *a):
+                raise AssertionError("not called here")
+        receive_weights = update_weights = _M()
+
+    assert isinstance(make_weight_sync([Local()]), ObjectStoreSync)
+    assert isinstance(make_weight_sync([Remote()]), NCCLSync)
+    assert isinstance(make_weight_sync([Remote()], "object_store"), ObjectStoreSync)
+    with pytest.raises(ValueError, match="auto, nccl or object_store"):
+        make_weight_sync([Local()], "gloo")
+
+
+def test_one_rank_and_two_zero3_ranks_take_the_same_step(ray_local, groups, policy_path):
+    """The loss normaliser makes a step independent of sharding, micro-batching and ZeRO stage."""
+    import copy
+
+    import ray
+
+    from actors.learner.config import LearnerConfig
+    from actors.learner.learner_actor import LearnerGroup
+
+    fixed = copy.deepcopy(groups)
+    trajs = [t for g in fixed for t in g.trajectories]
+    results = []
+    for ranks, zero, micro in ((1, 0, 3), (2, 3, 2)):
+        cfg = LearnerConfig(model_path=policy_path, ranks=ranks, zero_stage=zero, lr=2e-3,
+                            warmup_steps=0, total_steps=100, micro_batch_size=micro,
+                            num_cpus_per_rank=0.25)
+        group = LearnerGroup(cfg)
+        try:
+            loss = group.train_step(fixed)["loss"]
+            state = ray.get(group.state_dict_ref(), timeout=120)
+            results.append((loss, group.logprobs(trajs[:2]), state))
+        finally:
+            group.shutdown()
+    (l1, lp1, s1), (l2, lp2, s2) = results
+    assert l1 == pytest.approx(l2, abs=1e-6)
+    assert max(abs(a - b) for x, y in zip(lp1, lp2) for a, b in zip(x, y)) < LOGPROB_TOL
+    assert set(s1) == set(s2)
+    assert max(float((s1[k] - s2[k]).abs().max()) for k in s1) < 1e-5

@@ -15,8 +15,10 @@ from envs.generator import generate_pool
 from envs.pool import load_pool
 from envs.trajectory import Group
 from launch.cli import main
+from rollout_pool import make_fragile_pool, make_notes_pool
 
-EXECUTORS = "inprocess"
+EXECUTORS = "pool"  # the sandboxed ExecutorPool, owned by each worker
+EXECUTOR_CONFIG = {"num_executors": 1, "workers_per_executor": 2, "num_cpus_per_executor": 0.25}
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +28,8 @@ def gen_pool(tmp_path_factory):
 
 def test_scripted_worker_returns_complete_groups_with_reward_one(ray_local, gen_pool):
     worker = start_rollout_worker(str(gen_pool.root), "scripted", num_cpus=0.5,
-                                  executors=EXECUTORS, config={"k": 3})
+                                  executors=EXECUTORS, executor_config=EXECUTOR_CONFIG,
+                                  config={"k": 3})
     ids = [t.task_id for t in gen_pool.tasks]
     groups = ray_local.get([worker.run_group.remote(t, 4, seed=9) for t in ids], timeout=300)
     assert [g.task_id for g in groups] == ids and all(g.step == 4 for g in groups)
@@ -40,23 +43,41 @@ def test_scripted_worker_returns_complete_groups_with_reward_one(ray_local, gen_
     ray_local.kill(worker)
 
 
-def test_hf_worker_groups_are_complete_aligned_and_follow_weight_updates(ray_local, gen_pool):
-    cfg = {"k": 3, "max_turns": 2, "max_tokens_per_turn": 12, "max_tokens_per_sequence": 4000}
-    worker = start_rollout_worker(str(gen_pool.root), "hf", num_cpus=0.5, executors=EXECUTORS,
-                                  config=cfg)
-    ids = [t.task_id for t in gen_pool.tasks[:2]]
+def test_hf_worker_groups_are_complete_aligned_and_follow_weight_updates(ray_local, tmp_path):
+    # the small notes pool keeps prompts short: a CPU forward over a generated pool's 2.7k-token
+    # prompt costs ~1 s per turn here
+    pool = make_notes_pool(tmp_path)
+    cfg = {"k": 2, "max_turns": 2, "max_tokens_per_turn": 12, "max_tokens_per_sequence": 600}
+    worker = start_rollout_worker(str(pool.root), "hf", num_cpus=0.5, executors=EXECUTORS,
+                                  executor_config=EXECUTOR_CONFIG, config=cfg)
+    ids = [t.task_id for t in pool.tasks[:2]]
     groups = ray_local.get([worker.run_group.remote(t, 0) for t in ids], timeout=300)
     for g in groups:
-        assert len(g.trajectories) == 3
+        assert len(g.trajectories) == 2
         for t in g.trajectories:
-            assert len(t.token_ids) == len(t.logprobs) == len(t.loss_mask) <= 4000
+            assert len(t.token_ids) == len(t.logprobs) == len(t.loss_mask) <= 600
             assert t.info["generated_tokens"] == sum(t.loss_mask) <= 12 * 3
             assert t.policy_version == 0 and t.status in ("ok", "truncated")
     model, _ = load_policy(build_tiny_policy())
     state = {k: v * 1.5 if k == "model.norm.weight" else v for k, v in model.state_dict().items()}
     assert ray_local.get(worker.update_weights.remote(ray_local.put(state), 7), timeout=60) == 7
     group = ray_local.get(worker.run_group.remote(ids[0], 1), timeout=300)
-    assert [t.policy_version for t in group.trajectories] == [7, 7, 7]
+    assert [t.policy_version for t in group.trajectories] == [7, 7]
+    ray_local.kill(worker)
+
+
+def test_crashing_sandbox_episodes_are_retried_then_kept_with_their_status(ray_local, tmp_path):
+    pool = make_fragile_pool(tmp_path)
+    worker = start_rollout_worker(str(pool.root), "scripted", num_cpus=0.5, executors=EXECUTORS,
+                                  executor_config=EXECUTOR_CONFIG,
+                                  config={"k": 2, "episode_retries": 1})
+    group = ray_local.get(worker.run_group.remote("fragile-1", 0), timeout=300)
+    assert len(group.trajectories) == 2
+    for t in group.trajectories:
+        assert (t.status, t.reward, t.info["attempts"]) == ("env_error", 0.0, 2)
+        assert len(t.info["failed_attempts"]) == 2 and "crash" in t.info["error"]
+    metrics = ray_local.get(worker.metrics.remote(), timeout=30)
+    assert (metrics["retries"], metrics["status_env_error"]) == (2, 2)
     ray_local.kill(worker)
 
 
@@ -64,7 +85,8 @@ def test_rollout_command_writes_groups_and_prints_the_summary(ray_local, gen_poo
                                                               capsys):
     out = tmp_path / "groups.jsonl"
     rc = main(["rollout", "--pool", str(gen_pool.root), "--engine", "scripted", "--tasks", "2",
-               "--k", "2", "--out", str(out), "--executors", EXECUTORS, "--json"])
+               "--k", "2", "--out", str(out), "--executor-set", "num_executors=1",
+               "--executor-set", "num_cpus_per_executor=0.25", "--json"])
     assert rc == 0
     groups = [Group.from_dict(json.loads(line)) for line in out.read_text().splitlines()]
     assert [g.task_id for g in groups] == [t.task_id for t in gen_pool.tasks[:2]]

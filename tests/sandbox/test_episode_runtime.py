@@ -111,14 +111,22 @@ def test_reward_is_fraction_passed_and_bad_checks_count_zero():
     assert result.checks[2].error == "check_func returned int, not bool"
 
 
-def test_check_cannot_corrupt_state_or_initial_state():
+def test_initial_state_is_a_fresh_copy_for_every_verify():
     rt = EpisodeRuntime(ORDER_DESK)
     rt.reset(ORDER_DESK_STATE, seed=0)
     vandal = Check(check_id="v", code="def check_func(final_state):\n"
-                   "    final_state['orders'].clear(); initial_state['orders'].clear()\n"
-                   "    return True\n")
+                   "    initial_state['orders'].clear()\n    return True\n")
     rt.verify([vandal])
-    assert rt.verify(ORDER_DESK_CHECKS[2:3]).reward == 1.0
+    assert rt.verify(ORDER_DESK_CHECKS[:1]).reward == 0.0  # 1 order vs 1 + 1 expected
+    assert rt.initial_snapshot()["orders"]["o-100"]["item"] == "lamp"
+
+
+def test_steps_after_verify_still_diff_correctly():
+    rt = EpisodeRuntime(ORDER_DESK)
+    rt.reset(ORDER_DESK_STATE, seed=0)
+    rt.verify(ORDER_DESK_CHECKS)
+    step = rt.step("cancel_order", {"order_id": "o-100"})
+    assert list(step.state_diff["removed"]) == ["/orders/o-100"]
 
 
 def test_hanging_check_times_out_alone():

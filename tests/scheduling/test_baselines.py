@@ -1,5 +1,6 @@
 """Baseline schedulers: each update rule against hand-worked numbers, and the Scheduler contract
-(B distinct eligible ids, late out-of-order groups, bit-exact state round trip, explain, metrics)."""
+(B distinct eligible ids, late out-of-order groups, bit-exact state round trip, explain,
+metrics)."""
 
 from __future__ import annotations
 

@@ -12,8 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from scheduling.base import SchedulerError
-from scheduling.batch import (ExposureState, build_batch, cold_start_batch, max_similarity,
-                              penalised_argmax, sort_desc)
+from scheduling.batch import (BatchPenalty, ExposureState, build_batch, cold_start_batch,
+                              max_similarity, penalised_argmax, sort_desc)
 from scheduling.config import EnvSchedConfig
 
 CFG = EnvSchedConfig()
@@ -26,13 +26,15 @@ def _unit_rows(rows):
 
 def test_eq5_similarity_penalty_changes_the_argmax():
     # S(0,1) = 1 (same direction), S(0,2) = 0
-    g = SimpleNamespace(X_full=_unit_rows([[1, 0], [1, 0], [0, 1]]))
+    g = SimpleNamespace(X_full=_unit_rows([[1, 0], [1, 0], [0, 1]]), n=3)
     score = np.array([0.0, 0.90, 0.85])
     cands = sort_desc(np.array([1, 2]), score)
-    assert penalised_argmax(cands, score, [], g, 0.08) == (1, 0.0)        # empty batch: no penalty
-    i, pen = penalised_argmax(cands, score, [0], g, 0.08)                 # 0.90-0.08 < 0.85-0
-    assert (i, pen) == (2, 0.0)
-    i, pen = penalised_argmax(cands, score, [0], g, 0.04)                 # 0.86 > 0.85
+    pen = BatchPenalty(g)
+    assert penalised_argmax(cands, score, pen, 0.08) == (1, 0.0)          # empty batch: no penalty
+    pen.add(0)
+    i, p = penalised_argmax(cands, score, pen, 0.08)                      # 0.90-0.08 < 0.85-0
+    assert (i, p) == (2, 0.0)
+    i, pen = penalised_argmax(cands, score, pen, 0.04)                    # 0.86 > 0.85
     assert i == 1 and pen == pytest.approx(0.04)
 
 
@@ -42,7 +44,12 @@ def test_eq5_argmax_matches_brute_force_beyond_first_prefix():
     score = rng.random(g.n) * 0.05                     # penalties dominate: the prefix must grow
     batch = [0, 41, 90]
     cands = sort_desc(np.setdiff1d(np.arange(g.n), batch), score)
-    i, pen = penalised_argmax(cands, score, batch, g, 0.08)
+    penalty = BatchPenalty(g)
+    penalty.add(0)
+    penalty.get(np.arange(g.n))                        # cached against the first member only
+    for j in batch[1:]:
+        penalty.add(j)
+    i, pen = penalised_argmax(cands, score, penalty, 0.08)
     S = g._S["within"]
     val = score - 0.08 * S[:, batch].max(axis=1)
     val[batch] = -np.inf

@@ -9,6 +9,8 @@
 - ``update_weights(named_tensors, version)``: load a (possibly partial) state dict in place, then
   publish ``version``; unknown names or shape mismatches raise ``WeightUpdateError`` and leave the
   version unchanged.
+- ``await aupdate_weights(named_tensors, version)``: the same from the engine's event loop (the
+  default runs ``update_weights`` in a thread so the loop keeps serving other episodes).
 - ``version``: the policy version of the weights that produced the next generation.
 
 Engines are safe for many concurrent ``generate`` calls from one asyncio loop.
@@ -72,6 +74,11 @@ class Engine(abc.ABC):
 
     @abc.abstractmethod
     def update_weights(self, named_tensors: dict[str, Any], version: int) -> None: ...
+
+    async def aupdate_weights(self, named_tensors: dict[str, Any], version: int) -> None:
+        import asyncio
+
+        await asyncio.to_thread(self.update_weights, named_tensors, version)
 
     def close(self) -> None:
         """Release the engine's resources (GPU memory, background loops)."""

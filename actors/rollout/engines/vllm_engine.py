@@ -1,0 +1,147 @@
+"""The vLLM engine for GPUs: ``AsyncLLM`` (vLLM V1) with token-id prompts, continuous batching of
+every concurrent episode, the sampled tokens' log-probs, and in-place weight updates.
+
+- ``generate`` submits ``TokensPrompt(prompt_token_ids)`` with ``logprobs=0`` (the sampled token's
+  log-prob only, from the raw temperature-1 distribution: vLLM's default ``raw_logprobs``) and
+  ``detokenize=False``; the scheduler batches all in-flight requests of all episodes. The stop
+  token (``<|im_end|>``) is the last returned token id when ``finish_reason == "stop"``.
+- Prefix caching is on: the K episodes of a group share their prompt, and every turn resends the
+  episode's sequence.
+- Weights never change under a running generation: an update closes the gate for new requests,
+  waits for in-flight ones, loads, resets the prefix cache, publishes the version, reopens.
+  Two paths: ``update_weights(named_tensors, version)`` (object store; tensors travel to the
+  workers through ``collective_rpc``) and the NCCL contract of ``actors.learner.weight_sync``
+  (``num_sync_workers``, ``init_weight_sync``, ``receive_weights``), served by the learner's
+  ``VLLMWorkerExtension`` loaded into every vLLM worker.
+- ``aupdate_weights`` runs on the engine's event loop (the RolloutWorker calls it); the
+  synchronous ``update_weights`` hands it to that loop with ``run_coroutine_threadsafe`` and so
+  must be called from another thread while the loop runs.
+
+Importable without vllm: vllm is imported in ``__init__`` only. Tested by ``-m gpu``.
+
+May import: vllm, torch (inside methods), actors.rollout.engines.base, the standard library.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from typing import Any, Optional
+
+from actors.rollout.engines.base import Engine, Generation, SamplingParams
+
+WORKER_EXTENSION = "actors.learner.weight_sync.VLLMWorkerExtension"
+
+
+def _load_named_tensors(worker, items: list) -> int:
+    """Runs inside each vLLM worker (``collective_rpc`` passes the worker as ``self``)."""
+    worker.model_runner.model.load_weights(
+        weights=[(name, tensor.to(worker.device)) for name, tensor in items])
+    return len(items)
+
+
+class VLLMEngine(Engine):
+    def __init__(self, model_path: str, gpu_memory_utilization: float = 0.85,
+                 max_model_len: int = 32768, tensor_parallel_size: int = 1, dtype: str = "auto",
+                 enforce_eager: bool = False, seed: int = 0, update_timeout_s: float = 600.0,
+                 **engine_args: Any):
+        super().__init__()
+        from vllm import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        if not model_path:
+            raise ValueError("VLLMEngine needs a model path")
+        args = AsyncEngineArgs(model=str(model_path), tokenizer=str(model_path),
+                               gpu_memory_utilization=gpu_memory_utilization,
+                               max_model_len=max_model_len,
+                               tensor_parallel_size=tensor_parallel_size, dtype=dtype,
+                               enforce_eager=enforce_eager, seed=seed,
+                               enable_prefix_caching=True,
+                               worker_extension_cls=WORKER_EXTENSION, **engine_args)
+        self.llm = AsyncLLM.from_engine_args(args)
+        self.model_path = str(model_path)
+        self.tensor_parallel_size = tensor_parallel_size
+        self.update_timeout_s = update_timeout_s
+        self._ids = itertools.count()
+        self._loop: Optional[asyncio.AbstractEventLoop] = None
+        self._gate: Optional[asyncio.Event] = None
+        self._idle: Optional[asyncio.Condition] = None
+        self._inflight = 0
+
+    def _bind_loop(self) -> None:
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop()
+            self._gate, self._idle = asyncio.Event(), asyncio.Condition()
+            self._gate.set()
+
+    async def generate(self, prompt_token_ids: list[int], sampling: SamplingParams,
+                       task_id: Optional[str] = None) -> Generation:
+        from vllm import SamplingParams as VLLMSampling
+        from vllm.inputs import TokensPrompt
+
+        self._bind_loop()
+        params = VLLMSampling(max_tokens=sampling.max_tokens, temperature=sampling.temperature,
+                              top_p=sampling.top_p,
+                              top_k=sampling.top_k if sampling.top_k > 0 else -1,
+                              seed=sampling.seed, logprobs=0, detokenize=False,
+                              stop_token_ids=list(sampling.stop_token_ids) or None)
+        await self._gate.wait()
+        self._inflight += 1
+        try:
+            final = None
+            async for out in self.llm.generate(TokensPrompt(prompt_token_ids=list(prompt_token_ids)),
+                                               params, request_id=f"gen-{next(self._ids)}"):
+                final = out
+        finally:
+            async with self._idle:
+                self._inflight -= 1
+                self._idle.notify_all()
+        comp = final.outputs[0]
+        tokens = list(comp.token_ids)
+        logprobs = [step[tok].logprob for tok, step in zip(tokens, comp.logprobs)]
+        return Generation(tokens, logprobs, "stop" if comp.finish_reason == "stop" else "length")
+
+    async def _exclusive(self, load, version: int, wait_idle: bool = True) -> int:
+        """Run ``load()`` with no generation in flight (when ``wait_idle``), then publish."""
+        self._bind_loop()
+        self._gate.clear()
+        try:
+            if wait_idle:
+                async with self._idle:
+                    await self._idle.wait_for(lambda: self._inflight == 0)
+            await load()
+            await self.llm.reset_prefix_cache()
+            self._version = int(version)
+        finally:
+            self._gate.set()
+        return self._version
+
+    async def aupdate_weights(self, named_tensors: dict[str, Any], version: int) -> None:
+        items = [(name, tensor.detach().cpu()) for name, tensor in named_tensors.items()]
+
+        async def load():
+            await self.llm.collective_rpc(_load_named_tensors, args=(items,))
+
+        await self._exclusive(load, version)
+
+    def update_weights(self, named_tensors: dict[str, Any], version: int) -> None:
+        if self._loop is None or self._loop.is_closed():
+            raise RuntimeError("VLLMEngine.update_weights: call it from a thread while the event "
+                               "loop that runs generate() is alive (asyncio.to_thread)")
+        asyncio.run_coroutine_threadsafe(self.aupdate_weights(named_tensors, version),
+                                         self._loop).result(timeout=self.update_timeout_s)
+
+    def num_sync_workers(self) -> int:
+        return self.tensor_parallel_size
+
+    async def init_weight_sync(self, addr: str, port: int, rank_offset: int, world: int) -> None:
+        await self.llm.collective_rpc("init_weight_sync", args=(addr, port, rank_offset, world))
+
+    async def receive_weights(self, meta: list, version: int, wait_idle: bool = True) -> int:
+        async def load():
+            await self.llm.collective_rpc("receive_weights", args=(meta, version))
+
+        return await self._exclusive(load, version, wait_idle)
+
+    def close(self) -> None:
+        self.llm.shutdown()

@@ -1,0 +1,52 @@
+"""LLM operation-description pre-pass: envsched graph describe --pool DIR --endpoint URL --model NAME
+
+Asks an OpenAI-compatible server (e.g. `vllm serve MODEL` -> http://HOST:8000/v1) for each task's
+structured operation description (Appendix E), validates and caches every answer, falls back to
+the static extractor with a logged reason, and writes ``DIR/op_descriptions.jsonl`` (or --out),
+which ``envsched graph build`` then uses instead of the static extractor.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--pool", required=True, help="pool directory")
+    parser.add_argument("--endpoint", required=True,
+                        help="OpenAI-compatible base URL, e.g. http://localhost:8000/v1")
+    parser.add_argument("--model", required=True, help="model name as the server knows it")
+    parser.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"),
+                        help="bearer token (default: $OPENAI_API_KEY; vLLM needs none)")
+    parser.add_argument("--out", default=None, help="default: POOL/op_descriptions.jsonl")
+    parser.add_argument("--cache", default=None,
+                        help="answer cache (default: POOL/.cache/op_descriptions_cache.jsonl)")
+    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--retries", type=int, default=2)
+    parser.add_argument("--timeout", type=float, default=120.0, help="seconds per request")
+    parser.add_argument("--json-mode", choices=("json_schema", "json_object"),
+                        default="json_schema")
+    parser.add_argument("--max-tokens", type=int, default=2048)
+    parser.add_argument("--no-progress", action="store_true")
+
+
+def run(args: argparse.Namespace) -> int:
+    from envs.opdesc_llm import LLMDescriber, write_descriptions
+    from envs.pool import load_pool
+
+    pool = load_pool(args.pool)
+    root = Path(args.pool)
+    describer = LLMDescriber(args.endpoint, args.model, api_key=args.api_key,
+                             cache_path=args.cache or root / ".cache" / "op_descriptions_cache.jsonl",
+                             concurrency=args.concurrency, retries=args.retries,
+                             timeout_s=args.timeout, json_mode=args.json_mode,
+                             max_tokens=args.max_tokens)
+    descriptions, stats = describer.describe_pool(pool, progress=not args.no_progress)
+    out = write_descriptions(args.out or root / "op_descriptions.jsonl", descriptions)
+    print(f"{len(descriptions)} tasks: {stats.summary()}")
+    for task_id, reason in list(stats.reasons.items())[:20]:
+        print(f"  fallback {task_id}: {reason}")
+    print(f"wrote {out}")
+    return 0

@@ -1,0 +1,106 @@
+"""Pool tools: envsched pool validate|generate (and import, when its module is present).
+
+``envsched pool validate DIR [--strict/--no-strict] [--json]`` loads a pool, checks tool schemas
+and checks statically, then loads every environment and replays every reference solution inside
+the sandbox (``envs.validate``). Exit status: 0 valid, 1 problems found (listed; bad tasks are
+skipped), 2 with ``--strict`` at the first problem (one line naming file, line and task id).
+
+``envsched pool generate --out DIR --envs N --tasks-per-env M --seed S`` writes a builtin pool
+(``envs.generator``).
+
+Sub-commands are registered in ``SUBCOMMANDS`` (defined here) and ``EXTERNAL`` (a module with
+``add_arguments(parser)`` and ``run(args) -> int``, loaded only if it exists), so ``pool import``
+lives in ``launch/commands/pool_import.py`` without touching this file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from launch.cli import UserError, _load
+
+EXTERNAL = {"import": "launch.commands.pool_import"}
+
+
+def _validate_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("dir", type=Path, help="pool directory")
+    p.add_argument("--strict", action=argparse.BooleanOptionalAction, default=False,
+                   help="abort at the first bad task (default: skip and list bad tasks)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--seed", type=int, default=0, help="episode seed for the replays")
+
+
+def _validate_run(args: argparse.Namespace) -> int:
+    from envs.validate import validate_pool
+
+    def progress(done: int, total: int) -> None:
+        if done == total or done % 500 == 0:
+            print(f"\rchecked {done}/{total} tasks", end="\n" if done == total else "",
+                  file=sys.stderr, flush=True)
+
+    tty = sys.stderr.isatty() and not args.json
+    report = validate_pool(args.dir, strict=args.strict, seed=args.seed,
+                           progress=progress if tty else None)
+    print(json.dumps(report.to_dict(), indent=1) if args.json else report.format())
+    return 0 if report.ok else 1
+
+
+def _generate_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", type=Path, required=True, help="directory to write the pool to")
+    p.add_argument("--envs", type=int, default=51, help="number of environments (default 51)")
+    p.add_argument("--tasks-per-env", type=int, default=50, help="tasks per environment")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--name", default=None, help="pool name for pool.yaml")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing pool at --out")
+
+
+def _generate_run(args: argparse.Namespace) -> int:
+    from envs.generator import generate_pool
+
+    if args.envs < 1 or args.tasks_per_env < 1:
+        raise UserError(f"--envs and --tasks-per-env must be >= 1, got {args.envs} and "
+                        f"{args.tasks_per_env}")
+    if (args.out / "pool.yaml").exists() and not args.overwrite:
+        raise UserError(f"{args.out} already holds a pool; pass --overwrite to replace it")
+    if args.overwrite and (args.out / "environments").is_dir():
+        import shutil
+
+        for sub in ("environments", "states"):
+            shutil.rmtree(args.out / sub, ignore_errors=True)
+    t0 = time.perf_counter()
+    generate_pool(args.out, args.envs, args.tasks_per_env, args.seed, name=args.name)
+    print(f"wrote {args.envs} environments x {args.tasks_per_env} tasks to {args.out} "
+          f"in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+    return 0
+
+
+SUBCOMMANDS = {
+    "validate": (_validate_arguments, _validate_run,
+                 "check a pool (sandboxed replay of reference solutions)"),
+    "generate": (_generate_arguments, _generate_run,
+                 "write a builtin pool of generated environments"),
+}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="pool_command", required=True)
+    for name, (add, run_fn, help_) in SUBCOMMANDS.items():
+        p = sub.add_parser(name, help=help_)
+        add(p)
+        p.set_defaults(_pool_run=run_fn)
+    for name, module in EXTERNAL.items():
+        mod = _load(module)
+        if mod is None:
+            continue
+        p = sub.add_parser(name, help=(mod.__doc__ or name).strip().splitlines()[0],
+                           description=mod.__doc__)
+        mod.add_arguments(p)
+        p.set_defaults(_pool_run=mod.run)
+
+
+def run(args: argparse.Namespace) -> int:
+    return args._pool_run(args)

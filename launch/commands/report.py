@@ -1,0 +1,81 @@
+"""Render PNG plots of a run: envsched report RUN_DIR [--out DIR]
+
+Reads RUN_DIR/metrics.jsonl and writes (default RUN_DIR/report/): reward.png (batch mean reward
+and mean within-group variance per step), scheduler.png (environments and tools per batch, phase
+split, predicted vs realised variance), system.png (per-phase timings, learner idle share,
+staleness, executor share), plus summary.json (is mean reward rising: first vs last third).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+PANELS = {
+    "reward.png": [("reward", ["reward_mean"]), ("within-group variance", ["reward_var_mean"]),
+                   ("zero-variance groups", ["zero_var_share"])],
+    "scheduler.png": [("diversity", ["envs_per_batch", "tools_per_batch"]),
+                      ("phase split", ["phase_cold-start", "phase_coverage",
+                                       "phase_exploitation"]),
+                      ("variance: predicted vs realised", ["pred_var_mean",
+                                                           "pred_var_realised_mean"]),
+                      ("filtered tasks", ["scheduler_excluded", "filter_filtered"])],
+    "system.png": [("seconds per step", ["time_step_s", "time_learner_s", "time_sync_s",
+                                         "time_rollout_wait_s", "time_scheduler_s"]),
+                   ("learner idle share", ["learner_idle_share"]),
+                   ("staleness", ["staleness_mean", "staleness_max"]),
+                   ("executor share of episode time", ["executor_share"])],
+}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run_dir", help="a run directory written by envsched train")
+    parser.add_argument("--out", default=None, help="output directory (default RUN_DIR/report)")
+
+
+def render(run_dir: Path, out: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from launch.metrics import read_metrics
+
+    rows = read_metrics(run_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, panels in PANELS.items():
+        fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.2))
+        for ax, (title, keys) in zip(axes, panels):
+            for key in keys:
+                pts = [(r["step"], r[key]) for r in rows if r.get(key) is not None]
+                if pts:
+                    ax.plot(*zip(*pts), marker=".", label=key)
+            ax.set_title(title, fontsize=9)
+            ax.set_xlabel("step")
+            if ax.get_legend_handles_labels()[0]:
+                ax.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(out / name, dpi=90)
+        plt.close(fig)
+        written.append(out / name)
+    return written
+
+
+def run(args: argparse.Namespace) -> int:
+    from launch.cli import UserError
+    from launch.metrics import read_metrics, summarize
+
+    run_dir = Path(args.run_dir)
+    out = Path(args.out) if args.out else run_dir / "report"
+    try:
+        summary = summarize(read_metrics(run_dir))
+    except (FileNotFoundError, ValueError) as e:
+        raise UserError(str(e)) from None
+    if not summary:
+        raise UserError(f"{run_dir}/metrics.jsonl has no steps yet")
+    written = render(run_dir, out)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    print(json.dumps({"plots": [str(p) for p in written], **summary}, indent=2))
+    return 0

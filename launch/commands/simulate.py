@@ -1,0 +1,129 @@
+"""Compare task schedulers in the learning-dynamics simulator and write a Table 2/3/4-style report.
+
+    envsched simulate [--pool DIR] [--schedulers envsched,random,dps,mopps,leeps] [--steps 200]
+                      [--seeds 3] [--out DIR] [--quick] [--workers 2] [--no-ablations]
+                      [--t4-runs 100]
+
+Without ``--pool`` a pool of 51 environments x 50 tasks is generated (seed 0) under
+``OUT/pool``. Writes ``OUT/report.md``, ``OUT/metrics.json``, ``OUT/curve_*.png`` and
+``OUT/results.pkl`` (the raw run logs; ``--render-only`` rewrites the report from it).
+``--quick`` is a seconds-long smoke run (small generated pool, few steps) for tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pickle
+import time
+from pathlib import Path
+
+from launch.cli import UserError
+
+KNOWN = ("envsched", "random", "dps", "mopps", "leeps")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--pool", type=Path, help="pool directory (default: generate one)")
+    parser.add_argument("--schedulers", default=",".join(KNOWN),
+                        help="comma-separated: envsched, random, dps, mopps, leeps, dapo+NAME")
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--out", type=Path, default=Path("runs/simulate"))
+    parser.add_argument("--quick", action="store_true",
+                        help="tiny generated pool, 6 steps, 1 seed, B=16, 3 Table 4 runs")
+    parser.add_argument("--no-ablations", dest="ablations", action="store_false",
+                        help="skip the Table 3 EnvSched ablations")
+    parser.add_argument("--t4-runs", type=int, default=100, help="Table 4 cold-start runs")
+    parser.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1),
+                        help="parallel processes (results do not depend on it)")
+    parser.add_argument("--no-progress", dest="progress", action="store_false")
+    parser.add_argument("--render-only", action="store_true",
+                        help="rewrite the report from OUT/results.pkl of an earlier run")
+
+
+def _settings(args: argparse.Namespace):
+    from scheduling.simulate.experiment import Settings
+
+    names = [n.strip() for n in args.schedulers.split(",") if n.strip()]
+    bad = [n for n in names if (n[5:] if n.startswith("dapo+") else n) not in KNOWN
+           or n == "dapo+envsched"]
+    if bad or not names:
+        raise UserError(f"--schedulers: unknown {bad or names}; choose from {', '.join(KNOWN)} "
+                        "or dapo+<baseline>")
+    for flag, v in (("--steps", args.steps), ("--seeds", args.seeds),
+                    ("--batch-size", args.batch_size), ("--workers", args.workers)):
+        if v < 1:
+            raise UserError(f"{flag} must be >= 1, got {v}")
+    if args.t4_runs < 0:
+        raise UserError(f"--t4-runs must be >= 0, got {args.t4_runs}")
+    if args.quick:
+        return Settings(schedulers=names, steps=min(args.steps, 6), seeds=1, batch_size=16,
+                        eval_every=3, ablations=args.ablations, t4_runs=min(args.t4_runs, 3),
+                        t4_steps=3)
+    return Settings(schedulers=names, steps=args.steps, seeds=args.seeds,
+                    batch_size=args.batch_size, ablations=args.ablations, t4_runs=args.t4_runs)
+
+
+def _pool(args: argparse.Namespace):
+    from envs.pool import load_pool
+
+    if args.pool is not None:
+        return load_pool(args.pool)
+    from envs.generator import generate_pool
+
+    n_envs, per_env = (8, 12) if args.quick else (51, 50)
+    root = args.out / "pool"
+    if not (root / "pool.yaml").exists():
+        generate_pool(root, n_envs, per_env, 0)
+    return load_pool(root)
+
+
+def _render(out: Path) -> int:
+    from scheduling.simulate.report import write_report
+
+    path = out / "results.pkl"
+    if not path.exists():
+        raise UserError(f"--render-only: {path} not found; run `envsched simulate --out {out}` "
+                        "first")
+    with open(path, "rb") as f:
+        saved = pickle.load(f)
+    write_report(saved["results"], out, saved["elapsed_s"])
+    print(f"wrote {out / 'report.md'} and metrics.json from {path}")
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from scheduling.base import SchedulerError
+    from scheduling.simulate.experiment import run_all
+    from scheduling.simulate.report import write_report
+    from scheduling.simulate.world import WorldError
+
+    if args.render_only:
+        return _render(args.out)
+    settings = _settings(args)
+    args.out.mkdir(parents=True, exist_ok=True)
+    pool = _pool(args)
+    if len(pool.tasks) < 2 * settings.batch_size:
+        raise UserError(f"pool {pool.root} has {len(pool.tasks)} tasks; the simulator needs at "
+                        f"least 2 x batch size = {2 * settings.batch_size}")
+    bar = (lambda total: tqdm(total=total, unit="step", desc="simulate")) if args.progress \
+        else None
+    t0 = time.time()
+    try:
+        res = run_all(pool, settings, graph_cache=args.out / "graph.npz", progress=bar,
+                      workers=args.workers)
+    except (WorldError, SchedulerError) as e:
+        raise UserError(str(e)) from None
+    elapsed = time.time() - t0
+    with open(args.out / "results.pkl", "wb") as f:
+        pickle.dump({"results": res, "elapsed_s": elapsed}, f)
+    m = write_report(res, args.out, elapsed)
+    print(f"wrote {args.out / 'report.md'} and metrics.json ({m['elapsed_s']:.0f} s)")
+    for name, row in m["summary"].items():
+        print(f"  {name:>10}: mean var {row['mean_reward_variance']:.4f}  envs/batch "
+              f"{row['envs_per_batch']:.1f}  held-out {row['heldout_success']:.4f}")
+    return 0

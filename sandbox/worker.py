@@ -1,0 +1,312 @@
+"""``SandboxWorker``: a long-lived, isolated child process that runs environments, verifiers and
+replays, replaced automatically when it crashes or hangs.
+
+    worker = SandboxWorker(backend="auto")          # or SandboxWorker(SandboxConfig(...))
+    worker.reset(env, initial_state, seed=7, state_key="states/db.json")
+    step = worker.step("find_customer", {"name": "Ann"})      # -> ActionStep
+    result = worker.verify(task.checks)                       # -> VerifyResult
+    result, steps = worker.replay(env, state, checks, actions, seed=None)
+    worker.close()
+
+Every call waits at most ``config.hard_timeout(...)`` seconds. A call that times out, a child
+that dies, sends more than ``max_output_bytes`` or garbles the protocol: the child is killed (its
+whole pid namespace / process group), the call raises ``SandboxError`` with ``kind`` timeout /
+crash / output_limit / protocol naming the worker and env, and the next call starts a fresh child
+(the episode in flight is lost: further steps raise ``bad_request`` until the next reset).
+Environments are re-sent to a fresh child on demand; initial states are sent once per child per
+``state_key`` (the child caches them), so a 2 MB shared state is not re-sent per episode.
+
+Not thread-safe by design beyond one lock: one worker serves one call at a time.
+
+May import: envs.spec, envs.trajectory, sandbox.*, the standard library.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import os
+import pickle
+import shutil
+import signal
+import tempfile
+import threading
+import time
+from collections import OrderedDict
+from typing import Any, Optional, Union
+
+from envs.spec import Check, Environment, ToolCall
+from envs.trajectory import ActionStep, CheckResult, VerifyResult
+from sandbox.backends import is_root, resolve_backend, start_child
+from sandbox.config import SandboxConfig
+from sandbox.errors import EnvLoadError, SandboxError
+from sandbox.protocol import FrameError, read_reply, send_request
+
+_UIDS = itertools.count()
+_REPLY_SLACK = 4096
+
+
+def _pick_uid(cfg: SandboxConfig) -> Optional[int]:
+    if not is_root():
+        return None
+    lo, hi = cfg.uid_range
+    return lo + (os.getpid() * 7919 + next(_UIDS)) % (hi - lo)
+
+
+def action_dict(action: Union[ToolCall, ActionStep, dict]) -> dict[str, Any]:
+    if isinstance(action, ToolCall):
+        return {"name": action.name, "arguments": action.arguments}
+    if isinstance(action, ActionStep):
+        return {"name": action.tool, "arguments": action.arguments,
+                "observation": action.observation}
+    return dict(action)
+
+
+def _verify_result(d: dict[str, Any]) -> VerifyResult:
+    return VerifyResult(reward=d["reward"], checks=[CheckResult(**c) for c in d["checks"]])
+
+
+def _status_text(status: Optional[int]) -> str:
+    """Exit status in words; bwrap and unshare report a child's fatal signal as 128 + signo."""
+    if status is None:
+        return "still running"
+    signo = -status if status < 0 else status - 128 if status > 128 else 0
+    if signo:
+        try:
+            return f"killed by {signal.Signals(signo).name}"
+        except ValueError:
+            pass
+    return f"exit status {status}"
+
+
+class SandboxWorker:
+    """One isolated child process; see the module docstring."""
+
+    def __init__(self, config: Optional[SandboxConfig] = None, **overrides: Any):
+        base = config or SandboxConfig()
+        self.config = SandboxConfig(**{**base.model_dump(), **overrides}) if overrides else base
+        self.backend = resolve_backend(self.config.backend)
+        self._lock = threading.Lock()
+        self._child: Any = None  # backends.ProcessChild | docker_backend.DockerChild
+        self._loaded: dict[str, str] = {}  # env_id -> sha1 of the source loaded in the child
+        self._sent_states: set[str] = set()
+        self._blobs: OrderedDict[str, bytes] = OrderedDict()
+        self._episode_env: Optional[str] = None
+        self._lost: Optional[str] = None
+        self._cpu = 0.0
+        self._workdir = tempfile.mkdtemp(prefix="envsched-sbx-")
+        self.uid = _pick_uid(self.config)
+        self.restarts = 0
+        self.starts: list[float] = []
+        self.closed = False
+
+    # ----------------------------------------------------------------- lifecycle
+    @property
+    def pid(self) -> Optional[int]:
+        return self._child.pid if self._child else None
+
+    def start(self) -> float:
+        """Start the child if none is running; returns the seconds the start took."""
+        with self._lock:
+            return self._ensure_child()
+
+    def _ensure_child(self) -> float:
+        if self.closed:
+            raise SandboxError("closed", "this SandboxWorker was closed")
+        if self._child is not None:
+            return 0.0
+        t0 = time.monotonic()
+        scratch = os.path.join(self._workdir, f"scratch{self.restarts}")
+        os.makedirs(scratch, mode=0o700)
+        if self.uid is not None:
+            os.chown(scratch, self.uid, self.uid)
+        child = start_child(self.config, self.backend, scratch, self.uid,
+                            os.path.join(self._workdir, "stderr.log"))
+        try:
+            ready = read_reply(child.read_fd, _REPLY_SLACK, t0 + self.config.start_timeout_s)
+        except FrameError as e:
+            child.kill()
+            raise SandboxError("unavailable", f"the {self.backend} worker did not start ({e}): "
+                                              f"{child.stderr_tail() or 'no stderr'}") from None
+        self._child, self._loaded, self._sent_states = child, {}, set()
+        self._cpu = float(ready.get("cpu") or 0.0)
+        elapsed = time.monotonic() - t0
+        self.starts.append(elapsed)
+        return elapsed
+
+    def _replace(self, reason: str) -> None:
+        if self._child is not None:
+            self._child.kill()
+            self._child = None
+            self.restarts += 1
+        if self._episode_env is not None:
+            self._lost = reason
+        self._episode_env = None
+
+    def close(self) -> None:
+        with self._lock:
+            if self._child is not None:
+                self._child.kill()
+                self._child = None
+            self.closed = True
+            shutil.rmtree(self._workdir, ignore_errors=True)
+
+    def __enter__(self) -> "SandboxWorker":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        if not getattr(self, "closed", True) and getattr(self, "_child", None) is not None:
+            self._child.kill()
+
+    # ----------------------------------------------------------------- transport
+    def _where(self, env_id: Optional[str]) -> str:
+        env = f", env {env_id}" if env_id else ""
+        return f"sandbox worker pid {self.pid} ({self.backend}){env}"
+
+    def _call(self, request: dict[str, Any], soft_units: int = 0) -> dict[str, Any]:
+        self._ensure_child()
+        child, env_id = self._child, request.get("env_id") or self._episode_env
+        where = self._where(env_id)
+        deadline = time.monotonic() + self.config.hard_timeout(soft_units)
+        try:
+            send_request(child.write_fd, request)
+            reply = read_reply(child.read_fd, self.config.max_output_bytes + _REPLY_SLACK,
+                               deadline)
+        except (FrameError, OSError) as e:
+            raise self._failure(e, request["op"], where) from None
+        self._cpu = float(reply.get("cpu") or 0.0)
+        if reply["ok"]:
+            return reply
+        kind, message = reply.get("kind"), str(reply.get("message"))
+        if kind == "load_error":
+            raise EnvLoadError(str(reply.get("where", "")).removeprefix("env ") or env_id, message)
+        if kind == "state_missing":
+            return reply
+        raise SandboxError(kind if kind in ("bad_request", "output_limit") else "protocol",
+                           message, where)
+
+    def _failure(self, e: Exception, op: str, where: str) -> SandboxError:
+        child = self._child
+        reason = getattr(e, "reason", "eof")
+        if reason == "timeout":
+            limit = self.config.hard_timeout()
+            kind, msg = "timeout", f"{op} did not answer within its wall-clock limit " \
+                                   f"(call_timeout_s={limit}); worker killed and replaced"
+        elif reason == "too_large":
+            kind, msg = "output_limit", f"{op} reply exceeded max_output_bytes: {e}; worker replaced"
+        elif reason == "garbled":
+            kind, msg = "protocol", f"{op}: worker sent a malformed reply ({e}); worker replaced"
+        else:
+            child.wait(2.0)
+            status, tail = child.exit_status(), child.stderr_tail().splitlines()[-1:]
+            kind = "crash"
+            msg = f"worker died during {op} ({_status_text(status)})" + \
+                  (f": {tail[0]}" if tail else "") + "; replaced"
+        self._replace(f"{kind} during {op}")
+        return SandboxError(kind, msg, where)
+
+    def _retire_if_spent(self) -> None:
+        """Replace a child near its lifetime CPU budget, between episodes only."""
+        if self._child is not None and self._cpu > 0.9 * self.config.cpu_seconds:
+            self._replace("retired")
+
+    # ----------------------------------------------------------------- environments & states
+    def load(self, env: Environment) -> None:
+        """Compile ``env`` in the worker (cached by env id); raises ``EnvLoadError``."""
+        with self._lock:
+            self._load(env)
+
+    def _load(self, env: Environment) -> None:
+        self._ensure_child()
+        digest = hashlib.sha1(env.source.encode()).hexdigest()
+        if self._loaded.get(env.env_id) == digest:
+            return
+        self._call({"op": "load", "env": env.model_dump(), "env_id": env.env_id})
+        self._loaded[env.env_id] = digest
+
+    def _blob(self, state: Optional[dict[str, Any]], key: Optional[str]) -> tuple[str, bytes]:
+        if key is not None and key in self._blobs:
+            self._blobs.move_to_end(key)
+            return key, self._blobs[key]
+        if state is None:
+            raise SandboxError("bad_request", f"state {key!r} is not cached; pass initial_state")
+        blob = pickle.dumps(state, pickle.HIGHEST_PROTOCOL)
+        key = key or "sha1:" + hashlib.sha1(blob).hexdigest()
+        self._blobs[key] = blob
+        if len(self._blobs) > 4 * self.config.state_cache_entries:
+            self._blobs.popitem(last=False)
+        return key, blob
+
+    def _with_state(self, request: dict[str, Any], state: Optional[dict], key: Optional[str],
+                    soft_units: int = 0) -> dict[str, Any]:
+        key, blob = self._blob(state, key)
+        request["state_key"] = key
+        request["blob"] = None if key in self._sent_states else blob
+        reply = self._call(request, soft_units)
+        if not reply["ok"]:  # the child evicted it: send it again
+            request["blob"] = blob
+            reply = self._call(request, soft_units)
+        self._sent_states.add(key)
+        return reply
+
+    # ----------------------------------------------------------------- episodes
+    def reset(self, env: Environment, initial_state: Optional[dict[str, Any]], seed: int = 0,
+              state_key: Optional[str] = None) -> None:
+        """Start an episode of ``env`` from ``initial_state`` (deep-copied in the worker)."""
+        with self._lock:
+            self._retire_if_spent()
+            self._load(env)
+            self._episode_env, self._lost = None, None
+            self._with_state({"op": "reset", "env_id": env.env_id, "seed": int(seed)},
+                             initial_state, state_key)
+            self._episode_env = env.env_id
+
+    def _require_episode(self) -> None:
+        if self._episode_env is None:
+            why = f" (the episode was lost: {self._lost})" if self._lost else ""
+            raise SandboxError("bad_request", f"no episode in progress{why}; call reset() first",
+                               self._where(None))
+
+    def step(self, tool: str, arguments: dict[str, Any]) -> ActionStep:
+        with self._lock:
+            self._require_episode()
+            reply = self._call({"op": "step", "tool": tool, "arguments": arguments})
+            return ActionStep(**reply["step"])
+
+    def verify(self, checks: list[Check]) -> VerifyResult:
+        with self._lock:
+            self._require_episode()
+            reply = self._call({"op": "verify", "checks": [c.model_dump() for c in checks]},
+                               soft_units=len(checks))
+            return _verify_result(reply["result"])
+
+    def snapshot(self) -> dict[str, Any]:
+        with self._lock:
+            self._require_episode()
+            return self._call({"op": "snapshot"})["state"]
+
+    def replay(self, env: Environment, initial_state: Optional[dict[str, Any]],
+               checks: list[Check], actions: list[Union[ToolCall, ActionStep, dict]],
+               seed: Optional[int] = None, state_key: Optional[str] = None,
+               ) -> tuple[VerifyResult, Optional[list[ActionStep]]]:
+        """Replay ``actions`` from scratch; steps are None when they exceed the output limit."""
+        with self._lock:
+            self._retire_if_spent()
+            self._load(env)
+            self._episode_env, self._lost = None, None
+            request = {"op": "replay", "env_id": env.env_id, "seed": seed,
+                       "checks": [c.model_dump() for c in checks],
+                       "actions": [action_dict(a) for a in actions]}
+            reply = self._with_state(request, initial_state, state_key,
+                                     soft_units=len(actions) + len(checks))
+            self._episode_env = env.env_id
+            steps = reply.get("steps")
+            return (_verify_result(reply["result"]),
+                    None if steps is None else [ActionStep(**s) for s in steps])
+
+    def ping(self) -> dict[str, Any]:
+        with self._lock:
+            return self._call({"op": "ping"})

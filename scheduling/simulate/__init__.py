@@ -1,0 +1,12 @@
+"""A learning-dynamics simulator that stands in for policy + environments so task schedulers can
+be compared on a CPU in minutes (``envsched simulate``; docs/simulator.md).
+
+- ``world``      each task's latent structure from the generator's metadata; held-out split.
+- ``dynamics``   the simulated policy: competences, fractional rewards, GRPO-signal learning.
+- ``runner``     one run of one scheduler, step by step, with per-step logs.
+- ``experiment`` schedulers x seeds, EnvSched ablations (Table 3), cold-start study (Table 4).
+- ``metrics``    Table 2/3/4 summaries and curves; ``report`` writes report.md, metrics.json, PNGs.
+
+May import: numpy, matplotlib (Agg backend, in ``report`` only), tqdm, scheduling.*, envs.*, the
+standard library. Never Ray or torch.
+"""

@@ -1,0 +1,257 @@
+"""The comparison a user runs (``envsched simulate``): schedulers x seeds at matched budgets, the
+Table 3 ablations of EnvSched, and the Table 4 cold-start study.
+
+- Main runs: every named scheduler (``envsched``, ``random``, ``dps``, ``mopps``, ``leeps``,
+  ``dapo+NAME`` for a baseline) for ``steps`` steps and each seed.
+- Ablations (Table 3): EnvSched with one switch changed — within-only (fusion weight of G^in = 1),
+  cross-only (fusion weight 0), coverage-only (rho = 1), exploitation-only (rho = 0), and
+  K_within / K_cross halved and doubled — same seeds and budget.
+- Table 4: ``t4_runs`` runs of ``t4_steps`` steps after a RANDOM cold-start batch of B tasks
+  (step 0), with the policy's latent offsets fixed (seed 0) and the cold-start draw and rollout
+  noise varying per run. The forced first batch uses a subclass of EnvSched that records it
+  exactly as ``EnvSched.select`` records its own cold start (exposure and pending groups); it relies
+  on those two EnvSched attributes.
+
+Every scheduler excludes the held-out tasks. The graph (EnvSched's, and LEEPS's embedding via
+X_full) is built once and cached next to the report.
+
+May import: numpy, tqdm, scheduling.*, envs.*, the standard library.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
+
+import numpy as np
+
+from envs.pool import Pool
+from scheduling.base import Batch, Scheduler, SchedulerError, Selection
+from scheduling.baselines import make_baseline
+from scheduling.baselines.leeps import text_embedding
+from scheduling.simulate.dynamics import SimParams
+from scheduling.simulate.runner import RunLog, run
+from scheduling.simulate.world import World, build_world, task_infos
+
+ABLATIONS: dict[str, dict[str, Any]] = {
+    "within-only": {"fusion_within": 1.0},
+    "cross-only": {"fusion_within": 0.0},
+    "coverage-only (rho=1)": {"rho": 1.0},
+    "exploitation-only (rho=0)": {"rho": 0.0},
+    "K_within=3": {"k_within": 3},
+    "K_within=12": {"k_within": 12},
+    "K_cross=6": {"k_cross": 6},
+    "K_cross=24": {"k_cross": 24},
+}
+
+
+@dataclass
+class Settings:
+    schedulers: Sequence[str] = ("envsched", "random", "dps", "mopps", "leeps")
+    steps: int = 200
+    seeds: int = 3
+    batch_size: int = 64
+    eval_every: int = 10
+    ablations: bool = True
+    t4_runs: int = 100
+    t4_steps: int = 7
+    params: SimParams = field(default_factory=SimParams)
+
+
+@dataclass
+class Results:
+    settings: Settings
+    world: World
+    main: list[RunLog]
+    ablations: list[RunLog]
+    table4: list[RunLog]
+
+
+def load_graph(pool: Pool, cache: Optional[Path]) -> Any:
+    from scheduling.graph import DualGraph, GraphConfig, GraphError, content_hash
+
+    expected = content_hash(pool.tasks, pool.environments, GraphConfig())
+    if cache is not None and cache.exists():
+        try:
+            return DualGraph.load(cache, expected_hash=expected)
+        except GraphError:
+            pass  # stale or unreadable cache: rebuild below
+    graph = DualGraph.build(pool.tasks, pool.environments)
+    if cache is not None:
+        graph.save(cache)
+    return graph
+
+
+def _with_first_batch(base_cls: type, first: list[str], *args: Any, **kwargs: Any) -> Scheduler:
+    """An EnvSched whose first batch is ``first`` (Table 4's random cold start), recorded the way
+    ``EnvSched.select`` records its own (exposure and pending groups)."""
+    class ForcedColdStart(base_cls):  # type: ignore[misc, valid-type]
+        def select(self, step: int) -> Batch:
+            nonlocal first
+            if not first:
+                return super().select(step)
+            ids, first = first, []
+            idx = np.array([self.graph.index[t] for t in ids], dtype=np.int64)
+            self.exposure.record(step, idx, self.graph.env_of)
+            for i in idx:
+                self._pending[(step, int(i))] = True
+            return Batch(step=step, selections=tuple(
+                Selection(task_id=t, phase="cold-start", rank=r, scores={"random": 1.0})
+                for r, t in enumerate(ids)), notes=("random cold start (Table 4)",))
+    return ForcedColdStart(*args, **kwargs)
+
+
+class Factory:
+    """Builds any scheduler by name over the pool, with the held-out tasks excluded."""
+
+    def __init__(self, pool: Pool, world: World, settings: Settings, graph: Any) -> None:
+        self.world, self.settings, self.graph = world, settings, graph
+        self.infos = task_infos(pool.tasks, world)
+        self._embedding = None
+        self._lists: Optional[tuple[np.ndarray, np.ndarray, np.ndarray]] = None
+
+    def embedding(self) -> Any:
+        if self._embedding is None and self.graph is not None:
+            rows = [self.graph.index[t] for t in self.world.task_ids]
+            self._embedding = self.graph.X_full[rows]
+        return self._embedding
+
+    def envsched(self, seed: int, overrides: Optional[dict[str, Any]] = None,
+                 first_batch: Optional[list[str]] = None) -> Scheduler:
+        from scheduling.config import EnvSchedConfig
+        from scheduling.envsched import EnvSched
+
+        if self.graph is None:
+            raise SchedulerError("envsched needs the pool's graph")
+        cfg = EnvSchedConfig(batch_size=self.settings.batch_size, seed=seed, **(overrides or {}))
+        if first_batch:
+            s = _with_first_batch(EnvSched, first_batch, self.infos, self.graph, cfg)
+        else:
+            s = EnvSched(self.infos, self.graph, cfg)
+        return self._exclude(s)
+
+    def leeps_lists(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """LEEPS's neighbour lists over the embedding, computed once for every run."""
+        if self._lists is None:
+            from scheduling.baselines.leeps import _normalise, neighbour_lists
+
+            emb = self.embedding()
+            self._lists = neighbour_lists(_normalise(emb if emb is not None else
+                                                     text_embedding(self.infos)))
+        return self._lists
+
+    def make(self, name: str, seed: int) -> Scheduler:
+        if name == "envsched":
+            return self.envsched(seed)
+        extra: dict[str, Any] = {}
+        if name.endswith("leeps"):
+            extra = {"lists": self.leeps_lists()}
+        s = make_baseline(name, self.infos, self.settings.batch_size,
+                          self.settings.params.rollouts, seed, self.embedding(), **extra)
+        return self._exclude(s)
+
+    def _exclude(self, s: Scheduler) -> Scheduler:
+        for i in np.nonzero(~self.world.train)[0]:
+            s.exclude(self.world.task_ids[i], "held out for evaluation (simulator)")
+        return s
+
+
+@dataclass(frozen=True)
+class Job:
+    kind: str                      # "main" | "ablation" | "table4"
+    name: str
+    seed: int
+
+
+def _jobs(S: Settings, with_es: bool) -> list[Job]:
+    jobs = [Job("main", n, seed) for n in S.schedulers for seed in range(S.seeds)]
+    if S.ablations and with_es:
+        jobs += [Job("ablation", n, seed) for n in ABLATIONS for seed in range(S.seeds)]
+    if with_es:
+        jobs += [Job("table4", "envsched", r) for r in range(S.t4_runs)]
+    return jobs
+
+
+def _job_steps(job: Job, S: Settings) -> int:
+    return S.t4_steps + 1 if job.kind == "table4" else S.steps
+
+
+def _run_job(fac: "Factory", job: Job, tick: Optional[Callable[[], None]] = None) -> RunLog:
+    S, world, P = fac.settings, fac.world, fac.settings.params
+    if job.kind == "main":
+        return run(fac.make(job.name, job.seed), world, P, job.seed, S.steps, S.eval_every,
+                   on_step=tick, label=job.name)
+    if job.kind == "ablation":
+        return run(fac.envsched(job.seed, ABLATIONS[job.name]), world, P, job.seed, S.steps,
+                   S.eval_every, on_step=tick, label=job.name)
+    train_ids = [world.task_ids[i] for i in np.nonzero(world.train)[0]]
+    first = [str(t) for t in np.random.default_rng([job.seed, 17]).choice(
+        train_ids, S.batch_size, replace=False)]
+    return run(fac.envsched(0, first_batch=first), world, P, job.seed, S.t4_steps + 1,
+               eval_every=S.t4_steps + 1, policy_seed=0, rollout_seed=[job.seed, 13],
+               on_step=tick, label="envsched")
+
+
+_FORKED: Optional[tuple["Factory", Any]] = None  # (factory, step counter) inherited by workers
+
+
+def _forked_job(item: tuple[int, Job]) -> tuple[int, RunLog]:
+    assert _FORKED is not None
+    fac, counter = _FORKED
+
+    def tick() -> None:
+        with counter.get_lock():
+            counter.value += 1
+    return item[0], _run_job(fac, item[1], tick)
+
+
+def _run_forked(fac: "Factory", jobs: list[Job], workers: int, bar: Any) -> list[RunLog]:
+    import multiprocessing as mpc
+
+    global _FORKED
+    ctx = mpc.get_context("fork")
+    counter = ctx.Value("l", 0)
+    _FORKED = (fac, counter)
+    logs: list[Any] = [None] * len(jobs)
+    try:
+        with ctx.Pool(workers) as pool:
+            it = pool.imap_unordered(_forked_job, list(enumerate(jobs)))
+            done, shown = 0, 0
+            while done < len(jobs):
+                try:
+                    k, log = it.next(timeout=1.0)
+                    logs[k], done = log, done + 1
+                except mpc.TimeoutError:
+                    pass
+                if bar is not None:
+                    bar.update(counter.value - shown)
+                    shown = counter.value
+    finally:
+        _FORKED = None
+    return logs
+
+
+def run_all(pool: Pool, settings: Settings, graph_cache: Optional[Path] = None,
+            progress: Optional[Callable[[int], Any]] = None, workers: int = 1) -> Results:
+    """Everything the report needs. ``progress(total_steps)`` returns an object with
+    ``update(n)`` (e.g. a tqdm bar). ``workers`` > 1 runs jobs in forked processes (results are
+    identical: every job seeds its own generators)."""
+    world = build_world(pool.tasks, pool.environments)
+    needs_graph = any(n == "envsched" or n.endswith("leeps") for n in settings.schedulers)
+    graph = load_graph(pool, graph_cache) if needs_graph else None
+    fac = Factory(pool, world, settings, graph)
+    if any(n.endswith("leeps") for n in settings.schedulers):
+        fac.leeps_lists()
+    jobs = _jobs(settings, "envsched" in settings.schedulers)
+    bar = progress(sum(_job_steps(j, settings) for j in jobs)) if progress else None
+    if workers > 1 and len(jobs) > 1:
+        logs = _run_forked(fac, jobs, workers, bar)
+    else:
+        tick = (lambda: bar.update(1)) if bar is not None else None
+        logs = [_run_job(fac, j, tick) for j in jobs]
+    if bar is not None and hasattr(bar, "close"):
+        bar.close()
+    pick = lambda kind: [lg for j, lg in zip(jobs, logs) if j.kind == kind]  # noqa: E731
+    return Results(settings=settings, world=world, main=pick("main"),
+                   ablations=pick("ablation"), table4=pick("table4"))

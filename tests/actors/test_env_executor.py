@@ -1,0 +1,142 @@
+"""EnvExecutor actors behind ExecutorPool: sticky sessions, replay, waits, resize, actor death."""
+
+import asyncio
+import os
+import shutil
+import signal
+import threading
+
+import pytest
+
+from actors.executor_pool import ExecutorConfig, ExecutorPool
+from envs.pool import load_pool, write_pool
+from envs.spec import PoolMeta
+from sandbox.config import SandboxConfig
+from sandbox.errors import SandboxError
+from sandbox.examples import ORDER_DESK, ORDER_DESK_STATE, ORDER_DESK_TASK
+
+SANDBOX = SandboxConfig(call_timeout_s=5.0, tool_timeout_s=1.0, memory_mb=1024)
+REFERENCE = ORDER_DESK_TASK.reference_solution
+
+
+def _config(**kw) -> ExecutorConfig:
+    base = dict(num_executors=1, workers_per_executor=2, num_cpus_per_executor=0.25,
+                sandbox=SANDBOX, rpc_margin_s=30.0)
+    return ExecutorConfig(**{**base, **kw})
+
+
+@pytest.fixture(scope="module")
+def pool(tmp_path_factory):
+    root = tmp_path_factory.mktemp("pool")
+    tasks = [ORDER_DESK_TASK.model_copy(update={"task_id": f"od-{k}", "initial_state": None,
+                                                "initial_state_ref": "states/desk.json"})
+             for k in range(3)]
+    write_pool(root, PoolMeta(name="desk"), [ORDER_DESK], tasks,
+               {"states/desk.json": ORDER_DESK_STATE})
+    return load_pool(root)
+
+
+@pytest.fixture(scope="module")
+def executors(ray_local, pool):
+    ex = ExecutorPool(pool, _config())
+    # Executors get everything through the object store: the pool directory is not needed.
+    shutil.rmtree(pool.root)
+    yield ex
+    ex.shutdown()
+
+
+def _play(session) -> float:
+    for call in REFERENCE:
+        assert session.step(call.name, call.arguments).error is None
+    return session.verify().reward
+
+
+def test_session_plays_reference_solution_to_full_reward(executors, pool):
+    with executors.open_session(pool.task("od-0"), seed=0) as session:
+        assert session.info["executor"] == "env-executor-0"
+        assert _play(session) == 1.0
+    assert session.closed
+
+
+def test_async_session_variants(executors, pool):
+    async def episode():
+        session = await executors.aopen_session(pool.task("od-1"), 0)
+        step = await session.astep("find_customer", {"name": "Bo Chen"})
+        result = await session.averify()
+        await session.aclose()
+        return step, result
+
+    step, result = asyncio.run(episode())
+    assert step.observation["data"]["customer_id"] == "c-002"
+    # Nothing done: only "lamp_untouched" and "shipped_today" hold -> 2 of 4.
+    assert result.reward == 0.5
+
+
+def test_replay_from_scratch_returns_the_reward(executors):
+    assert executors.replay("od-2", REFERENCE, seed=0).reward == 1.0
+    # Seed 1 mints another order id: ship_order misses, 3 of 4 checks pass.
+    assert executors.replay("od-2", REFERENCE, seed=1).reward == 0.75
+
+
+def test_errors_cross_ray_typed(executors, pool):
+    with pytest.raises(SandboxError) as e:
+        executors.replay("no-such-task", REFERENCE, seed=0)
+    assert e.value.kind == "bad_request" and "no-such-task" in str(e.value)
+    session = executors.open_session(pool.task("od-0"), seed=0)
+    session.close()
+    with pytest.raises(SandboxError) as e:
+        session.step("find_customer", {"name": "x"})
+    assert e.value.kind == "closed"
+
+
+def test_callers_wait_for_a_free_sandbox_and_waits_are_recorded(ray_local, pool):
+    ex = ExecutorPool(pool, _config(workers_per_executor=1, acquire_timeout_s=1.0,
+                                    name_prefix="wait"))
+    try:
+        first = ex.open_session(pool.task("od-0"), seed=0)
+        with pytest.raises(SandboxError, match="no free sandbox within 1.0 s"):
+            ex.open_session(pool.task("od-1"), seed=0)
+        got = []
+        waiter = threading.Thread(target=lambda: got.append(ex.open_session(pool.task("od-1"), 0)))
+        waiter.start()
+        first.close()
+        waiter.join(timeout=60)
+        assert got and _play(got[0]) == 1.0
+        stats = ex.wait_time_stats()
+        assert stats["count"] == 2 and stats["waiting_now"] == 0 and stats["free_sandboxes"] == 0
+        got[0].close()
+        assert ex.wait_time_stats()["free_sandboxes"] == 1
+    finally:
+        ex.shutdown()
+
+
+def test_resize_grows_and_retires_idle_executors(ray_local, pool):
+    ex = ExecutorPool(pool, _config(num_executors=1, workers_per_executor=1, prestart=False,
+                                    name_prefix="resize"))
+    try:
+        ex.resize(2)
+        assert ex.size == 2 and len(ex.stats()) == 2
+        session = ex.open_session(pool.task("od-0"), seed=0)
+        ex.resize(1)  # the idle executor stops now, the busy one keeps its session
+        assert ex.size == 1 and _play(session) == 1.0
+        session.close()
+        assert [s["name"] for s in ex.stats()] == [session.info["executor"]]
+    finally:
+        ex.shutdown()
+
+
+def test_killed_executor_answers_typed_error_then_next_session_is_served(ray_local, pool):
+    ex = ExecutorPool(pool, _config(workers_per_executor=1, name_prefix="doomed"))
+    try:
+        session = ex.open_session(pool.task("od-0"), seed=0)
+        session.step("find_customer", {"name": "Ann Lee"})
+        pid = ex.stats()[0]["pid"]
+        os.kill(pid, signal.SIGKILL)  # the executor process dies mid-episode
+        with pytest.raises(SandboxError) as e:
+            session.step("find_customer", {"name": "Ann Lee"})
+        assert e.value.kind == "executor" and session.closed
+        with ex.open_session(pool.task("od-1"), seed=0) as fresh:  # served by the restarted actor
+            assert _play(fresh) == 1.0
+        assert ex.stats()[0]["pid"] != pid
+    finally:
+        ex.shutdown()

