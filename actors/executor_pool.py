@@ -14,12 +14,13 @@ sandboxes = the number of episodes that can be open at once. ``open_session`` an
 waited, i.e. when to scale up.
 
 The pool is ``ray.put`` once, with every shared initial state loaded into it, so executors on any
-node need no shared filesystem (pass an ``ObjectRef`` to share one put between several pools).
+node need no shared filesystem (``put_pool(pool)`` gives a ref to share between several pools).
 
 Failures are ``sandbox.errors.SandboxError``: a session whose executor died answers
 ``kind="executor"`` (Ray restarts the actor up to ``max_restarts`` times; the session is over and
-its slot freed), a call past its deadline ``kind="timeout"``; errors raised in the sandbox arrive
-with their own kind. Every ``ray.get`` has a timeout.
+its slot freed; an executor past its restarts is replaced by a new one when a new session or replay
+finds it dead), a call past its deadline ``kind="timeout"``; errors raised in the sandbox arrive
+with their own kind (``EnvLoadError`` included). Every ``ray.get`` has a timeout.
 
 May import: ray, actors.env_executor, envs.*, sandbox.*, pydantic, the standard library.
 """
@@ -34,7 +35,8 @@ from typing import Any, Optional, Union
 
 import ray
 from pydantic import BaseModel, ConfigDict, Field
-from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError, RayTaskError
+from ray.exceptions import (ActorDiedError, ActorUnavailableError, GetTimeoutError, RayActorError,
+                            RayTaskError)
 
 from actors.env_executor import EnvExecutor
 from envs.pool import Pool
@@ -64,7 +66,7 @@ def _unwrap(e: Exception, where: str) -> SandboxError:
     if isinstance(e, RayTaskError):
         cause = e.cause
         if isinstance(cause, SandboxError):
-            return SandboxError(cause.kind, cause.message, cause.where or where)
+            return cause  # intact, subclass (EnvLoadError) included
         return SandboxError("executor", f"{type(cause).__name__}: {cause}", where)
     if isinstance(e, GetTimeoutError):
         return SandboxError("timeout", "the executor did not answer in time", where)
@@ -225,12 +227,16 @@ class EnvSession:
         self.close()
 
 
-def _pool_ref(pool: Union[Pool, "ray.ObjectRef"]) -> "ray.ObjectRef":
-    if isinstance(pool, ray.ObjectRef):
-        return pool
-    for task in pool.tasks:  # load every shared state once so the put carries it
+def put_pool(pool: Pool) -> "ray.ObjectRef":
+    """Put ``pool`` in the object store with every shared initial state loaded into it, so
+    executors on any node need no shared filesystem. Share the ref between several pools."""
+    for task in pool.tasks:
         pool.initial_state(task)
     return ray.put(pool)
+
+
+def _pool_ref(pool: Union[Pool, "ray.ObjectRef"]) -> "ray.ObjectRef":
+    return pool if isinstance(pool, ray.ObjectRef) else put_pool(pool)
 
 
 class ExecutorPool:
@@ -260,17 +266,33 @@ class ExecutorPool:
         idle = []
         with self._slots.cond:
             while self.size < n:
-                index, self._next = self._next, self._next + 1
-                self._actors[index] = self._remote.remote(
-                    self._pool_ref, self.config.sandbox, self.config.workers_per_executor,
-                    f"{self.config.name_prefix}-{index}", self.config.prestart)
-                self._slots.used[index] = 0
-                self._slots.accepting.add(index)
+                self._start_executor()
             for index in sorted(self._slots.accepting, key=self._slots.used.get)[: self.size - n]:
                 self._slots.accepting.discard(index)
                 if self._slots.used[index] == 0:
                     idle.append(index)
         for index in idle:
+            self._stop(index)
+
+    def _start_executor(self) -> None:
+        """Start one executor (call with ``self._slots.cond`` held)."""
+        index, self._next = self._next, self._next + 1
+        self._actors[index] = self._remote.remote(
+            self._pool_ref, self.config.sandbox, self.config.workers_per_executor,
+            f"{self.config.name_prefix}-{index}", self.config.prestart)
+        self._slots.used[index] = 0
+        self._slots.accepting.add(index)
+
+    def _replace_dead(self, index: int) -> None:
+        """An executor Ray will not restart (``max_restarts`` spent): start another in its place;
+        the dead one is dropped once its last session lets go."""
+        with self._slots.cond:
+            if index not in self._slots.accepting:
+                return
+            self._slots.accepting.discard(index)
+            self._start_executor()
+            idle = self._slots.used[index] == 0
+        if idle:
             self._stop(index)
 
     def _release(self, index: int) -> None:
@@ -293,7 +315,7 @@ class ExecutorPool:
         index = self._slots.acquire(self.config.acquire_timeout_s)
         return index, self._actors[index]
 
-    def open_session(self, task: TaskSpec, seed: int) -> EnvSession:
+    def open_session(self, task: TaskSpec, seed: int, _retry: bool = True) -> EnvSession:
         """Wait for a free sandbox, reset it to ``task``'s initial state, return the session."""
         index, actor = self._acquire()
         session_id = uuid.uuid4().hex
@@ -301,6 +323,12 @@ class ExecutorPool:
         timeout = sb.start_timeout_s + sb.hard_timeout() + self.config.rpc_margin_s
         try:
             info = _get_through_restart(actor.open, (session_id, task.task_id, seed), timeout)
+        except ActorDiedError as e:
+            self._release(index)
+            self._replace_dead(index)
+            if _retry:
+                return self.open_session(task, seed, _retry=False)
+            raise _unwrap(e, f"executor {index}, task {task.task_id}") from None
         except _RAY_ERRORS as e:
             self._release(index)
             raise _unwrap(e, f"executor {index}, task {task.task_id}") from None
@@ -316,12 +344,16 @@ class ExecutorPool:
         sb = self.config.sandbox
         # checks are not known here (the pool may be only a ref): allow for up to 64.
         timeout = sb.start_timeout_s + sb.hard_timeout(len(actions) + 64) + self.config.rpc_margin_s
+        dead = False
         try:
             return _get_through_restart(actor.replay, (task_id, list(actions), seed), timeout)
         except _RAY_ERRORS as e:
+            dead = isinstance(e, ActorDiedError)
             raise _unwrap(e, f"executor {index}, replay of task {task_id}") from None
         finally:
             self._release(index)
+            if dead:
+                self._replace_dead(index)
 
     def wait_time_stats(self) -> dict[str, float]:
         """How long ``open_session``/``replay`` callers waited for a free sandbox."""
@@ -334,8 +366,22 @@ class ExecutorPool:
                 "total_s": sum(waits), "waiting_now": waiting, "free_sandboxes": free}
 
     def stats(self) -> list[dict[str, Any]]:
-        refs = [a.stats.remote() for a in self._actors.values()]
-        return ray.get(refs, timeout=self.config.rpc_margin_s)
+        """Each executor's counters; a dead or unresponsive one reports its error instead."""
+        refs = {i: a.stats.remote() for i, a in list(self._actors.items())}
+        out = []
+        for index, ref in refs.items():
+            try:
+                out.append(ray.get(ref, timeout=self.config.rpc_margin_s))
+            except _RAY_ERRORS as e:
+                out.append({"name": f"{self.config.name_prefix}-{index}",
+                            "error": str(_unwrap(e, f"executor {index}"))})
+        return out
+
+    def __enter__(self) -> "ExecutorPool":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.shutdown()
 
     def shutdown(self) -> None:
         """Close every sandbox and stop every executor, open sessions included."""

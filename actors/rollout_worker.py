@@ -39,20 +39,24 @@ from envs.trajectory import Group
 
 
 def _sessions(pool, executors: Any, executor_config: Optional[dict]):
-    """(session source, opener): the source is what ``shutdown`` must stop."""
+    """(session source, opener, capacity): the source is what ``shutdown`` must stop; capacity
+    is how many sessions it can hold at once (None: unbounded)."""
     if executors == "inprocess":
         from actors.rollout.session import InProcessSessions
 
         source = InProcessSessions(pool)
-        return source, source.open_session
+        return source, source.open_session, None
     if executors == "pool":
         from actors.executor_pool import ExecutorConfig, ExecutorPool
 
         executors = ExecutorPool(pool, ExecutorConfig(**(executor_config or {})))
+    cfg = getattr(executors, "config", None)
+    capacity = cfg.num_executors * cfg.workers_per_executor if cfg is not None else None
     opener = getattr(executors, "aopen_session", None) or executors.open_session
-    if inspect.iscoroutinefunction(opener):
-        return executors, opener
-    return executors, lambda task, seed: asyncio.to_thread(opener, task, seed)
+    if not inspect.iscoroutinefunction(opener):
+        sync_opener = opener
+        opener = lambda task, seed: asyncio.to_thread(sync_opener, task, seed)  # noqa: E731
+    return executors, opener, capacity
 
 
 class RolloutWorker:
@@ -72,9 +76,9 @@ class RolloutWorker:
         self.tokenizer = load_tokenizer(path)
         self.engine = make_engine(engine, model_path=path, tokenizer=self.tokenizer,
                                   pool=self.pool, **(engine_kwargs or {}))
-        self.executors, opener = _sessions(self.pool, executors, executor_config)
+        self.executors, opener, capacity = _sessions(self.pool, executors, executor_config)
         self.runner = GroupRunner(AgentLoop(self.engine, self.tokenizer, self.config),
-                                  self.pool, opener)
+                                  self.pool, opener, capacity)
 
     async def run_group(self, task_id: str, step: int, seed: int = 0,
                         k: Optional[int] = None) -> Group:

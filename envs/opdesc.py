@@ -32,7 +32,9 @@ May import: pydantic, the standard library, envs.spec.
 from __future__ import annotations
 
 import ast
+import json
 import re
+from pathlib import Path
 from dataclasses import dataclass
 from typing import Any, Callable, Literal, Optional
 
@@ -139,7 +141,8 @@ class OpDescription(_Strict):
                  for x in (c.first, c.second)]
         for where, ref in refs:
             if ref not in known:
-                raise ValueError(f"{where} names unknown operation {ref!r} (known: {sorted(known)})")
+                raise ValueError(f"{where} names unknown operation {ref!r} "
+                                 f"(known: {sorted(known)})")
         for g in self.reward_groups:
             if g.controller and g.controller not in known | gates:
                 raise ValueError(f"reward_groups[{g.group_id}].controller {g.controller!r} is "
@@ -284,7 +287,7 @@ def is_identifier_name(name: str) -> bool:
 
 
 def value_category(name: str, value: Any) -> str:
-    """The Appendix E step-4 placeholder for a literal: ``42 -> <int>``, ``"active" -> <string>``."""
+    """Appendix E step 4's placeholder for a literal: ``42 -> <int>``, ``"active" -> <string>``."""
     if value is None:
         return "<null>"
     if isinstance(value, bool):
@@ -313,3 +316,35 @@ def value_category(name: str, value: Any) -> str:
     if "name" in name.lower():
         return "<name>"
     return "<string>"
+
+
+DESCRIPTIONS_FILE = "op_descriptions.jsonl"
+
+
+def pool_descriptions(pool: Any) -> Optional[dict[str, dict[str, Any]]]:
+    """The descriptions an LLM pre-pass wrote beside a pool (``POOL/op_descriptions.jsonl``), or
+    None. They win over the static extractor when the graph is built."""
+    path = Path(pool.root) / DESCRIPTIONS_FILE
+    return read_descriptions(path) if path.is_file() else None
+
+
+def write_descriptions(path: "str | Path", descriptions: dict[str, dict[str, Any]]) -> Path:
+    """``op_descriptions.jsonl``: one ``{"task_id", "description"}`` per line."""
+    path = Path(path)
+    with open(path, "w") as f:
+        for task_id, desc in descriptions.items():
+            f.write(json.dumps({"task_id": task_id, "description": desc}) + "\n")
+    return path
+
+
+def read_descriptions(path: "str | Path") -> dict[str, dict[str, Any]]:
+    out = {}
+    with open(path) as f:
+        for lineno, line in enumerate(f, start=1):
+            if line.strip():
+                try:
+                    rec = json.loads(line)
+                    out[rec["task_id"]] = rec["description"]
+                except (json.JSONDecodeError, KeyError) as e:
+                    raise ValueError(f"{path}:{lineno}: bad description line ({e})") from None
+    return out

@@ -276,25 +276,3 @@ def _error_body(e: "urllib.error.HTTPError") -> str:
         return str(json.loads(body).get("error", {}).get("message", body))[:300]
     except (OSError, ValueError, AttributeError):
         return str(e.reason)
-
-
-def write_descriptions(path: str | Path, descriptions: dict[str, dict[str, Any]]) -> Path:
-    """``op_descriptions.jsonl``: one ``{"task_id", "description"}`` per line."""
-    path = Path(path)
-    with open(path, "w") as f:
-        for task_id, desc in descriptions.items():
-            f.write(json.dumps({"task_id": task_id, "description": desc}) + "\n")
-    return path
-
-
-def read_descriptions(path: str | Path) -> dict[str, dict[str, Any]]:
-    out = {}
-    with open(path) as f:
-        for lineno, line in enumerate(f, start=1):
-            if line.strip():
-                try:
-                    rec = json.loads(line)
-                    out[rec["task_id"]] = rec["description"]
-                except (json.JSONDecodeError, KeyError) as e:
-                    raise ValueError(f"{path}:{lineno}: bad description line ({e})") from None
-    return out

@@ -2,8 +2,8 @@
 
 Derives Appendix E's five components from what a pool carries without running anything:
 
-1. Operations: one per reference-solution step (tool -> type by its verb, ``classify_tool``); without
-   a reference solution, the tools the instruction mentions, ordered authorize, lookup, validate,
+1. Operations: one per reference-solution step (tool -> type by its verb, ``classify_tool``);
+   without a reference solution, the tools the instruction mentions, ordered authorize, lookup, validate,
    then by first mention (at most MAX_INFERRED_OPS).
    A tool is mentioned when its own verb occurs with its entity, or a verb of the same type
    with two of its object words.
@@ -317,6 +317,10 @@ def _reward_groups(task: TaskSpec, ops: list[Operation], gates: list[Gate]) -> l
             for k, (rel, checks, ctl) in enumerate(groups)]
 
 
+def _verb(op: Operation) -> str:
+    return (tool_tokens(op.tool) or ("",))[0]
+
+
 def _conflicts(ops: list[Operation], edges: list[Dependency]) -> list[Conflict]:
     out = [Conflict(kind="order", first=e.source, second=e.target, reason=e.reason[5:])
            for e in edges if e.reason.startswith("gate:")]
@@ -329,7 +333,7 @@ def _conflicts(ops: list[Operation], edges: list[Dependency]) -> list[Conflict]:
                     b.type == "delete" and a.type in STATE_CHANGES:
                 first, second = (a, b) if a.type == "delete" else (b, a)
                 out.append(Conflict(kind="destructive", first=first.op_id, second=second.op_id))
-            verbs = frozenset(((tool_tokens(a.tool) or ("",))[0], (tool_tokens(b.tool) or ("",))[0]))
+            verbs = frozenset((_verb(a), _verb(b)))
             if verbs in ANTONYMS:
                 out.append(Conflict(kind="mutual_exclusion", first=a.op_id, second=b.op_id))
     return out

@@ -22,7 +22,6 @@ import os
 import resource
 import sys
 import traceback
-from collections import OrderedDict
 from typing import Any
 
 from sandbox.child_server import ChildServer

@@ -119,7 +119,8 @@ class ChildServer:
         self.current = runtime
         return {"result": asdict(result), "steps": [asdict(s) for s in steps]}
 
-    def too_large(self, request: dict[str, Any], reply: dict[str, Any], size: int) -> dict[str, Any]:
+    def too_large(self, request: dict[str, Any], reply: dict[str, Any],
+                  size: int) -> dict[str, Any]:
         """Replace a reply over ``max_output_bytes``; a step keeps the episode going."""
         limit = self.cfg["max_output_bytes"]
         message = f"reply of {size} bytes exceeds max_output_bytes={limit}"

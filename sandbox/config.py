@@ -62,7 +62,8 @@ class SandboxConfig(BaseModel):
                 "kill; lower tool_timeout_s or raise call_timeout_s")
         lo, hi = self.uid_range
         if not 0 < lo < hi:
-            raise ValueError(f"uid_range must be (low, high) with 0 < low < high, got {self.uid_range}")
+            raise ValueError(f"uid_range must be (low, high) with 0 < low < high, "
+                             f"got {self.uid_range}")
         return self
 
     def hard_timeout(self, soft_units: int = 0) -> float:

@@ -79,7 +79,8 @@ def _random_module(clock: EpisodeClock) -> types.ModuleType:
     names = ("random", "randint", "randrange", "choice", "choices", "shuffle", "sample",
              "uniform", "gauss", "normalvariate", "triangular", "betavariate", "expovariate",
              "getrandbits", "randbytes", "seed", "getstate", "setstate", "lognormvariate",
-             "vonmisesvariate", "gammavariate", "paretovariate", "weibullvariate", "binomialvariate")
+             "vonmisesvariate", "gammavariate", "paretovariate", "weibullvariate",
+             "binomialvariate")
     return _module("random", _random, {n: getattr(rng, n) for n in names if hasattr(rng, n)})
 
 

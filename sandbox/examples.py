@@ -89,7 +89,8 @@ ORDER_DESK_CHECKS = [
     Check(check_id="ann_pen_shipped", description="Ann's pen order is shipped",
           code="def check_func(final_state):\n"
                "    return any(o['customer_id'] == 'c-001' and o['item'] == 'pen'\n"
-               "               and o['status'] == 'shipped' for o in final_state['orders'].values())\n"),
+               "               and o['status'] == 'shipped'\n"
+               "               for o in final_state['orders'].values())\n"),
     Check(check_id="lamp_untouched", description="Bo's lamp order is still open",
           code="def check_func(final_state):\n"
                "    return final_state['orders']['o-100']['status'] == 'open'\n"),

@@ -50,13 +50,20 @@ def encode_reply(message: dict[str, Any]) -> bytes:
     return HEADER.pack(len(payload)) + payload
 
 
+def _wait_readable(fd: int, deadline: float) -> None:
+    # poll, not select: a Ray worker process easily holds file descriptors above FD_SETSIZE.
+    poller = select.poll()
+    poller.register(fd, select.POLLIN | select.POLLHUP | select.POLLERR)
+    left = deadline - time.monotonic()
+    if left <= 0 or not poller.poll(left * 1000):
+        raise FrameError("timeout")
+
+
 def _read_exact(fd: int, n: int, deadline: Optional[float]) -> bytes:
     chunks, got = [], 0
     while got < n:
         if deadline is not None:
-            left = deadline - time.monotonic()
-            if left <= 0 or not select.select([fd], [], [], left)[0]:
-                raise FrameError("timeout")
+            _wait_readable(fd, deadline)
         chunk = os.read(fd, min(n - got, 1 << 20))
         if not chunk:
             raise FrameError("eof")

@@ -240,14 +240,19 @@ class EpisodeRuntime:
         """Reward = fraction of checks passed.
 
         Checks share the *live* final state (no copy: a 2 MB state would cost tens of ms) and one
-        fresh copy of the initial snapshot, made only when some check names ``initial_state``.
+        fresh copy of the initial snapshot, made only when some check names ``initial_state`` and
+        a step ran since reset (right after reset the live state is the initial state).
         A check that mutates ``final_state`` changes what later checks and steps see, as with
         EnvScaler's shared snapshot; ``initial_state`` is fresh for every ``verify``."""
         self._require_episode()
         checks = list(checks)
         final = state_view(self.instance)
-        initial = self.initial_snapshot() if any("initial_state" in c.code for c in checks) \
-            else None
+        if self._pristine:
+            initial = final  # nothing ran since reset: the live state *is* the initial state
+        elif any("initial_state" in c.code for c in checks):
+            initial = self.initial_snapshot()
+        else:
+            initial = None
         self._pristine = False
         results = [self._run_check(c, final, initial, timeout_s) for c in checks]
         return VerifyResult.from_checks(results)
@@ -258,7 +263,8 @@ class EpisodeRuntime:
             with deadline(timeout_s):
                 result = self._check_func(check, initial)(final)
         except _Deadline:
-            return CheckResult(check.check_id, False, f"timeout: check ran longer than {timeout_s} s")
+            return CheckResult(check.check_id, False,
+                               f"timeout: check ran longer than {timeout_s} s")
         except SyntaxError as e:
             return CheckResult(check.check_id, False, f"SyntaxError at line {e.lineno}: {e.msg}")
         except (Exception, SystemExit) as e:  # noqa: BLE001 - a raising check counts 0

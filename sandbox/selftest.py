@@ -119,9 +119,11 @@ CASES: list[HostileCase] = [
     HostileCase("print_flood", "write 64 MiB to stdout and stderr",
                 "for _ in range(64):\n    os.write(1, b'x' * (1 << 20))\n    print('y' * 1000)\n"
                 "return 'flooded'", expect=("ok", "error_step")),
-    HostileCase("deep_recursion", "recurse without end", "def f(n):\n    return f(n + 1)\nreturn f(0)"),
+    HostileCase("deep_recursion", "recurse without end",
+                "def f(n):\n    return f(n + 1)\nreturn f(0)"),
     HostileCase("stack_smash", "raise the recursion limit and overflow the C stack",
-                "sys.setrecursionlimit(10 ** 8)\ndef f(n):\n    return list(map(f, [n + 1]))\nreturn f(0)",
+                "sys.setrecursionlimit(10 ** 8)\n"
+                "def f(n):\n    return list(map(f, [n + 1]))\nreturn f(0)",
                 expect=("crash", "error_step")),
     HostileCase("kill_parent", "SIGKILL its parent and every process it can signal",
                 "os.kill(os.getppid(), 9)\nos.kill(-1, 9)\nreturn 'still here'",
@@ -133,7 +135,8 @@ CASES: list[HostileCase] = [
                 "libc = ctypes.CDLL(None)\nif libc.setuid(0) != 0 or os.getuid() != 0:\n"
                 "    raise PermissionError('setuid(0) refused')\nreturn 'root'"),
     HostileCase("protocol_forgery", "write a forged reply on the protocol pipe",
-                "for fd in range(3, 64):\n    try:\n        os.write(fd, b'\\x00\\x00\\x00\\x05junk!')\n"
+                "for fd in range(3, 64):\n    try:\n"
+                "        os.write(fd, b'\\x00\\x00\\x00\\x05junk!')\n"
                 "    except OSError:\n        pass\nreturn 'forged'",
                 expect=("protocol", "ok", "error_step")),
     HostileCase("exit", "call sys.exit() and os._exit() from a tool",
@@ -159,7 +162,8 @@ def hostile_env(case: HostileCase) -> Environment:
     else:
         source = (IMPORTS + "\n\nclass Hostile:\n    def __init__(self, cfg=None):\n"
                   + textwrap.indent(case.init, " " * 8)
-                  + "\n\n    def attack(self, arg=None):\n" + textwrap.indent(case.body, " " * 8) + "\n")
+                  + "\n\n    def attack(self, arg=None):\n"
+                  + textwrap.indent(case.body, " " * 8) + "\n")
     return Environment(env_id=f"hostile_{case.name}", class_name="Hostile", source=source,
                        tools=[{"type": "function", "function": {"name": "attack"}}])
 
@@ -250,7 +254,8 @@ def run_selftest(config: Optional[SandboxConfig] = None,
 
 
 def format_table(reports: list[CaseReport], backend: str) -> str:
-    head = f"sandbox selftest ({backend}): {sum(r.passed for r in reports)}/{len(reports)} contained"
+    passed = sum(r.passed for r in reports)
+    head = f"sandbox selftest ({backend}): {passed}/{len(reports)} contained"
     rows = [f"{'case':<18} {'outcome':<13} {'expect':<6} {'contain':<7} {'next ok':<7} "
             f"{'secs':>5}  detail"]
     for r in reports:

@@ -158,8 +158,10 @@ class SandboxWorker:
         self.close()
 
     def __del__(self) -> None:
-        if not getattr(self, "closed", True) and getattr(self, "_child", None) is not None:
-            self._child.kill()
+        if not getattr(self, "closed", True):
+            if self._child is not None:
+                self._child.kill()
+            shutil.rmtree(self._workdir, ignore_errors=True)
 
     # ----------------------------------------------------------------- transport
     def _where(self, env_id: Optional[str]) -> str:
@@ -170,13 +172,13 @@ class SandboxWorker:
         self._ensure_child()
         child, env_id = self._child, request.get("env_id") or self._episode_env
         where = self._where(env_id)
-        deadline = time.monotonic() + self.config.hard_timeout(soft_units)
+        limit = self.config.hard_timeout(soft_units)
         try:
             send_request(child.write_fd, request)
             reply = read_reply(child.read_fd, self.config.max_output_bytes + _REPLY_SLACK,
-                               deadline)
+                               time.monotonic() + limit)
         except (FrameError, OSError) as e:
-            raise self._failure(e, request["op"], where) from None
+            raise self._failure(e, request["op"], where, limit) from None
         self._cpu = float(reply.get("cpu") or 0.0)
         if reply["ok"]:
             return reply
@@ -188,15 +190,16 @@ class SandboxWorker:
         raise SandboxError(kind if kind in ("bad_request", "output_limit") else "protocol",
                            message, where)
 
-    def _failure(self, e: Exception, op: str, where: str) -> SandboxError:
+    def _failure(self, e: Exception, op: str, where: str, limit: float) -> SandboxError:
         child = self._child
         reason = getattr(e, "reason", "eof")
         if reason == "timeout":
-            limit = self.config.hard_timeout()
-            kind, msg = "timeout", f"{op} did not answer within its wall-clock limit " \
-                                   f"(call_timeout_s={limit}); worker killed and replaced"
+            kind, msg = "timeout", f"{op} did not answer within its wall-clock limit of " \
+                                   f"{limit:g} s (call_timeout_s + tool_timeout_s per tool " \
+                                   "call/check); worker killed and replaced"
         elif reason == "too_large":
-            kind, msg = "output_limit", f"{op} reply exceeded max_output_bytes: {e}; worker replaced"
+            kind = "output_limit"
+            msg = f"{op} reply exceeded max_output_bytes: {e}; worker replaced"
         elif reason == "garbled":
             kind, msg = "protocol", f"{op}: worker sent a malformed reply ({e}); worker replaced"
         else:

@@ -55,7 +55,8 @@ def op_shape(op: dict[str, Any]) -> str:
         shape = ("entity_by_name" if "<name>" in cats else "entity_by_id" if n_ids
                  else "entity_by_attribute" if cats else "entity_list")
     elif kind == "update":
-        shape = "relation" if n_ids >= 2 else "entity_field" if len(values) <= 1 else "entity_fields"
+        shape = ("relation" if n_ids >= 2 else "entity_field" if len(values) <= 1
+                 else "entity_fields")
     elif kind in ("create", "delete"):
         shape = "relation_record" if n_ids >= 2 else "entity"
     elif kind == "validate":
@@ -83,7 +84,8 @@ def abstract_text(desc: dict[str, Any]) -> str:
         toks += [f"gate:{gate['kind']}>{k}" for k in blocked]
     toks.append("gates:" + bucket(sum(g["provenance"] != _UNGATED for g in desc.get("gates", []))))
     for group in desc.get("reward_groups", []):
-        ctl = kind_of.get(group.get("controller", ""), "gate" if group.get("controller") else "none")
+        controller = group.get("controller", "")
+        ctl = kind_of.get(controller, "gate" if controller else "none")
         toks.append(f"group:{group['relation']}:{ctl}")
         toks.append(f"group:{group['relation']}:size={bucket(len(group['checks']))}")
     for c in desc.get("conflicts", []):

@@ -96,21 +96,13 @@ class ExposureState:
         self.last_step = int(s["last_step"])
 
 
-def max_similarity(graph: Any, rows: np.ndarray, batch: list[int]) -> np.ndarray:
-    """max_{j in batch} S_full(i, j) for each i in rows (0 for an empty batch)."""
-    if not batch or rows.size == 0:
-        return np.zeros(rows.size)
-    prod = graph.X_full[rows] @ graph.X_full[np.asarray(batch)].T
-    return np.asarray(prod.max(axis=1).todense()).ravel()
-
-
 class BatchPenalty:
     """max_{j in batch} S_full(i, j), cached per task for one batch under construction.
 
     The batch only grows, so a task's cached maximum stays valid and is brought up to date with
-    the members added since it was last evaluated. Members are kept as dense columns (F x B, float32,
-    one batch at a time) so an update is a gather over the candidate's stored features only;
-    scipy's sparse product costs ~1 ms per call whatever its size, too slow for 64 picks a step.
+    the members added since it was last evaluated. Members are kept as dense columns (F x B,
+    float32, one batch at a time) so an update is a gather over the candidate's stored features
+    only; scipy's sparse product costs ~1 ms per call whatever its size (too slow for 64 picks).
     """
 
     CHUNK = 1 << 22          # gathered products per temporary (16 MiB of float32)
@@ -198,11 +190,12 @@ class PickContext:
 
 def allowed(ctx: PickContext, base: np.ndarray, cfg: EnvSchedConfig, dropped: set[str]
             ) -> np.ndarray:
-    ok = base & ~ctx.in_batch
+    env_ok = np.ones(ctx.env_batch.size, dtype=bool)     # environment caps: O(n_env), one gather
     if "C1" not in dropped:
-        ok &= ctx.env_batch[ctx.env_of] < cfg.c1
+        env_ok &= ctx.env_batch < cfg.c1
     if "C3" not in dropped:
-        ok &= (ctx.env_window + ctx.env_batch)[ctx.env_of] < cfg.c3
+        env_ok &= ctx.env_window + ctx.env_batch < cfg.c3
+    ok = base & ~ctx.in_batch & env_ok[ctx.env_of]
     if "C_task" not in dropped:
         ok &= ctx.streak < cfg.c_task
     return ok
@@ -247,13 +240,14 @@ def build_batch(step: int, q: np.ndarray, obs_count: np.ndarray, graph: Any,
     out: list[Selection] = []
     cum_env = exposure.env_cum[env_of]
 
+    q_order = sort_desc(np.arange(graph.n), q)               # fixed within the step
+
     def cover(ok: np.ndarray) -> tuple[int, dict]:
         keys = (ctx.env_batch[env_of], cum_env, obs_count)
         sel = ok.copy()
         for key in keys:
             sel &= key == key[sel].min()
-        i, pen = penalised_argmax(sort_desc(np.flatnonzero(sel), q), q, ctx.penalty,
-                                  cfg.lambda_sim)
+        i, pen = penalised_argmax(q_order[sel[q_order]], q, ctx.penalty, cfg.lambda_sim)
         return i, {"q": float(q[i]), "penalty": pen, "score": float(q[i]) - pen,
                    "env_batch_count": float(ctx.env_batch[env_of[i]]),
                    "env_cumulative": float(cum_env[i]), "observations": float(obs_count[i]),

@@ -165,3 +165,21 @@ def topk_cross_vectorised(Xu: sp.csr_matrix, group: np.ndarray, env_of: np.ndarr
         rr, cc = np.nonzero(ok & (cs <= k))
         out_idx[r[rr], cs[rr, cc] - 1] = cand[rr, cc]
         out_sim[r[rr], cs[rr, cc] - 1] = sims[rr, cc]
+
+
+def merge_topk(prev_idx: np.ndarray, prev_sim: np.ndarray, new_idx: np.ndarray,
+               new_sim: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Top-k of (previous top-k) + (new candidates) per row, ordered (-sim, index).
+
+    Exact for growing candidate sets: top-k(A + D) = top-k(top-k(A) + D). ``new_sim`` is -inf
+    where a new candidate is not allowed for the row (wrong environment, the row itself).
+    """
+    n = prev_idx.shape[0]
+    C = np.concatenate([prev_idx.astype(np.int64), np.broadcast_to(new_idx, (n, new_idx.size))],
+                       axis=1)
+    V = np.concatenate([np.where(prev_idx >= 0, prev_sim, -np.inf), new_sim], axis=1)
+    order = np.lexsort((C, -V), axis=-1)[:, :k]
+    idx, sim = np.take_along_axis(C, order, axis=1), np.take_along_axis(V, order, axis=1)
+    ok = np.isfinite(sim)
+    return (np.where(ok, idx, -1).astype(np.int32),
+            np.where(ok, sim, 0.0).astype(np.float32))

@@ -1,4 +1,4 @@
-"""``EnvSched``: the paper's scheduler (Section 2, Appendices B-D) behind the ``Scheduler`` interface.
+"""``EnvSched``: the paper's scheduler (Section 2, Appendices B-D) behind ``Scheduler``.
 
 - ``select(step)``: the first batch is the Appendix C cold start; every later one runs the
   estimator (scheduling/estimator.py, Eqs. 3-13) for step t, the progress filter
@@ -7,7 +7,9 @@
 - ``observe(step, group)``: Eqs. 2 / 9 statistics of the K rewards, credited to the step the task
   was selected at (``group.step``), whatever order groups arrive in. A group for a (task, step) that
   was never selected, or a second group for it, is an error. With trajectories and a ``replay``
-  callable, the identifier filter runs and a confirmed task is excluded from both phases.
+  callable, the identifier filter runs (duplicate-record detection needs ``initial_state``, a
+  task id -> initial state callable) and a confirmed task is excluded from both phases.
+  ``observe``'s ``step`` argument is informational; ``group.step`` decides the credit.
 - ``explain(task_id)``: Appendix F-style record of the latest prediction (half-life h_long
   neighbour tables, with each neighbour's weight a / (sum a + lambda_g) as in the paper's "Weight"
   column; both half-lives' fused predictions), plus q, phase and batch rank.
@@ -20,7 +22,7 @@ May import: numpy, the standard library, scheduling.*, envs.spec / envs.trajecto
 from __future__ import annotations
 
 import time
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Callable, Optional, Sequence, Union
 
 import numpy as np
 
@@ -41,10 +43,12 @@ class EnvSched(Scheduler):
     def __init__(self, tasks: Sequence[Union[TaskSpec, TaskInfo]], graph: Any,
                  config: Optional[EnvSchedConfig] = None, replay: Optional[Replay] = None,
                  environments: Optional[dict[str, Environment]] = None,
-                 env_category: Optional[dict[str, str]] = None) -> None:
+                 env_category: Optional[dict[str, str]] = None,
+                 initial_state: Optional[Callable[[str], dict[str, Any]]] = None) -> None:
         self.cfg = config or EnvSchedConfig()
         self.graph = graph
         self.replay = replay
+        self.initial_state = initial_state
         self._check_tasks(tasks)
         self._context = self._contexts(tasks, environments or {})
         cats = [(env_category or {}).get(e, e) for e in graph.env_ids]
@@ -137,7 +141,9 @@ class EnvSched(Scheduler):
 
     def _identifier_check(self, group: GroupResult) -> None:
         filt = IdentifierFilter(self.replay, self.cfg)
-        for f in filt.check(group.task_id, group.trajectories, self._context[group.task_id]):
+        state = self.initial_state(group.task_id) if self.initial_state else None
+        for f in filt.check(group.task_id, group.trajectories, self._context[group.task_id],
+                            state):
             self._identifier_log.append(f.to_dict() | {"step": int(group.step)})
             if f.verdict == "filtered":
                 self.exclude(group.task_id, f"identifier filter: {f.reason} ({f.identifier}), "

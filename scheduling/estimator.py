@@ -10,7 +10,8 @@ Implements, for every task i at step t and each half-life h in {h_long, h_short}
 - Eq. 11      W_i = sum_{s in H_t(i)} w, ybar_i = sum w y~ / W_i (ybar = b_t when W_i = 0).
 - Eq. 7       delta = clip(1 - S, 0, 1); sigma_i = max(median_j delta_ij, 0.05);
               a_ij = exp(-(delta/sigma)^2 / 2) * sqrt(clip_[0.1,3](W_j)).
-- Eq. 3       G_i^r = (sum_j a_ij ybar_j + lambda_g b) / (sum_j a_ij + lambda_g) (= b, no neighbour).
+- Eq. 3       G_i^r = (sum_j a_ij ybar_j + lambda_g b) / (sum_j a_ij + lambda_g)
+              (= b without observed neighbours).
 - Eq. 4       P = 0.5 G^in + 0.5 G^cross; yhat = (W ybar + lambda_s P) / (W + lambda_s).
 - Eq. 8       pr(z) = (rank_avg(z) - 0.5) / N over all N tasks.
 - Eq. 12      f = dhat mhat (1 - mhat); u^(h) = Q_vhat[0.65 pr(vhat) + 0.35 pr(f)], Q the empirical
@@ -18,7 +19,8 @@ Implements, for every task i at step t and each half-life h in {h_long, h_short}
 - Eq. 13      u = u_long - eta max(u_long - u_short, 0); q = pr(u).
 
 Statistic columns are ordered (v, m, d) everywhere. The history is stored as compact arrays
-(task index, step, y) with amortised doubling, so one prediction costs O(n_obs + n (K_in + K_cross)).
+(task index, step, y) with amortised doubling;
+one prediction costs O(n_obs + n (K_in + K_cross)).
 
 Decisions where the paper is silent:
 - H_t(i) holds observations credited to steps s < t only (a late group for an earlier step counts

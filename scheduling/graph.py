@@ -14,7 +14,10 @@ Representation (never a dense N x N matrix):
 - ``topk_observed`` reads the top-k observed neighbours (|N_in| <= K_within, |N_cross| <= K_cross
   of Section 2.2) from the lists for all rows at once and recomputes exactly (sparse products
   against the observed candidates) only rows whose list runs out while observed candidates remain
-  outside it.
+  outside it. For the cross relation (whose lists, ~100 of N, hold few observed nodes early in
+  training, so most rows would fall back) it memoises its last answer per k: when the observed
+  set only grew (by at most MERGE_LIMIT nodes), the answer is the old one merged with the new
+  nodes — exact, since top-k(A + D) = top-k(top-k(A) + D) — on the rows a new node can enter.
 
 Decisions where the paper is silent: the weights are used as given (they sum to 1); a view whose
 text is empty for a task contributes 0 to that task's similarities; op descriptions passed in
@@ -45,11 +48,13 @@ from envs.opdesc import (Extractor, OpDescription, OpDescriptionError, check_aga
                          describe_task)
 from envs.spec import Environment, TaskSpec
 from scheduling.abstraction import abstract_text
-from scheduling.candidates import rank_cross, rank_within, topk_cross_vectorised
+from scheduling.candidates import (merge_topk, rank_cross, rank_within,
+                                   topk_cross_vectorised)
 from scheduling.views import (VIEW_NAMES, VIEW_WEIGHTS, StateOf, encode, make_vectorizer,
                               view_texts)
 
 FORMAT_VERSION = 1
+MERGE_LIMIT = 1024  # newly observed nodes answered incrementally (else from the lists)
 DENSE_ABS_LIMIT = 1 << 26  # entries (256 MiB float32) of the distinct abstract vectors
 log = logging.getLogger(__name__)
 
@@ -113,6 +118,7 @@ class DualGraph:
             # the abstract vocabulary is small: dense BLAS products beat sparse x sparse ones
             self._X_abs_groups = self._X_abs_groups.toarray()
         self._mean_within: Optional[np.ndarray] = None
+        self._topk_memo: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
 
     # --- building -------------------------------------------------------------------------
 
@@ -159,6 +165,29 @@ class DualGraph:
                       "description_sources": _count_sources(descs)}
         return graph
 
+    @classmethod
+    def from_pool(cls, pool: Any, config: Optional[GraphConfig] = None,
+                  cache: Optional[str | Path] = None) -> "DualGraph":
+        """Build over an ``envs.pool.Pool`` (shared initial states resolved; descriptions from an
+        LLM pre-pass in ``POOL/op_descriptions.jsonl`` used when present), or load ``cache`` when
+        it was built from the same content, descriptions and config; a fresh build is written
+        there."""
+        from envs.opdesc import pool_descriptions
+
+        config = config or GraphConfig()
+        tasks = list(pool.tasks)
+        descs = pool_descriptions(pool)
+        if cache is not None and Path(cache).is_file():
+            expected = content_hash(tasks, pool.environments, config, descs)
+            try:
+                return cls.load(cache, expected_hash=expected)
+            except GraphError as e:
+                log.info("graph: rebuilding: %s", e)
+        graph = cls.build(tasks, pool.environments, config, descs, state_of=pool.initial_state)
+        if cache is not None:
+            graph.save(cache)
+        return graph
+
     def _rank_candidates(self) -> None:
         sizes = np.bincount(self.env_of, minlength=len(self.env_ids))
         Lw = int(min(self.config.within_candidates, sizes.max() - 1))
@@ -199,6 +228,23 @@ class DualGraph:
                              f"got shape {obs.shape}")
         if not isinstance(k, (int, np.integer)) or k < 0:
             raise GraphError(f"k must be an int >= 0, got {k!r}")
+        memo = self._topk_memo.get(int(k)) if relation == "cross" else None
+        if memo is not None and not (memo[0] & ~obs).any() and \
+                int((obs & ~memo[0]).sum()) <= MERGE_LIMIT:
+            out_idx, out_sim = self._cross_merge(memo, obs, int(k))
+        else:
+            out_idx, out_sim = self._topk_lists(relation, obs, int(k))
+        if relation == "cross":
+            self._topk_memo[int(k)] = (obs.copy(), out_idx, out_sim)
+        return out_idx.copy(), out_sim.copy()
+
+    def reset_topk_memo(self) -> None:
+        """Forget the memoised cross answers (the next call reads the lists)."""
+        self._topk_memo.clear()
+
+    def _topk_lists(self, relation: str, obs: np.ndarray,
+                    k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Read the candidate lists; rows that run out go to the exact fallback."""
         idx, sim, complete = (getattr(self, f"{relation}_{x}") for x in ("idx", "sim",
                                                                           "complete"))
         out_idx = np.full((self.n, k), -1, dtype=np.int32)
@@ -219,6 +265,23 @@ class DualGraph:
         rows = np.nonzero(~complete & (found < k) & (found < avail))[0]
         if rows.size:
             self._exact_topk(relation, rows, obs, k, out_idx, out_sim)
+        return out_idx, out_sim
+
+    def _cross_merge(self, memo, obs: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """The previous cross answer merged with the newly observed nodes, on the rows whose
+        k-th neighbour a new node can displace (or that have fewer than k)."""
+        _, prev_idx, prev_sim = memo
+        new = np.nonzero(obs & ~memo[0])[0]
+        if new.size == 0 or k == 0:
+            return prev_idx.copy(), prev_sim.copy()
+        new_sim = _gram_groups(self._X_abs_groups, self.abs_group[new])[self.abs_group]
+        new_sim[self.env_of[:, None] == self.env_of[new][None, :]] = -np.inf
+        kth = np.where(prev_idx[:, -1] >= 0, prev_sim[:, -1], -np.inf)
+        rows = np.nonzero(new_sim.max(axis=1) >= kth)[0]
+        rows = rows[np.isfinite(new_sim[rows].max(axis=1))]
+        out_idx, out_sim = prev_idx.copy(), prev_sim.copy()
+        out_idx[rows], out_sim[rows] = merge_topk(prev_idx[rows], prev_sim[rows], new,
+                                                  new_sim[rows], k)
         return out_idx, out_sim
 
     def _exact_topk(self, relation: str, rows: np.ndarray, obs: np.ndarray, k: int,
@@ -278,6 +341,13 @@ class DualGraph:
         from scheduling.graph_io import load_graph
 
         return load_graph(cls, Path(path), expected_hash)
+
+
+def _gram_groups(Xu, groups: np.ndarray) -> np.ndarray:
+    """(distinct abstract vectors) x (the given groups) similarities."""
+    if isinstance(Xu, np.ndarray):
+        return Xu @ Xu[groups].T
+    return (Xu @ Xu[groups].T).toarray()
 
 
 def _empty_lists(n: int, Lw: int, Lc: int) -> dict[str, np.ndarray]:

@@ -11,8 +11,9 @@ Views a = 1..6 with weights alpha = (0.28, 0.08, 0.16, 0.12, 0.16, 0.20), each i
 4. ``check_code``          verifier code structure (``envs.opdesc.CheckFacts.structure``): AST
                            node types, called names, attributes, compare operators, field keys;
 5. ``initial_context``     the initial-state summary: its top-level attributes, plus the records
-                           the instruction mentions (a record key or a short string value of it
-                           equal to a 1-4-word phrase of the instruction; at most 8 records);
+                           the instruction names (a record key or a short string value of it
+                           equal to a 1-4-word phrase of the instruction that matches exactly
+                           one record; at most 8 records);
 6. ``operation_description`` the complete (concrete) operation description, flattened.
 
 An empty view text gives a zero row (cosine 0 with everything), never an error.
@@ -38,6 +39,7 @@ VIEW_NAMES = ("instruction_words", "instruction_chars", "check_text", "check_cod
 VIEW_WEIGHTS = (0.28, 0.08, 0.16, 0.12, 0.16, 0.20)
 MAX_CONTEXT_RECORDS = 8
 MAX_RECORD_FIELDS = 40
+MAX_PHRASE_RECORDS = 1
 
 StateOf = Callable[[TaskSpec], dict]
 
@@ -160,12 +162,14 @@ def context_text(task: TaskSpec, state: dict, cache: dict[int, _StateIndex]) -> 
         index = _StateIndex(state)
         if task.initial_state is None:
             cache[id(state)] = index
-    words = [w.strip(".,;:!?'\"()") for w in task.instruction.lower().split()]
-    found: list[tuple[str, str]] = []
+    words = [re.sub(r"'s$", "", w.strip(".,;:!?'\"()"))
+             for w in task.instruction.lower().split()]
+    found: dict[tuple[str, str], None] = {}
     for n in (4, 3, 2, 1):
         for k in range(len(words) - n + 1):
-            for ref in index.phrases.get(" ".join(words[k:k + n]), ()):
-                if ref not in found:
-                    found.append(ref)
+            refs = index.phrases.get(" ".join(words[k:k + n]), ())
+            if len(refs) <= MAX_PHRASE_RECORDS:  # a common value ("active") names no record
+                found.update(dict.fromkeys(refs))
+    found_refs = list(found)
     return "\n".join([index.header] + [index.record_text(r)
-                                       for r in found[:MAX_CONTEXT_RECORDS]])
+                                       for r in found_refs[:MAX_CONTEXT_RECORDS]])

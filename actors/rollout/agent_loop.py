@@ -140,7 +140,8 @@ class AgentLoop:
             policy_version=min(ep.versions, default=self.engine.version), seed=seed,
             timings=ep.timings,
             info={"turns": ep.turns, "malformed": ep.malformed, "policy_versions": ep.versions,
-                  "generated_tokens": sum(ep.loss_mask), **({"error": ep.error} if ep.error else {})})
+                  "generated_tokens": sum(ep.loss_mask),
+                  **({"error": ep.error} if ep.error else {})})
 
     async def _turns(self, ep: _Episode, env: Environment, task: TaskSpec, session: EnvSession,
                      seed: Optional[int]) -> None:

@@ -2,7 +2,9 @@
 RolloutWorker actor, without Ray.
 
 - Concurrency: all episodes of all groups in flight share one asyncio loop; a semaphore caps live
-  episodes at ``config.max_concurrent_episodes`` (each one holds a sandbox session).
+  episodes at ``config.max_concurrent_episodes``, and at ``capacity`` (the sandboxes this runner
+  can hold) when given: an episode holds its sandbox while it waits for the engine, so more live
+  episodes than sandboxes would only queue on ``open_session`` and time out there.
 - Stickiness: an episode opens one session (``open_session(task, seed)``, awaited with
   ``session_timeout_s``) and uses it for every tool call and the verifier, then closes it.
 - Failures: an episode that ends ``env_error`` or ``timeout`` (including a session that could not
@@ -39,9 +41,11 @@ def episode_seed(group_seed: int, task_id: str, step: int, index: int) -> int:
 
 
 class GroupRunner:
-    def __init__(self, loop: AgentLoop, pool, open_session: Opener):
+    def __init__(self, loop: AgentLoop, pool, open_session: Opener,
+                 capacity: Optional[int] = None):
         self.loop, self.pool, self.open_session = loop, pool, open_session
         self.config = loop.config
+        self.concurrency = min(self.config.max_concurrent_episodes, capacity or 1 << 30)
         self._sem: Optional[asyncio.Semaphore] = None
         self._stats: Counter = Counter()
         self._malformed: Counter = Counter()
@@ -60,7 +64,7 @@ class GroupRunner:
 
     async def _episode(self, env: Environment, task: TaskSpec, seed: int) -> Trajectory:
         if self._sem is None:
-            self._sem = asyncio.Semaphore(self.config.max_concurrent_episodes)
+            self._sem = asyncio.Semaphore(self.concurrency)
         errors = []
         for attempt in range(self.config.episode_retries + 1):
             async with self._sem:

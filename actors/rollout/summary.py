@@ -33,6 +33,7 @@ def summarize(groups: Iterable[Group], wall_s: float) -> dict[str, Any]:
                                                                    "close_s"))
         malformed.update(t.info.get("malformed", {}))
     executor_s = sum(timing[k] for k in ("env_s", "verify_s", "open_s", "close_s"))
+    share = (lambda x: x / timing["episode_s"]) if timing["episode_s"] else (lambda x: 0.0)
     return {
         "groups": len(groups),
         "trajectories": len(trajs),
@@ -45,8 +46,8 @@ def summarize(groups: Iterable[Group], wall_s: float) -> dict[str, Any]:
         "generated_tokens": sum(t.info.get("generated_tokens", 0) for t in trajs),
         "wall_s": wall_s,
         "episodes_per_s": len(trajs) / wall_s if wall_s > 0 else 0.0,
-        "generate_share": timing["generate_s"] / timing["episode_s"] if timing["episode_s"] else 0.0,
-        "executor_share": executor_s / timing["episode_s"] if timing["episode_s"] else 0.0,
+        "generate_share": share(timing["generate_s"]),
+        "executor_share": share(executor_s),
         "time_s": dict(timing),
     }
 

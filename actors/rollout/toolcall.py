@@ -114,4 +114,5 @@ def tool_parameters(tools: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 def render_call(name: str, arguments: dict[str, Any]) -> str:
     """The text a Qwen3 model emits for one call (used by the scripted engine and SFT data)."""
-    return f'{OPEN}\n{json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False)}\n{CLOSE}'
+    body = json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False)
+    return f"{OPEN}\n{body}\n{CLOSE}"

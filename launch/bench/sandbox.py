@@ -8,7 +8,8 @@ Uses the order desk (``sandbox.examples``: 4 tools, uuid ids, clock reads, 4 che
 - ``reset_verify_ms``       median reset (cached state) + 4-check verify, per episode
 - ``episode_ms``            reset + the 3-call reference solution + verify
 - ``big_state_*``           the same reset + verify with a ~2 MB initial state (the size of
-                            tau-bench's shared database), sent once and cached in the worker
+                            tau-bench's shared database), sent once and cached in the worker;
+                            ``big_state_episode_ms`` adds one state-changing step
 - ``actor_calls_per_s``     ``step`` calls on an EnvExecutor actor made from another Ray actor
                             (one session, serial ``ray.get``) on a local Ray
 Targets (issue 2): >= 1,000 calls/s through one warm worker; reset + verify <= 20 ms.
@@ -92,6 +93,13 @@ def _worker_figures(backend: str, calls: int, episodes: int) -> dict[str, Any]:
         out["big_state_first_reset_verify_ms"] = (time.perf_counter() - t0) * 1000
         out["big_state_reset_verify_ms"] = _median_ms(lambda i: reset_verify(i, "big"),
                                                       max(10, episodes // 10))
+
+        def big_episode(i):
+            w.reset(ORDER_DESK, None, seed=i, state_key="big")
+            w.step("create_order", {"customer_id": "c-001", "item": "pen"})
+            w.verify(ORDER_DESK_CHECKS)
+
+        out["big_state_episode_ms"] = _median_ms(big_episode, max(10, episodes // 10))
     return out
 
 

@@ -37,7 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _graph(args: argparse.Namespace):
     from envs.generator import generate_pool
     from envs.pool import load_pool
-    from scheduling.graph import DualGraph, GraphError
+    from scheduling.graph import DualGraph, GraphConfig, GraphError, content_hash
 
     n_envs = max(1, round(args.tasks / args.tasks_per_env))
     root = Path(args.cache) / f"pool-{n_envs}x{args.tasks_per_env}-s{args.seed}"
@@ -52,8 +52,9 @@ def _graph(args: argparse.Namespace):
     graph = None
     if cache.exists():
         try:
-            graph = DualGraph.load(cache)
-        except GraphError:
+            expected = content_hash(list(pool.tasks), pool.environments, GraphConfig())
+            graph = DualGraph.load(cache, expected)
+        except GraphError:                  # stale or unreadable cache: rebuild
             graph = None
     built = graph is None
     if built:

@@ -1,6 +1,7 @@
 """Build and inspect the static dual-relation graph: envsched graph build --pool DIR [--out FILE].
 
-``build`` loads the pool, derives operation descriptions (the pool's own, else the static
+``build`` loads the pool, derives operation descriptions (the pool's own, else those of an LLM
+pre-pass in ``<pool>/op_descriptions.jsonl`` (``envsched graph describe``), else the static
 extractor), encodes the six views and the abstract view, ranks candidates and writes the cache
 (default ``<pool>/graph.npz``), then prints its size (nodes, nnz, candidate-list lengths, bytes)
 and the time per stage. ``--json`` prints the same as one JSON object.
@@ -48,7 +49,7 @@ def run_build(args: argparse.Namespace) -> int:
 
     from envs.pool import load_pool
     from launch.cli import UserError
-    from envs.opdesc import OpDescriptionError
+    from envs.opdesc import OpDescriptionError, pool_descriptions
     from scheduling.graph import DualGraph, GraphConfig, GraphError
 
     pool = load_pool(args.pool)
@@ -56,7 +57,7 @@ def run_build(args: argparse.Namespace) -> int:
                                    ("cross_candidates", args.cross_candidates)) if v is not None}
     try:
         config = GraphConfig(**overrides)
-        graph = DualGraph.build(pool.tasks, pool.environments, config,
+        graph = DualGraph.build(pool.tasks, pool.environments, config, pool_descriptions(pool),
                                 state_of=pool.initial_state)
     except (GraphError, OpDescriptionError) as e:
         raise UserError(str(e)) from None

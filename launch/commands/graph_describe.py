@@ -33,7 +33,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from envs.opdesc_llm import LLMDescriber, write_descriptions
+    from envs.opdesc import DESCRIPTIONS_FILE, write_descriptions
+    from envs.opdesc_llm import LLMDescriber
     from envs.pool import load_pool
 
     pool = load_pool(args.pool)
@@ -44,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
                              timeout_s=args.timeout, json_mode=args.json_mode,
                              max_tokens=args.max_tokens)
     descriptions, stats = describer.describe_pool(pool, progress=not args.no_progress)
-    out = write_descriptions(args.out or root / "op_descriptions.jsonl", descriptions)
+    out = write_descriptions(args.out or root / DESCRIPTIONS_FILE, descriptions)
     print(f"{len(descriptions)} tasks: {stats.summary()}")
     for task_id, reason in list(stats.reasons.items())[:20]:
         print(f"  fallback {task_id}: {reason}")

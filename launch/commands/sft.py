@@ -1,7 +1,7 @@
 """Warm-start the tiny policy on a pool's reference solutions (supervised, a few epochs on CPU).
 
 envsched sft --pool DIR --out MODEL_DIR [--epochs N] [--lr LR] [--task-fraction F]
-             [--max-examples N] [--seed S] [--base MODEL_DIR]
+             [--max-examples N] [--batch N] [--seed S] [--base MODEL_DIR]
 
 Reference solutions are played through the real agent loop (chat template, tool-call syntax, tool
 responses) so the policy learns exactly the token sequences it will produce; the loss covers model
@@ -25,6 +25,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lr", type=float, default=d.lr)
     parser.add_argument("--task-fraction", type=float, default=d.task_fraction)
     parser.add_argument("--max-examples", type=int, default=d.max_examples)
+    parser.add_argument("--batch", type=int, default=d.batch, help="sequences per step")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--base", default=None, help="model to start from (default: tiny policy)")
 
@@ -38,6 +39,6 @@ def run(args: argparse.Namespace) -> int:
     if args.epochs < 1:
         raise UserError(f"--epochs must be >= 1, got {args.epochs}")
     summary = run_sft(args.pool, args.out, args.epochs, args.lr, args.task_fraction,
-                      args.max_examples, args.seed, args.base)
+                      args.max_examples, args.seed, args.base, args.batch)
     print(json.dumps(summary, indent=2))
     return 0

@@ -140,3 +140,14 @@ def test_killed_executor_answers_typed_error_then_next_session_is_served(ray_loc
         assert ex.stats()[0]["pid"] != pid
     finally:
         ex.shutdown()
+
+
+def test_executor_past_its_restarts_is_replaced_on_the_next_session(ray_local, pool):
+    ex = ExecutorPool(pool, _config(workers_per_executor=1, max_restarts=0, name_prefix="once"))
+    try:
+        os.kill(ex.stats()[0]["pid"], signal.SIGKILL)
+        with ex.open_session(pool.task("od-0"), seed=0) as session:
+            assert session.info["executor"] == "once-1" and _play(session) == 1.0
+        assert ex.size == 1
+    finally:
+        ex.shutdown()

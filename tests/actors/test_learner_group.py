@@ -214,4 +214,6 @@ def test_one_rank_and_two_zero3_ranks_take_the_same_step(ray_local, groups, poli
     assert l1 == pytest.approx(l2, abs=1e-6)
     assert max(abs(a - b) for x, y in zip(lp1, lp2) for a, b in zip(x, y)) < LOGPROB_TOL
     assert set(s1) == set(s2)
-    assert max(float((s1[k] - s2[k]).abs().max()) for k in s1) < 1e-5
+    # Adam's first update is ~lr * sign(g): near-zero gradients that differ only by summation
+    # order may move a weight differently by up to lr, hence lr / 10 (a wrong gather is off by O(1))
+    assert max(float((s1[k] - s2[k]).abs().max()) for k in s1) < 2e-4

@@ -139,3 +139,41 @@ def test_sandbox_failure_marks_the_episode(pool, tokenizer, session_cls, status)
     traj = run(engine, tokenizer, pool, "notes-1", session_cls=session_cls, step_timeout_s=0.2)
     assert (traj.status, traj.reward) == (status, 0.0) and traj.info["error"]
     assert_aligned(traj)
+
+
+def test_group_runner_holds_at_most_capacity_sessions_and_returns_k(pool, tokenizer):
+    from actors.rollout.runner import GroupRunner
+    from actors.rollout.session import InProcessSessions
+
+    sessions, live, peak = InProcessSessions(pool), [0], [0]
+
+    class Counted:
+        def __init__(self, inner):
+            self.inner = inner
+
+        async def astep(self, tool, arguments):
+            await asyncio.sleep(0.01)  # let other episodes run while this one holds its session
+            return await self.inner.astep(tool, arguments)
+
+        async def averify(self):
+            return await self.inner.averify()
+
+        async def aclose(self):
+            live[0] -= 1
+            await self.inner.aclose()
+
+    async def opener(task, seed):
+        live[0] += 1
+        peak[0] = max(peak[0], live[0])
+        return Counted(await sessions.open_session(task, seed))
+
+    loop = AgentLoop(ScriptedEngine.from_pool(tokenizer, pool), tokenizer, RolloutConfig(k=5))
+    runner = GroupRunner(loop, pool, opener, capacity=2)
+
+    async def both():
+        return await asyncio.gather(runner.run_group("notes-2", 0), runner.run_group("notes-1", 0))
+
+    groups = asyncio.run(both())
+    assert [len(g.trajectories) for g in groups] == [5, 5] and peak[0] == 2 and live[0] == 0
+    assert all(g.rewards == [1.0] * 5 for g in groups)
+    assert len({t.seed for g in groups for t in g.trajectories}) == 10

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from envs.generator import generate_pool
-from envs.opdesc_llm import LLMDescriber, read_descriptions
+from envs.opdesc import read_descriptions
+from envs.opdesc_llm import LLMDescriber
 from envs.pool import load_pool
 from launch.cli import main as cli_main
 
@@ -85,6 +86,27 @@ def test_describe_command_writes_descriptions_the_graph_uses(scripted_server, sm
     assert rc == 0
     descs = read_descriptions(out)
     assert len(descs) == 6 and _stats(scripted_server)["response_formats"][0] == "json_object"
+
+
+def test_graph_build_uses_the_pre_pass_descriptions(scripted_server, small_pool, tmp_path):
+    import shutil
+
+    from scheduling.graph import DualGraph
+
+    pool_dir = tmp_path / "pool"
+    shutil.copytree(small_pool, pool_dir)
+    before = DualGraph.from_pool(load_pool(pool_dir))
+    assert cli_main(["graph", "describe", "--pool", str(pool_dir), "--endpoint", scripted_server,
+                     "--model", "scripted", "--no-progress"]) == 0
+    assert (pool_dir / "op_descriptions.jsonl").is_file()
+    after = DualGraph.from_pool(load_pool(pool_dir), cache=tmp_path / "g.npz")
+    assert after.content_hash != before.content_hash
+    # every description the scripted server gave has one lookup then one update: tasks whose
+    # description came from it now share one abstract vector across environments
+    llm_tasks = [t.task_id for t in load_pool(pool_dir).tasks if not t.task_id.endswith("-task_2")]
+    groups = {int(after.abs_group[after.index[t]]) for t in llm_tasks}
+    assert len(groups) == 1
+    assert cli_main(["graph", "build", "--pool", str(pool_dir), "--json"]) == 0
 
 
 def test_unreachable_endpoint_falls_back_with_reason(small_pool, free_port):

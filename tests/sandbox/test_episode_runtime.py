@@ -32,7 +32,8 @@ def test_import_error_and_missing_class_are_load_errors():
 
 
 def test_class_raising_in_init_is_a_load_error_at_reset():
-    rt = EpisodeRuntime(_env("class E:\n    def __init__(self, cfg=None):\n        raise RuntimeError('nope')\n"))
+    rt = EpisodeRuntime(_env("class E:\n    def __init__(self, cfg=None):\n"
+                             "        raise RuntimeError('nope')\n"))
     with pytest.raises(EnvLoadError, match="RuntimeError: nope.*line 3"):
         rt.reset({}, seed=0)
 
@@ -184,5 +185,6 @@ def test_replay_rejects_malformed_actions():
     with pytest.raises(SandboxError, match="needs a 'name'"):
         replay(ORDER_DESK, ORDER_DESK_STATE, ORDER_DESK_CHECKS, [{"args": {}}])
     steps = replay(ORDER_DESK, ORDER_DESK_STATE, ORDER_DESK_CHECKS,
-                   [ToolCall(name="nope"), ActionStep("find_customer", {"name": "Bo Chen"}, None)])[1]
+                   [ToolCall(name="nope"),
+                    ActionStep("find_customer", {"name": "Bo Chen"}, None)])[1]
     assert steps[0].error and steps[1].observation["data"]["customer_id"] == "c-002"

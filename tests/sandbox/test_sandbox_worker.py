@@ -16,7 +16,8 @@ FAST = dict(call_timeout_s=3.0, tool_timeout_s=0.5, memory_mb=1024)
 
 def _env(body: str, name: str = "probe") -> Environment:
     src = ("import os, signal\nclass P:\n    def __init__(self, c=None):\n        self.k = 0\n"
-           "    def t(self, x=None):\n" + "".join(f"        {line}\n" for line in body.splitlines()))
+           "    def t(self, x=None):\n"
+           + "".join(f"        {line}\n" for line in body.splitlines()))
     return Environment(env_id=name, class_name="P", source=src,
                        tools=[{"type": "function", "function": {"name": "t"}}])
 
@@ -73,7 +74,8 @@ def test_crash_is_typed_then_episode_lost_then_next_episode_served(worker):
     before = worker.restarts
     with pytest.raises(SandboxError) as e:
         worker.step("t", {})
-    assert e.value.kind == "crash" and "exit status 3" in str(e.value) and "env probe" in str(e.value)
+    assert e.value.kind == "crash"
+    assert "exit status 3" in str(e.value) and "env probe" in str(e.value)
     with pytest.raises(SandboxError, match="episode was lost: crash during step"):
         worker.step("t", {})
     assert _reference_episode(worker)[1].reward == 1.0

@@ -175,3 +175,19 @@ def test_with_the_real_dual_graph_on_a_generated_pool(tmp_path):
     assert all(len(set(b)) == 64 for b in batches)
     e = s.explain(batches[-1][0])
     assert e["within_neighbours"] and e["cross_neighbours"]
+
+
+def test_bench_scheduler_command_reports_latency_and_memory(tmp_path, capsys):
+    import json
+
+    from launch.cli import main
+
+    argv = ["bench", "scheduler", "--tasks", "120", "--tasks-per-env", "6", "--steps", "3",
+            "--json", "--cache", str(tmp_path)]
+    assert main(argv) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["tasks"] == 120 and out["environments"] == 20 and out["graph_built"]
+    assert out["median_ms"] > 0 and out["state_bytes"] > 0 and out["graph_bytes"] > 0
+    assert main(argv) == 0                              # second run reuses the cached graph
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["graph_built"] is False
+    assert main(["bench", "scheduler", "--tasks", "10", "--cache", str(tmp_path)]) == 2

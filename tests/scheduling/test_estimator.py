@@ -189,3 +189,18 @@ def test_priority_eq12_and_decline_eq13():
 def test_predict_without_observations_is_uniform():
     pred = predict(History(), _StaticGraph(), 0, CFG)
     assert pred.q == pytest.approx([0.5, 0.5, 0.5])
+
+
+def test_config_has_appendix_d_defaults_and_explains_bad_values():
+    c = EnvSchedConfig()
+    assert (c.batch_size, c.b_cov, c.b_exp, c.k_within, c.k_cross) == (64, 32, 32, 6, 12)
+    assert (c.lambda_g, c.lambda_s, c.h_long, c.h_short, c.eta_decline) == (2, 2, 8, 2, 0.5)
+    assert (c.c0, c.lambda_sim, c.c1, c.c3, c.c_task) == (16, 0.08, 4, 11, 2)
+    with pytest.raises(ValueError, match="h_short .* must not exceed h_long"):
+        EnvSchedConfig(h_short=9)
+    with pytest.raises(ValueError, match="c3"):
+        EnvSchedConfig(c3=2)
+    with pytest.raises(ValueError, match="rho"):
+        EnvSchedConfig(rho=1.5)
+    with pytest.raises(ValueError, match="typo_field"):
+        EnvSchedConfig(typo_field=1)

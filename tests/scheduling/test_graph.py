@@ -179,3 +179,28 @@ def test_graph_build_command_prints_size_and_writes_the_cache(pool, tmp_path, ca
     assert DualGraph.load(out).n == len(pool.tasks)
     assert main(["graph", "build", "--pool", str(tmp_path / "nowhere")]) == 2
     assert "not a pool directory" in capsys.readouterr().err
+
+
+def test_from_pool_reuses_a_fresh_cache_and_rebuilds_a_stale_one(pool, graph, tmp_path):
+    cache = tmp_path / "g.npz"
+    cfg = graph.config
+    built = DualGraph.from_pool(pool, cfg, cache)
+    assert cache.is_file() and built.content_hash == graph.content_hash
+    assert DualGraph.from_pool(pool, cfg, cache).info == built.info  # loaded, not rebuilt
+    other = DualGraph.from_pool(pool, GraphConfig(within_candidates=3, cross_candidates=5), cache)
+    assert other.within_idx.shape[1] == 3 and DualGraph.load(cache).within_idx.shape[1] == 3
+
+
+def test_initial_context_holds_the_records_the_instruction_names():
+    from scheduling.views import context_text
+
+    state = {"users": {"U-1": {"name": "Ann Lee", "status": "active"},
+                       "U-2": {"name": "Bo Chan", "status": "active"},
+                       "U-3": {"name": "Cy Dorn", "status": "active"}}, "today": "2024-01-01"}
+    text = context_text(_task("t", "e", "Set Ann Lee's status to active; leave U-3 alone."),
+                        state, {})
+    lines = text.splitlines()
+    assert lines[0] == "users today"
+    assert "users name Ann Lee status active" in lines
+    assert "users name Cy Dorn status active" in lines
+    assert not any("Bo Chan" in line for line in lines)  # "active" is common: it names no record

@@ -84,3 +84,18 @@ def test_topk_rejects_bad_arguments(graphs):
         g.topk_observed("sideways", np.ones(g.n, bool), 3)
     with pytest.raises(GraphError, match=rf"shape \({g.n},\)"):
         g.topk_observed("within", np.ones(g.n + 1, bool), 3)
+
+
+@settings(max_examples=8, deadline=None)
+@given(seed=st.integers(0, 10_000), relation=st.sampled_from(["within", "cross"]),
+       which=st.sampled_from(["short", "long"]))
+def test_growing_observed_sets_are_answered_incrementally_and_exactly(graphs, seed, relation,
+                                                                       which):
+    g = graphs[which]
+    rng = np.random.default_rng(seed)
+    observed = np.zeros(g.n, dtype=bool)
+    for step in range(5):
+        observed |= rng.random(g.n) < 0.08
+        if step == 3:
+            observed[rng.choice(g.n, 5)] = False  # a shrinking set takes the full path
+        _assert_matches(g, relation, observed.copy(), 7)

@@ -55,7 +55,8 @@ class Generation:
             raise ValueError(f"Generation has {len(self.token_ids)} tokens but "
                              f"{len(self.logprobs)} logprobs")
         if self.finish_reason not in ("stop", "length"):
-            raise ValueError(f"finish_reason must be 'stop' or 'length', got {self.finish_reason!r}")
+            raise ValueError(
+                f"finish_reason must be 'stop' or 'length', got {self.finish_reason!r}")
 
 
 class Engine(abc.ABC):

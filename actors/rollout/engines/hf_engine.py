@@ -102,9 +102,10 @@ class HFEngine(Engine):
         for name, tensor in named_tensors.items():
             if name not in params:
                 raise WeightUpdateError(f"HFEngine({self.model_path}): unknown parameter {name!r}")
-            if tuple(tensor.shape) != tuple(params[name].shape):
-                raise WeightUpdateError(f"HFEngine({self.model_path}): {name} has shape "
-                                        f"{tuple(tensor.shape)}, expected {tuple(params[name].shape)}")
+            got, want = tuple(tensor.shape), tuple(params[name].shape)
+            if got != want:
+                raise WeightUpdateError(f"HFEngine({self.model_path}): {name} has shape {got}, "
+                                        f"expected {want}")
         with self._lock, torch.no_grad():
             for name, tensor in named_tensors.items():
                 params[name].copy_(tensor.to(params[name].dtype))

@@ -10,16 +10,18 @@ every concurrent episode, the sampled tokens' log-probs, and in-place weight upd
 - Weights never change under a running generation: an update closes the gate for new requests,
   waits for in-flight ones, loads, resets the prefix cache, publishes the version, reopens.
   Two paths: ``update_weights(named_tensors, version)`` (object store; tensors travel to the
-  workers through ``collective_rpc``) and the NCCL contract of ``actors.learner.weight_sync``
-  (``num_sync_workers``, ``init_weight_sync``, ``receive_weights``), served by the learner's
-  ``VLLMWorkerExtension`` loaded into every vLLM worker.
+  workers through ``collective_rpc("load_named_tensors")``) and the NCCL contract of
+  ``actors.learner.weight_sync`` (``num_sync_workers``, ``init_weight_sync``,
+  ``receive_weights``); ``RolloutWorkerExtension`` (the learner's ``VLLMWorkerExtension`` plus
+  the object-store loader) is loaded into every vLLM worker.
 - ``aupdate_weights`` runs on the engine's event loop (the RolloutWorker calls it); the
   synchronous ``update_weights`` hands it to that loop with ``run_coroutine_threadsafe`` and so
   must be called from another thread while the loop runs.
 
 Importable without vllm: vllm is imported in ``__init__`` only. Tested by ``-m gpu``.
 
-May import: vllm, torch (inside methods), actors.rollout.engines.base, the standard library.
+May import: vllm, torch (inside methods), actors.rollout.engines.base,
+actors.learner.weight_sync (the worker extension), the standard library.
 """
 
 from __future__ import annotations
@@ -30,14 +32,43 @@ from typing import Any, Optional
 
 from actors.rollout.engines.base import Engine, Generation, SamplingParams
 
-WORKER_EXTENSION = "actors.learner.weight_sync.VLLMWorkerExtension"
+from actors.learner.weight_sync import VLLMWorkerExtension
+
+WORKER_EXTENSION = "actors.rollout.engines.vllm_engine.RolloutWorkerExtension"
 
 
-def _load_named_tensors(worker, items: list) -> int:
-    """Runs inside each vLLM worker (``collective_rpc`` passes the worker as ``self``)."""
-    worker.model_runner.model.load_weights(
-        weights=[(name, tensor.to(worker.device)) for name, tensor in items])
-    return len(items)
+class RolloutWorkerExtension(VLLMWorkerExtension):
+    """Mixed into every vLLM worker: the learner's NCCL receiver plus an object-store loader
+    (``collective_rpc`` takes method names; vLLM refuses to pickle callables by default)."""
+
+    def load_named_tensors(self, items: list) -> int:
+        """``items``: ``[(name, dtype, shape, raw bytes)]`` (see ``_pack``)."""
+        import torch
+
+        weights = [(name, torch.frombuffer(bytearray(raw), dtype=torch.uint8)
+                    .view(getattr(torch, dtype)).reshape(shape).to(self.device))
+                   for name, dtype, shape, raw in items]
+        runner = self.model_runner
+        if hasattr(runner, "reload_weights"):
+            # layerwise in-place reload: redoes the post-load processing (e.g. the CPU backend's
+            # repacked linear weights, whose parameters lose their weight_loader)
+            runner.reload_weights(weights_iterator=weights)
+        else:
+            runner.model.load_weights(weights=weights)
+        return len(items)
+
+
+def _pack(named_tensors: dict[str, Any]) -> list:
+    """Tensors as raw bytes: vLLM's engine-to-worker channel pickles, and CPU tensors' shared
+    storage does not pickle there ("cannot pickle memoryview")."""
+    import torch
+
+    out = []
+    for name, tensor in named_tensors.items():
+        t = tensor.detach().contiguous().cpu()
+        raw = t.view(torch.uint8).numpy().tobytes() if t.numel() else b""
+        out.append((name, str(t.dtype).removeprefix("torch."), tuple(t.shape), raw))
+    return out
 
 
 class VLLMEngine(Engine):
@@ -89,8 +120,8 @@ class VLLMEngine(Engine):
         self._inflight += 1
         try:
             final = None
-            async for out in self.llm.generate(TokensPrompt(prompt_token_ids=list(prompt_token_ids)),
-                                               params, request_id=f"gen-{next(self._ids)}"):
+            prompt = TokensPrompt(prompt_token_ids=list(prompt_token_ids))
+            async for out in self.llm.generate(prompt, params, request_id=f"gen-{next(self._ids)}"):
                 final = out
         finally:
             async with self._idle:
@@ -117,10 +148,10 @@ class VLLMEngine(Engine):
         return self._version
 
     async def aupdate_weights(self, named_tensors: dict[str, Any], version: int) -> None:
-        items = [(name, tensor.detach().cpu()) for name, tensor in named_tensors.items()]
+        items = _pack(named_tensors)
 
         async def load():
-            await self.llm.collective_rpc(_load_named_tensors, args=(items,))
+            await self.llm.collective_rpc("load_named_tensors", args=(items,))
 
         await self._exclusive(load, version)
 
