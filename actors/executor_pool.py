@@ -22,12 +22,21 @@ its slot freed; an executor past its restarts is replaced by a new one when a ne
 finds it dead), a call past its deadline ``kind="timeout"``; errors raised in the sandbox arrive
 with their own kind (``EnvLoadError`` included). Every ``ray.get`` has a timeout.
 
+Placement (``resources``, e.g. ``{envsched_executor: 1}``): executors ask Ray for that custom
+resource, so they land on the nodes started with it (``ray start --resources``). Such executors
+get no Ray restarts (Ray would restart a lost node's actor in place and wait, maybe forever, for
+the resource); the pool replaces them instead, and a replacement keeps the requirement only while
+the cluster has that much of it available (minus what this pool claimed in the last
+``_CLAIM_S`` seconds, as Ray's view lags); otherwise it is started on CPUs anywhere, with a
+logged warning, so a run survives losing the executor nodes (``docs/cluster.md``).
+
 May import: ray, actors.env_executor, envs.*, sandbox.*, pydantic, the standard library.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 import uuid
@@ -45,6 +54,9 @@ from envs.trajectory import ActionStep, VerifyResult
 from sandbox.config import SandboxConfig
 from sandbox.errors import SandboxError
 
+log = logging.getLogger(__name__)
+_CLAIM_S = 10.0  # how long Ray's available_resources() may not yet show an actor we started
+
 
 class ExecutorConfig(BaseModel):
     """Size and placement of the executor pool (``env_executors:`` in the YAML configs)."""
@@ -60,6 +72,9 @@ class ExecutorConfig(BaseModel):
     prestart: bool = Field(True, description="start every sandbox when an executor starts")
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
     name_prefix: str = "env-executor"
+    resources: dict[str, float] = Field(
+        default_factory=dict, description="Ray custom resources per actor, e.g. "
+        "{envsched_executor: 1}: executors go only to nodes offering them (see 'Placement')")
 
 
 def _unwrap(e: Exception, where: str) -> SandboxError:
@@ -239,6 +254,9 @@ def _pool_ref(pool: Union[Pool, "ray.ObjectRef"]) -> "ray.ObjectRef":
     return pool if isinstance(pool, ray.ObjectRef) else put_pool(pool)
 
 
+_EXECUTOR = ray.remote(EnvExecutor)
+
+
 class ExecutorPool:
     """See the module docstring."""
 
@@ -248,8 +266,11 @@ class ExecutorPool:
         self._slots = _Slots(self.config.workers_per_executor)
         self._actors: dict[int, Any] = {}
         self._next = 0
-        self._remote = ray.remote(EnvExecutor).options(
-            num_cpus=self.config.num_cpus_per_executor, max_restarts=self.config.max_restarts,
+        self._claims: list[tuple[float, dict[str, float]]] = []
+        self.placement_fallbacks = 0
+        restarts = 0 if self.config.resources else self.config.max_restarts  # see 'Placement'
+        self._options = dict(
+            num_cpus=self.config.num_cpus_per_executor, max_restarts=restarts,
             max_task_retries=0, max_concurrency=self.config.workers_per_executor + 2)
         self.resize(self.config.num_executors)
 
@@ -267,6 +288,7 @@ class ExecutorPool:
         with self._slots.cond:
             while self.size < n:
                 self._start_executor()
+            self._slots.cond.notify_all()  # callers waiting for a sandbox may take the new ones
             for index in sorted(self._slots.accepting, key=self._slots.used.get)[: self.size - n]:
                 self._slots.accepting.discard(index)
                 if self._slots.used[index] == 0:
@@ -274,10 +296,31 @@ class ExecutorPool:
         for index in idle:
             self._stop(index)
 
-    def _start_executor(self) -> None:
+    def _placement(self, replacing: bool) -> dict[str, Any]:
+        """Ray options for a new executor: ``resources`` as configured, except for a replacement
+        when the cluster no longer has them available (then CPUs anywhere, logged)."""
+        wants = self.config.resources
+        if not wants or not replacing:
+            return {"resources": dict(wants)} if wants else {}
+        now = time.monotonic()
+        self._claims = [(t, r) for t, r in self._claims if now - t < _CLAIM_S]
+        available = ray.available_resources()
+        short = [name for name, amount in wants.items()
+                 if available.get(name, 0.0) - sum(r.get(name, 0.0) for _, r in self._claims)
+                 < amount]
+        if not short:
+            self._claims.append((now, dict(wants)))
+            return {"resources": dict(wants)}
+        self.placement_fallbacks += 1
+        log.warning("executor pool %s: no node has %s available for a replacement executor; "
+                    "starting it on CPUs anywhere", self.config.name_prefix, short)
+        return {}
+
+    def _start_executor(self, replacing: bool = False) -> None:
         """Start one executor (call with ``self._slots.cond`` held)."""
         index, self._next = self._next, self._next + 1
-        self._actors[index] = self._remote.remote(
+        remote = _EXECUTOR.options(**self._options, **self._placement(replacing))
+        self._actors[index] = remote.remote(
             self._pool_ref, self.config.sandbox, self.config.workers_per_executor,
             f"{self.config.name_prefix}-{index}", self.config.prestart)
         self._slots.used[index] = 0
@@ -290,7 +333,8 @@ class ExecutorPool:
             if index not in self._slots.accepting:
                 return
             self._slots.accepting.discard(index)
-            self._start_executor()
+            self._start_executor(replacing=True)
+            self._slots.cond.notify_all()
             idle = self._slots.used[index] == 0
         if idle:
             self._stop(index)

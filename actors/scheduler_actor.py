@@ -140,8 +140,11 @@ class SchedulerService:
         return self.scheduler.explain(task_id)
 
     def metrics(self) -> dict[str, float]:
+        """Scheduler metrics plus the actor's own seconds since the previous call (the
+        controller calls it once per learner step, so these are per-step timings)."""
         out = {f"scheduler_{k}": float(v) for k, v in self.scheduler.metrics().items()}
         out.update({f"scheduler_{k}": v for k, v in self.timings.items()})
+        self.timings = dict.fromkeys(self.timings, 0.0)
         out["filter_checked"] = float(len(self.filter_log))
         out["filter_filtered"] = float(sum(e["verdict"] == "filtered" for e in self.filter_log))
         out["filter_pending"] = float(len(self._pending))

@@ -106,9 +106,14 @@ class Controller:
         if n <= 0:
             return
         tickets = [self.reissue.popleft() for _ in range(min(n, len(self.reissue)))]
-        if len(tickets) < n:
+        fresh = n - len(tickets)
+        if self.cfg.scheduler.mode == "batch" and self.inflight:
+            # whole selections only; with nothing in flight take what is left, so a dropped
+            # group can never leave capacity stuck below B
+            fresh -= fresh % self.adm.batch
+        if fresh > 0:
             t0 = time.perf_counter()
-            for a in self.roles.next_tasks(n - len(tickets)):
+            for a in self.roles.next_tasks(fresh):
                 tickets.append(Ticket(self.next_ticket, a.task_id, a.step, a.phase, a.rank,
                                       int(self.rng.integers(2**31 - 1)), dict(a.scores)))
                 self.selections_log.append((a.step, a.task_id))

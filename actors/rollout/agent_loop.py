@@ -41,6 +41,7 @@ from actors.rollout.engines.base import Engine, SamplingParams
 from actors.rollout.toolcall import parse_turn, tool_parameters
 from envs.spec import Environment, TaskSpec
 from envs.trajectory import ActionStep, Trajectory, VerifyResult
+from sandbox.errors import SandboxError
 
 
 class EnvSession(Protocol):
@@ -115,8 +116,6 @@ class AgentLoop:
 
     async def run(self, env: Environment, task: TaskSpec, session: EnvSession,
                   seed: Optional[int] = None) -> Trajectory:
-        from sandbox.errors import SandboxError
-
         start = time.perf_counter()
         ep = _Episode(render_prompt(self.tokenizer, env, task, self.config.enable_thinking))
         prompt_len = len(ep.token_ids)

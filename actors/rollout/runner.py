@@ -30,9 +30,15 @@ from typing import Any, Awaitable, Callable, Optional, Union
 from actors.rollout.agent_loop import AgentLoop, EnvSession
 from envs.spec import Environment, TaskSpec
 from envs.trajectory import Group, Trajectory
+from sandbox.errors import SandboxError
 
 Opener = Callable[[TaskSpec, int], Union[EnvSession, Awaitable[EnvSession]]]
 RETRYABLE = ("env_error", "timeout")
+
+
+def _close_late_session(fut: "asyncio.Future") -> None:
+    if not fut.cancelled() and fut.exception() is None:
+        asyncio.ensure_future(fut.result().aclose())
 
 
 def episode_seed(group_seed: int, task_id: str, step: int, index: int) -> int:
@@ -80,12 +86,9 @@ class GroupRunner:
         return traj
 
     async def _attempt(self, env: Environment, task: TaskSpec, seed: int) -> Trajectory:
-        from sandbox.errors import SandboxError
-
         t0 = time.perf_counter()
         try:
-            session = await asyncio.wait_for(self._open(task, seed),
-                                             self.config.session_timeout_s)
+            session = await self._open(task, seed)
         except (asyncio.TimeoutError, TimeoutError, SandboxError) as e:
             status = "env_error" if isinstance(e, SandboxError) and e.kind != "timeout" \
                 else "timeout"
@@ -105,13 +108,21 @@ class GroupRunner:
         return traj
 
     async def _open(self, task: TaskSpec, seed: int) -> EnvSession:
-        session = self.open_session(task, seed)
-        return await session if inspect.isawaitable(session) else session
+        """Open with ``session_timeout_s``. A blocking opener runs in a thread that a timeout
+        cannot stop, so a session that opens after we gave up is closed when it arrives rather
+        than holding its sandbox forever."""
+        opening = self.open_session(task, seed)
+        if not inspect.isawaitable(opening):
+            return opening
+        pending = asyncio.ensure_future(opening)
+        done, _ = await asyncio.wait({pending}, timeout=self.config.session_timeout_s)
+        if pending in done:
+            return pending.result()
+        pending.add_done_callback(_close_late_session)
+        raise TimeoutError(f"no session within {self.config.session_timeout_s} s")
 
     async def _close(self, session: Any) -> str:
         """Close errors do not change the episode's outcome; they are reported in ``info``."""
-        from sandbox.errors import SandboxError
-
         try:
             await asyncio.wait_for(session.aclose(), self.config.session_timeout_s)
         except (asyncio.TimeoutError, TimeoutError, SandboxError) as e:

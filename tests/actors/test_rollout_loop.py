@@ -177,3 +177,29 @@ def test_group_runner_holds_at_most_capacity_sessions_and_returns_k(pool, tokeni
     assert [len(g.trajectories) for g in groups] == [5, 5] and peak[0] == 2 and live[0] == 0
     assert all(g.rewards == [1.0] * 5 for g in groups)
     assert len({t.seed for g in groups for t in g.trajectories}) == 10
+
+
+def test_a_session_that_opens_after_the_timeout_is_closed_not_leaked(pool, tokenizer):
+    from actors.rollout.runner import GroupRunner
+    from actors.rollout.session import InProcessSessions
+
+    sessions, closed = InProcessSessions(pool), []
+
+    async def slow_opener(task, seed):
+        await asyncio.sleep(0.3)
+        session = await sessions.open_session(task, seed)
+        session._on_close = closed.append
+        return session
+
+    loop = AgentLoop(ScriptedEngine.from_pool(tokenizer, pool), tokenizer,
+                     RolloutConfig(k=2, session_timeout_s=0.05, episode_retries=0))
+    runner = GroupRunner(loop, pool, slow_opener)
+
+    async def go():
+        group = await runner.run_group("notes-1", 0)
+        await asyncio.sleep(0.5)  # the late sessions arrive and are closed
+        return group
+
+    group = asyncio.run(go())
+    assert [t.status for t in group.trajectories] == ["timeout", "timeout"]
+    assert len(closed) == 2

@@ -1,8 +1,9 @@
 """A transformers engine for CPUs (tests, the embedded demo): same contract as the vLLM engine.
 
-``generate`` runs ``model.generate`` in a worker thread, one request at a time behind a lock (a CPU
+``generate`` runs ``model.generate`` on the engine's own single thread, one request at a time (a CPU
 has no spare throughput for batching tiny requests; concurrency comes from overlapping generation
-with tool calls of other episodes). Log-probs come from the raw logits of each step
+with tool calls of other episodes). Queued requests wait in that thread's queue, not in the
+event loop's default executor, which session opens and other blocking calls share. Log-probs come from the raw logits of each step
 (``output_logits=True``), i.e. the temperature-1 distribution, matching vLLM's default.
 Reproducibility: with ``sampling.seed`` set, the torch RNG is seeded inside the lock, so a request
 gives the same tokens whatever other requests run concurrently.
@@ -22,6 +23,7 @@ import asyncio
 import copy
 import threading
 from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Optional
 
 from actors.rollout.engines.base import Engine, Generation, SamplingParams, WeightUpdateError
@@ -42,13 +44,15 @@ class HFEngine(Engine):
         gen = self.model.generation_config
         self.stop_ids = tuple(gen.eos_token_id if isinstance(gen.eos_token_id, list)
                               else [gen.eos_token_id])
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # generation vs. weight updates from other threads
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="hf-engine")
         self.prefix_cache = prefix_cache
         self._caches: "OrderedDict[tuple[int, ...], Any]" = OrderedDict()
 
     async def generate(self, prompt_token_ids: list[int], sampling: SamplingParams,
                        task_id: Optional[str] = None) -> Generation:
-        return await asyncio.to_thread(self._generate, list(prompt_token_ids), sampling)
+        return await asyncio.get_running_loop().run_in_executor(
+            self._thread, self._generate, list(prompt_token_ids), sampling)
 
     def _generate(self, prompt: list[int], sampling: SamplingParams) -> Generation:
         import torch
@@ -111,3 +115,6 @@ class HFEngine(Engine):
                 params[name].copy_(tensor.to(params[name].dtype))
             self._caches.clear()
             self._version = int(version)
+
+    def close(self) -> None:
+        self._thread.shutdown(wait=False, cancel_futures=True)
