@@ -5,11 +5,12 @@ with ``ray start --address``, carrying the custom resource ``envsched_executor``
 1. ``test_resize_while_sessions_open``: an ExecutorPool asking for ``{envsched_executor: 1}`` per
    executor lands on the worker node; it grows while a caller waits for a sandbox (the wait shows
    in ``wait_time_stats``) and shrinks while sessions are open (the retiring executor stops when
-   its session closes).
+   its session closes); an executor killed while its node lives is replaced on that node.
 2. ``test_job_submit_survives_node_loss``: ``ray job submit -- envsched train`` with executors
    requiring the resource; they run on the worker node; the worker node's processes are killed
    (SIGKILL, a lost machine) after step 1; the run finishes every step, the replacement executors
-   run on the head, and metrics.jsonl carries the executor-time columns.
+   run on the head (no node has the resource any more: the pool's logged CPU fallback), and
+   metrics.jsonl carries the executor-time columns.
 
 The resize driver runs in a subprocess: this pytest process may already hold the tests' local Ray.
 """
@@ -40,8 +41,7 @@ def cluster(tmp_path_factory):
     pool_dir = generate_pool(tmp_path_factory.mktemp("cluster") / "pool", 3, 2, seed=2)
     c = RayCluster(num_cpus=5)
     try:
-        # the head offers one executor slot of its own: where replacements go after node loss
-        c.start_head(resources={RESOURCE: 1})
+        c.start_head()  # no executor resource: replacements after node loss use the fallback
         c.add_worker({RESOURCE: 2}, num_cpus=1)
         c.pool_dir = pool_dir
         yield c
@@ -89,6 +89,11 @@ def resize_driver(address: str, pool_dir: str) -> None:
         a.close()
         b.close()
         out["actors_after_close"] = len(ex._actors)
+        # an executor dies while its node lives on: the replacement keeps the requirement
+        ray.kill(next(iter(ex._actors.values())), no_restart=True)
+        ex.open_session(task, seed=3).close()
+        out["replacement_nodes"] = _executor_nodes(ex)
+        out["fallbacks"] = ex.placement_fallbacks
     print("RESULT " + json.dumps(out))
 
 
@@ -102,7 +107,8 @@ def test_resize_while_sessions_open(cluster):
     code = ("import sys; sys.path[:0] = [%r, %r]; from test_cluster import resize_driver;"
             " resize_driver(%r, %r)" % (str(REPO), str(HERE), cluster.address,
                                         str(cluster.pool_dir)))
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    # RAY_ADDRESS names our head: other Ray instances on this host make "auto" ambiguous
+    env = {**os.environ, "RAY_ADDRESS": cluster.address}
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=240, env=env, cwd=REPO)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
@@ -114,6 +120,7 @@ def test_resize_while_sessions_open(cluster):
     assert out["steps_ok"] == [True, True]
     assert out["size_after_shrink"] == 1 and out["actors_while_open"] == 2
     assert out["actors_after_close"] == 1
+    assert out["replacement_nodes"] == out["nodes"] and out["fallbacks"] == 0
 
 
 def _head_node(cluster) -> str:
@@ -150,8 +157,8 @@ def _train_config(pool_dir: Path, steps: int) -> dict:
     }
 
 
-def _job(cluster, *args: str, timeout: float = 120) -> str:
-    out = subprocess.run(["ray", "job", *args, "--address", cluster.dashboard_url],
+def _job(cluster, command: str, *args: str, timeout: float = 120) -> str:
+    out = subprocess.run(["ray", "job", command, "--address", cluster.dashboard_url, *args],
                          capture_output=True, text=True, timeout=timeout)
     assert out.returncode == 0, f"ray job {args}: {out.stdout[-2000:]}{out.stderr[-2000:]}"
     return out.stdout
@@ -179,22 +186,27 @@ def test_job_submit_survives_node_loss(cluster, tmp_path):
     cfg_path, run_dir = tmp_path / "two_node.yaml", tmp_path / "run"
     cfg_path.write_text(yaml.safe_dump(_train_config(cluster.pool_dir, steps)))
     job_id = f"envsched-{os.getpid()}-{int(time.time())}"
-    worker_node = _worker_node(cluster)
+    worker_node, head_node = _worker_node(cluster), _head_node(cluster)
     _job(cluster, "submit", "--no-wait", "--submission-id", job_id, "--",
          "envsched", "train", "--config", str(cfg_path), "--out", str(run_dir))
     try:
         _wait(lambda: _rows(run_dir), 600, "step 1 in metrics.jsonl")
         placed = {a["node_id"] for a in cluster.actors("EnvExecutor")}
         assert placed == {worker_node}, "executors must run where envsched_executor is"
+        t_kill = time.monotonic()
         cluster.nodes[1].kill()  # the worker node: raylet, workers, executors, sandboxes
         seen: set = set()  # nodes of executors alive while the run goes on after the loss
+        gone: list = []
 
         def ended():
             if worker_node not in {n["node_id"] for n in cluster.alive_nodes()}:
+                gone[:] = gone or [time.monotonic() - t_kill]
                 seen.update(a["node_id"] for a in cluster.actors("EnvExecutor"))
             return _status(cluster, job_id)
 
         status = _wait(ended, 600, f"job {job_id} to end")
+        print(f"node loss: seen dead after {gone[0]:.1f} s, job ended "
+              f"{time.monotonic() - t_kill:.1f} s after the kill")
         logs = _job(cluster, "logs", job_id)
         assert status == "SUCCEEDED", logs[-4000:]
     finally:
@@ -204,9 +216,16 @@ def test_job_submit_survives_node_loss(cluster, tmp_path):
     assert [r["step"] for r in rows] == list(range(1, steps + 1))
     assert all("rollout_time_executor_s" in r and "executor_share" in r for r in rows)
     assert worker_node not in {n["node_id"] for n in cluster.alive_nodes()}
-    assert seen == {_head_node(cluster)}  # replacements ran on the surviving head
+    assert seen == {head_node}, seen  # replacements ran on the surviving head
+    assert worker_node in {a["node_id"] for a in cluster.actors("EnvExecutor", state="DEAD")}
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["steps"] == steps
+    warned = [f for f in Path(cluster.temp_dir).glob("session_*/logs/*") if f.is_file()
+              and b"starting it on CPUs anywhere" in f.read_bytes()]
+    assert warned, "the executor pool logs its placement fallback"
+    for r in rows:
+        print({k: r.get(k) for k in ("step", "reward_mean", "executor_share",
+                                     "rollout_time_executor_s")})
 
 
 def _status(cluster, job_id: str):
