@@ -218,22 +218,26 @@ class EnvSession:
     def close(self) -> None:
         if self.closed:
             return
+        self.closed = True
         ref = self._actor.close.remote(self.session_id)
-        self._release()
-        try:
+        try:  # the slot is freed after the sandbox is: a waiter's open must not find it busy
             ray.get(ref, timeout=self._owner.config.rpc_margin_s)
         except _RAY_ERRORS:
             pass  # a dead executor already dropped the session; the slot is freed either way
+        finally:
+            self._owner._release(self._index)
 
     async def aclose(self) -> None:
         if self.closed:
             return
+        self.closed = True
         ref = self._actor.close.remote(self.session_id)
-        self._release()
-        try:
+        try:  # as close(): free the slot once the sandbox is free
             await asyncio.wait_for(ref, self._owner.config.rpc_margin_s)
         except (asyncio.TimeoutError, *_RAY_ERRORS):
             pass
+        finally:
+            self._owner._release(self._index)
 
     def __enter__(self) -> "EnvSession":
         return self

@@ -6,7 +6,8 @@
 2. policy: ``policy.path``, or the tiny local policy warm-started by ``launch.sft`` into
    ``RUN_DIR/sft`` (skipped when it exists, so a resumed or repeated run reuses it);
 3. Ray: embedded or joined (``launch.cluster``); roles started (``launch.roles``);
-4. the controller runs to ``run.steps`` (from the latest checkpoint with ``resume``);
+4. the controller runs to ``run.steps``; a run directory that already has a checkpoint is
+   continued from it (``resume=True`` makes a missing checkpoint an error);
 5. ``summary.json``, ``filter_log.jsonl``, ``dropped.jsonl`` are written; roles and an embedded Ray
    are shut down, also on errors.
 
@@ -67,13 +68,22 @@ def train(cfg: Any, run_dir: Path, address: Optional[str] = None, resume: bool =
     from launch.metrics import read_metrics, summarize
     from launch.roles import Roles
 
+    from launch.checkpoint import CheckpointError
+    from launch.cli import UserError
+
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    if not resume and (run_dir / "metrics.jsonl").exists():
-        from launch.cli import UserError
-
-        raise UserError(f"{run_dir} already holds a run (metrics.jsonl): pass --resume to continue "
-                        f"it or choose another --out")
+    ckpt = None
+    try:  # an existing run continues from its checkpoint (so `make demo` is idempotent)
+        ckpt = load_checkpoint(find_checkpoint(run_dir))
+    except CheckpointError as e:
+        if resume:
+            raise UserError(f"--resume: {e}") from None
+        if (run_dir / "metrics.jsonl").exists():
+            raise UserError(f"{run_dir} holds a run without a checkpoint to continue from; "
+                            f"choose another --out") from None
+    if ckpt is not None:
+        print(f"resuming {run_dir} from its step-{ckpt.step} checkpoint", flush=True)
     (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.to_yaml_dict(), sort_keys=False))
     t0 = time.perf_counter()
     pool_dir = prepare_pool(cfg, run_dir)
@@ -85,8 +95,8 @@ def train(cfg: Any, run_dir: Path, address: Optional[str] = None, resume: bool =
         check_fits(cfg.cluster)
         roles = Roles(cfg, pool, pool_dir, run_dir, model_path)
         ctl = Controller(cfg, roles, run_dir)
-        if resume:
-            ctl.restore(load_checkpoint(find_checkpoint(run_dir)))
+        if ckpt is not None:
+            ctl.restore(ckpt)
         result = ctl.run()
         _write_jsonl(run_dir / "filter_log.jsonl", roles.filter_events())
         _write_jsonl(run_dir / "dropped.jsonl", ctl.dropped)

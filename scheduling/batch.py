@@ -103,6 +103,8 @@ class BatchPenalty:
     the members added since it was last evaluated. Members are kept as dense columns (F x B,
     float32, one batch at a time) so an update is a gather over the candidate's stored features
     only; scipy's sparse product costs ~1 ms per call whatever its size (too slow for 64 picks).
+    Each similarity is one ``np.add.reduceat`` segment over the candidate's stored entries in
+    storage order, so its value does not depend on how candidates and members are grouped.
     """
 
     CHUNK = 1 << 22          # gathered products per temporary (16 MiB of float32)
@@ -127,14 +129,17 @@ class BatchPenalty:
     def get(self, rows: np.ndarray) -> np.ndarray:
         k = len(self.batch)
         stale = rows[self.upto[rows] < k]
-        for u in np.unique(self.upto[stale]):
-            grp = stale[self.upto[stale] == u]
-            step = max(1, self.CHUNK // ((k - int(u)) * self.row_nnz))   # bounds the temporary
-            for c in range(0, grp.size, step):
-                part = grp[c:c + step]
-                sims = self._sims(part, int(u), k)
-                self.val[part] = np.maximum(self.val[part], sims.max(axis=0))
-            self.upto[grp] = k
+        if stale.size:
+            ups = self.upto[stale]
+            lo = int(ups.min())
+            for u in ([lo] if lo == int(ups.max()) else np.unique(ups).tolist()):
+                grp = stale if lo == int(ups.max()) else stale[ups == u]
+                step = max(1, self.CHUNK // ((k - u) * self.row_nnz))   # bounds the temporary
+                for c in range(0, grp.size, step):
+                    part = grp[c:c + step]
+                    sims = self._sims(part, u, k)
+                    self.val[part] = np.maximum(self.val[part], sims.max(axis=0))
+                self.upto[grp] = k
         return self.val[rows]
 
     def _sims(self, rows: np.ndarray, lo: int, hi: int) -> np.ndarray:
@@ -158,15 +163,33 @@ def _segments(X: Any, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def penalised_argmax(cands: np.ndarray, score: np.ndarray, penalty: BatchPenalty,
                      lam: float) -> tuple[int, float]:
-    """Eq. 5 over ``cands`` (sorted by score desc, index asc): (task index, its penalty)."""
+    """Eq. 5 over ``cands`` (sorted by score desc, index asc): (task index, its penalty).
+
+    Lazy evaluation, same result as evaluating every candidate of the prefix: the penalty only
+    grows as the batch grows, so a stale cached value gives an upper bound score - lam * cached
+    on the penalised value. Only candidates whose bound reaches the best exact value so far are
+    brought up to date (most promising first); the rest cannot win or tie.
+    """
     m = 16
     while True:
         top = cands[:m]
-        pen = lam * penalty.get(top)
-        val = score[top] - pen
-        k = int(np.argmax(val))
+        sc = score[top]
+        val = sc - lam * penalty.val[top]          # exact where fresh, an upper bound where stale
+        stale = penalty.upto[top] < len(penalty.batch)
+        chunk = 4
+        while stale.any():
+            best = np.max(val, where=~stale, initial=-np.inf)
+            need = np.flatnonzero(stale & (val >= best))
+            if need.size == 0:
+                break
+            if need.size > chunk:
+                need = need[np.argsort(-val[need], kind="stable")[:chunk]]
+                chunk *= 2
+            val[need] = sc[need] - lam * penalty.get(top[need])
+            stale[need] = False
+        k = int(np.argmax(np.where(stale, -np.inf, val)))
         if m >= cands.size or val[k] >= score[cands[m]]:
-            return int(top[k]), float(pen[k])
+            return int(top[k]), float(lam * penalty.val[top[k]])
         m *= 2
 
 

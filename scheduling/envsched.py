@@ -31,7 +31,7 @@ from scheduling.base import Batch, GroupResult, Scheduler, SchedulerError, TaskI
 from scheduling.batch import ExposureState, build_batch, cold_start_batch
 from scheduling.config import EnvSchedConfig
 from scheduling.estimator import History, Prediction, group_stats, predict
-from scheduling.filters import (IdentifierFilter, Replay, progress_blocked,
+from scheduling.filters import (IdentifierFilter, Replay, RidgeCache, progress_blocked,
                                 progress_estimates)
 
 
@@ -55,6 +55,7 @@ class EnvSched(Scheduler):
         names = sorted(set(cats))
         self._env_category = np.array([names.index(c) for c in cats], dtype=np.int64)
         self.history = History()
+        self._ridge = RidgeCache()                # derived from history; never checkpointed
         self.exposure = ExposureState(graph.n, len(graph.env_ids))
         self._pending: dict[tuple[int, int], bool] = {}
         self._identifier_log: list[dict[str, Any]] = []
@@ -111,7 +112,7 @@ class EnvSched(Scheduler):
             if self.cfg.progress_filter:
                 est, cnt = progress_estimates(
                     self.history, step, self.graph.env_of, self._env_category,
-                    [pred.long.within.idx, pred.long.cross.idx], self.cfg)
+                    [pred.long.within.idx, pred.long.cross.idx], self.cfg, self._ridge)
                 blocked = progress_blocked(est, cnt, self.cfg)
             sels, notes = build_batch(step, pred.q, self.history.counts(self.graph.n),
                                       self.graph, self.exposure, eligible, ~blocked, self.cfg)
@@ -178,6 +179,7 @@ class EnvSched(Scheduler):
                                  "scheduler or pool (scheduler name, task count or ids differ)")
         self.cfg = EnvSchedConfig(**state["config"])
         self.history = History.from_state(state["history"])
+        self._ridge = RidgeCache()
         self.exposure.load_state_dict(state["exposure"])
         self._pending = {(int(s), int(i)): True for s, i in state["pending"]}
         self._excluded_tasks = dict(state["excluded"])

@@ -69,8 +69,35 @@ def _features(tr: dict[str, np.ndarray], cat: np.ndarray, n_cat: int) -> np.ndar
     return np.hstack([base, onehot])
 
 
+class RidgeCache:
+    """Ridge residuals of earlier calls, reused exactly (``progress_estimates(cache=...)``).
+
+    The residuals of the transitions completed at step s depend only on the transitions completed
+    at steps <= s. History is append-only, so they are unchanged since the previous call (at step
+    t_prev, with ``size`` observations) when s < t_prev and no observation added since is credited
+    to a step <= s (a late group for step r can change transitions completed at r or later).
+    Reused entries are the stored values themselves, so results are bit-identical to recomputing.
+    """
+
+    def __init__(self) -> None:
+        self.history: Optional[History] = None
+        self.size = 0
+        self.t = -1
+        self.fits: dict[int, Optional[tuple[np.ndarray, np.ndarray]]] = {}
+
+    def start(self, history: History, t: int) -> None:
+        """Drop the entries the observations added since the last call may have changed."""
+        if history is not self.history or history.size < self.size:
+            self.fits, self.size, self.t = {}, 0, -1
+        new = history.step[self.size:history.size]
+        limit = min(self.t, int(new.min()) if new.size else self.t)
+        self.fits = {s: f for s, f in self.fits.items() if s < limit}
+        self.history, self.size, self.t = history, history.size, t
+
+
 def ridge_residuals(tr: dict[str, np.ndarray], cat: np.ndarray, n_cat: int,
-                    cfg: EnvSchedConfig) -> tuple[np.ndarray, np.ndarray]:
+                    cfg: EnvSchedConfig, cache: Optional[RidgeCache] = None
+                    ) -> tuple[np.ndarray, np.ndarray]:
     """(residual, scorable) per transition; each fitted on transitions done at earlier steps."""
     X = _features(tr, cat, n_cat)
     y = tr["target"]
@@ -78,29 +105,41 @@ def ridge_residuals(tr: dict[str, np.ndarray], cat: np.ndarray, n_cat: int,
     scorable = np.zeros(y.size, dtype=bool)
     pen = cfg.progress_ridge_alpha * np.eye(X.shape[1])
     pen[0, 0] = 0.0
-    for s in np.unique(tr["done"]):
+    fits = cache.fits if cache is not None else {}
+    for s in np.unique(tr["done"]).tolist():
+        now = tr["done"] == s
+        if s in fits:
+            kept = fits[s]
+            if kept is None:
+                continue
+            if np.array_equal(kept[0], tr["task"][now]):   # defensive: same transitions
+                resid[now], scorable[now] = kept[1], True
+                continue
         fit = tr["done"] < s
         if fit.sum() < cfg.progress_min_fit:
+            fits[s] = None
             continue
         beta = np.linalg.solve(X[fit].T @ X[fit] + pen, X[fit].T @ y[fit])
-        now = tr["done"] == s
         resid[now] = y[now] - X[now] @ beta
         scorable[now] = True
+        fits[s] = (tr["task"][now].copy(), resid[now].copy())
     return resid, scorable
 
 
 def progress_estimates(history: History, t: int, env_of: np.ndarray, category_of_env: np.ndarray,
-                       neighbours: Sequence[np.ndarray], cfg: EnvSchedConfig
-                       ) -> tuple[np.ndarray, np.ndarray]:
+                       neighbours: Sequence[np.ndarray], cfg: EnvSchedConfig,
+                       cache: Optional[RidgeCache] = None) -> tuple[np.ndarray, np.ndarray]:
     """(estimate (n,), scorable transition count (n,)) as in the module docstring."""
     n = env_of.size
+    if cache is not None:
+        cache.start(history, t)
     tr = transitions(history, t)
     est, cnt = np.zeros(n), np.zeros(n, dtype=np.int64)
     if tr["task"].size == 0:
         return est, cnt
     n_cat = min(int(category_of_env.max()) + 1, cfg.progress_max_categories)
     cat = category_of_env[env_of[tr["task"]]] % cfg.progress_max_categories
-    resid, ok = ridge_residuals(tr, cat, n_cat, cfg)
+    resid, ok = ridge_residuals(tr, cat, n_cat, cfg, cache)
     task, resid = tr["task"][ok], resid[ok]
     cnt = np.bincount(task, minlength=n)
     own = np.divide(np.bincount(task, weights=resid, minlength=n), cnt,

@@ -118,6 +118,7 @@ class DualGraph:
             # the abstract vocabulary is small: dense BLAS products beat sparse x sparse ones
             self._X_abs_groups = self._X_abs_groups.toarray()
         self._mean_within: Optional[np.ndarray] = None
+        # k -> cross answer, -1 - k -> within answer: (observed mask, idx, sim)
         self._topk_memo: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
 
     # --- building -------------------------------------------------------------------------
@@ -228,43 +229,74 @@ class DualGraph:
                              f"got shape {obs.shape}")
         if not isinstance(k, (int, np.integer)) or k < 0:
             raise GraphError(f"k must be an int >= 0, got {k!r}")
-        memo = self._topk_memo.get(int(k)) if relation == "cross" else None
+        if relation == "within":
+            out_idx, out_sim = self._within_update(obs, int(k))
+            return out_idx.copy(), out_sim.copy()
+        memo = self._topk_memo.get(int(k))
         if memo is not None and not (memo[0] & ~obs).any() and \
                 int((obs & ~memo[0]).sum()) <= MERGE_LIMIT:
             out_idx, out_sim = self._cross_merge(memo, obs, int(k))
         else:
             out_idx, out_sim = self._topk_lists(relation, obs, int(k))
-        if relation == "cross":
-            self._topk_memo[int(k)] = (obs.copy(), out_idx, out_sim)
+        self._topk_memo[int(k)] = (obs.copy(), out_idx, out_sim)
         return out_idx.copy(), out_sim.copy()
 
     def reset_topk_memo(self) -> None:
-        """Forget the memoised cross answers (the next call reads the lists)."""
+        """Forget the memoised answers (the next call reads the lists)."""
         self._topk_memo.clear()
 
-    def _topk_lists(self, relation: str, obs: np.ndarray,
-                    k: int) -> tuple[np.ndarray, np.ndarray]:
-        """Read the candidate lists; rows that run out go to the exact fallback."""
+    def _within_update(self, obs: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Within answer, recomputing only the rows of environments whose observed set changed.
+
+        A row's within answer depends only on which tasks of its own environment are observed
+        (its list and the exact fallback both stay inside the environment), so the other rows
+        keep the memoised answer, which equals recomputing them.
+        """
+        memo = self._topk_memo.get(-1 - k)           # negative keys: within answers
+        if memo is None:
+            out_idx, out_sim = self._topk_lists("within", obs, k)
+        else:
+            changed = np.zeros(len(self.env_ids), dtype=bool)
+            changed[self.env_of[memo[0] != obs]] = True
+            out_idx, out_sim = memo[1].copy(), memo[2].copy()
+            rows = np.flatnonzero(changed[self.env_of])
+            if rows.size:
+                out_idx[rows] = -1
+                out_sim[rows] = 0.0
+                self._topk_lists("within", obs, k, rows, (out_idx, out_sim))
+        self._topk_memo[-1 - k] = (obs.copy(), out_idx, out_sim)
+        return out_idx, out_sim
+
+    def _topk_lists(self, relation: str, obs: np.ndarray, k: int,
+                    rows: Optional[np.ndarray] = None,
+                    out: Optional[tuple[np.ndarray, np.ndarray]] = None
+                    ) -> tuple[np.ndarray, np.ndarray]:
+        """Read the candidate lists; rows that run out go to the exact fallback. With ``rows``,
+        only those rows of ``out`` (full-size, their entries reset to padding) are filled."""
         idx, sim, complete = (getattr(self, f"{relation}_{x}") for x in ("idx", "sim",
                                                                           "complete"))
-        out_idx = np.full((self.n, k), -1, dtype=np.int32)
-        out_sim = np.zeros((self.n, k), dtype=np.float32)
-        found = np.zeros(self.n, dtype=np.int64)
+        sel = np.arange(self.n) if rows is None else rows
+        if rows is not None:
+            idx, sim, complete = idx[rows], sim[rows], complete[rows]
+        if out is None:
+            out = (np.full((self.n, k), -1, dtype=np.int32), np.zeros((self.n, k), np.float32))
+        out_idx, out_sim = out
+        found = np.zeros(sel.size, dtype=np.int64)
         if idx.shape[1] and k:
             hit = (idx >= 0) & obs[np.maximum(idx, 0)]
             cs = np.cumsum(hit, axis=1)
             r, c = np.nonzero(hit & (cs <= k))
-            out_idx[r, cs[r, c] - 1] = idx[r, c]
-            out_sim[r, cs[r, c] - 1] = sim[r, c]
+            out_idx[sel[r], cs[r, c] - 1] = idx[r, c]
+            out_sim[sel[r], cs[r, c] - 1] = sim[r, c]
             found = np.minimum(cs[:, -1], k)
         env_obs = np.bincount(self.env_of[obs], minlength=len(self.env_ids))
         if relation == "within":
-            avail = env_obs[self.env_of] - obs
+            avail = env_obs[self.env_of[sel]] - obs[sel]
         else:
-            avail = int(obs.sum()) - env_obs[self.env_of]
-        rows = np.nonzero(~complete & (found < k) & (found < avail))[0]
-        if rows.size:
-            self._exact_topk(relation, rows, obs, k, out_idx, out_sim)
+            avail = int(obs.sum()) - env_obs[self.env_of[sel]]
+        fb = sel[np.nonzero(~complete & (found < k) & (found < avail))[0]]
+        if fb.size:
+            self._exact_topk(relation, fb, obs, k, out_idx, out_sim)
         return out_idx, out_sim
 
     def _cross_merge(self, memo, obs: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:

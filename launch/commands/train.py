@@ -6,14 +6,20 @@ envsched train [--config FILE] [--out RUN_DIR] [--address auto|ray://HOST:PORT] 
 Without ``--config`` the embedded CPU demo (``configs/cpu_demo.yaml``) runs: it generates a pool,
 warm-starts the tiny policy with ``envsched sft`` on reference solutions, then trains through the
 real actors. ``RUN_DIR`` gets config.yaml (resolved), metrics.jsonl, tensorboard/, checkpoints/,
-filter_log.jsonl and summary.json. ``--resume`` continues from ``RUN_DIR``'s latest checkpoint.
+filter_log.jsonl and summary.json. A ``RUN_DIR`` with a checkpoint is continued from its latest
+checkpoint (so repeating a command is idempotent); ``--resume`` insists on one.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import signal
 from pathlib import Path
+
+
+def _terminate(signum, frame):
+    raise SystemExit(128 + signum)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -21,7 +27,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default="runs/demo", help="run directory (default: runs/demo)")
     parser.add_argument("--address", default=None,
                         help="Ray address: auto, ray://host:port (default: embedded local Ray)")
-    parser.add_argument("--resume", action="store_true", help="continue from RUN_DIR's checkpoint")
+    parser.add_argument("--resume", action="store_true", help="fail unless RUN_DIR has a checkpoint to continue from")
     parser.add_argument("overrides", nargs="*", metavar="key.sub=value",
                         help="dotted config overrides, e.g. run.steps=5 controller.max_staleness=0")
 
@@ -36,6 +42,9 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(str(e)) from None
     from launch.trainer import train
 
+    # SIGTERM (ray job stop, a scheduler, kill) unwinds like Ctrl-C: the trainer's finally blocks
+    # stop the actors and an embedded Ray; the latest checkpoint stays valid for --resume.
+    signal.signal(signal.SIGTERM, _terminate)
     summary = train(cfg, Path(args.out), address=args.address, resume=args.resume)
     print(json.dumps(summary, indent=2, sort_keys=True))
     return 0

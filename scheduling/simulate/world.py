@@ -121,8 +121,8 @@ def build_world(tasks: Sequence[TaskSpec], environments: dict[str, Environment],
         if t.reference_solution:
             tools.append(tuple(sorted({c.name for c in t.reference_solution})))
         else:
-            env = environments.get(t.env_id)
-            tools.append(tuple(env.tool_names) if env is not None else ())
+            spec = environments.get(t.env_id)
+            tools.append(tuple(spec.tool_names) if spec is not None else ())
     heldout_env, heldout_task = _split(env, len(env_ids), heldout_env_frac, heldout_task_frac,
                                        split_seed)
     return World(

@@ -138,6 +138,13 @@ class RayCluster:
         return [a.__dict__ for a in list_actors(address=self.dashboard_url, timeout=30, limit=10000)
                 if a.class_name == class_name and a.state == state]
 
+    def tasks(self, name: str, state: str = "FINISHED") -> list[dict]:
+        from ray.util.state import list_tasks
+
+        return [t.__dict__ for t in list_tasks(address=self.dashboard_url, timeout=30,
+                                               limit=10000, raise_on_missing_output=False)
+                if t.name == name and t.state == state]
+
     def wait_nodes(self, n: int, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
