@@ -104,16 +104,19 @@ class BatchPenalty:
     float32, one batch at a time) so an update is a gather over the candidate's stored features
     only; scipy's sparse product costs ~1 ms per call whatever its size (too slow for 64 picks).
     Each similarity is one ``np.add.reduceat`` segment over the candidate's stored entries in
-    storage order, so its value does not depend on how candidates and members are grouped.
+    storage order, so its value does not depend on how candidates and members are grouped (nor
+    on the layout: narrow updates gather from a member-major copy, bit-identical).
     """
 
     CHUNK = 1 << 22          # gathered products per temporary (16 MiB of float32)
+    NARROW = 8               # up to this many members per update: per-member row gathers
 
     def __init__(self, graph: Any, capacity: int = 64) -> None:
         self.X = graph.X_full
         self.batch: list[int] = []
         # feature-major so a candidate's features gather contiguous runs of batch members
         self.dense = np.zeros((self.X.shape[1], capacity), dtype=np.float32)
+        self.rows = np.zeros((capacity, self.X.shape[1]), dtype=np.float32)   # member-major copy
         self.val = np.zeros(graph.n)
         self.upto = np.zeros(graph.n, dtype=np.int64)
         self.row_nnz = max(1, int(np.ceil(self.X.nnz / max(self.X.shape[0], 1))))
@@ -122,8 +125,10 @@ class BatchPenalty:
         k = len(self.batch)
         if k == self.dense.shape[1]:
             self.dense = np.hstack([self.dense, np.zeros_like(self.dense)])
+            self.rows = np.vstack([self.rows, np.zeros_like(self.rows)])
         lo, hi = self.X.indptr[j], self.X.indptr[j + 1]
         self.dense[self.X.indices[lo:hi], k] = self.X.data[lo:hi]
+        self.rows[k, self.X.indices[lo:hi]] = self.X.data[lo:hi]
         self.batch.append(j)
 
     def get(self, rows: np.ndarray) -> np.ndarray:
@@ -145,12 +150,21 @@ class BatchPenalty:
     def _sims(self, rows: np.ndarray, lo: int, hi: int) -> np.ndarray:
         """S_full(batch[lo:hi], rows): (hi - lo, len(rows))."""
         pos, lens = _segments(self.X, rows)
-        prod = self.dense[self.X.indices[pos], lo:hi]
-        prod *= self.X.data[pos][:, None]
         out = np.zeros((rows.size, hi - lo))
         nonempty = lens > 0
-        if nonempty.any():
-            out[nonempty] = np.add.reduceat(prod, (np.cumsum(lens) - lens)[nonempty], axis=0)
+        if not nonempty.any():
+            return out.T
+        starts = (np.cumsum(lens) - lens)[nonempty]
+        cols, data = self.X.indices[pos], self.X.data[pos]
+        if hi - lo <= self.NARROW:     # one contiguous member row each: cache-friendly gathers
+            for m in range(lo, hi):
+                prod = self.rows[m].take(cols)
+                prod *= data
+                out[nonempty, m - lo] = np.add.reduceat(prod, starts)
+            return out.T
+        prod = self.dense[cols, lo:hi]
+        prod *= data[:, None]
+        out[nonempty] = np.add.reduceat(prod, starts, axis=0)
         return out.T
 
 

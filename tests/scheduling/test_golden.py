@@ -42,3 +42,29 @@ def test_real_graph_trace_is_unchanged(golden, tmp_path):
     want = golden["real"]["trace"]
     g, tasks = real_graph(tmp_path)
     _compare(trace(g, len(want), tasks=tasks), want)
+
+
+def test_ridge_cache_equals_recomputation_even_with_late_groups():
+    from scheduling.config import EnvSchedConfig
+    from scheduling.estimator import History
+    from scheduling.filters import RidgeCache, progress_estimates
+
+    cfg, rng = EnvSchedConfig(), np.random.default_rng(5)
+    n, env_of = 30, np.repeat(np.arange(6), 5)
+    cats, nbrs = np.arange(6), [rng.integers(-1, n, size=(n, 4))]
+    h, cache, late = History(), RidgeCache(), []
+    for t in range(1, 16):
+        for i in rng.choice(n, 12, replace=False).tolist():
+            m = float(rng.random())
+            if rng.random() < 0.2:
+                late.append((i, t - 1, m))          # this group arrives one step late
+            else:
+                h.add(i, t - 1, m, m * (1 - m), 1.0)
+        while late and rng.random() < 0.7:
+            i, s, m = late.pop(0)
+            if not ((h.arrays()[0] == i) & (h.arrays()[1] == s)).any():
+                h.add(i, s, m, m * (1 - m), 1.0)
+        got = progress_estimates(h, t, env_of, cats, nbrs, cfg, cache)
+        want = progress_estimates(h, t, env_of, cats, nbrs, cfg)
+        assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1]), t
+    assert cache.fits and any(v is not None for v in cache.fits.values())
