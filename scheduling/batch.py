@@ -190,7 +190,7 @@ def penalised_argmax(cands: np.ndarray, score: np.ndarray, penalty: BatchPenalty
         sc = score[top]
         val = sc - lam * penalty.val[top]          # exact where fresh, an upper bound where stale
         stale = penalty.upto[top] < len(penalty.batch)
-        chunk = 4
+        chunk = 2
         while stale.any():
             best = np.max(val, where=~stale, initial=-np.inf)
             need = np.flatnonzero(stale & (val >= best))

@@ -17,7 +17,9 @@ Both are used at build time (candidates = all tasks, L = list length); the exact
 ``DualGraph.topk_observed`` (candidates = observed tasks, L = k) uses ``rank_within`` and the
 vectorised ``topk_cross_vectorised`` (many rows, small k).
 
-May import: numpy, scipy.
+``one_blas_thread()`` is the context every dense product of the scheduler's queries runs in.
+
+May import: numpy, scipy, threadpoolctl.
 """
 
 from __future__ import annotations
@@ -26,6 +28,22 @@ import numpy as np
 import scipy.sparse as sp
 
 DENSE_BUDGET = 1 << 24  # entries of one dense similarity chunk (64 MiB in float32)
+_BLAS: list = []
+
+
+def one_blas_thread():
+    """Context running BLAS on one thread, for reproducible and cheap small products.
+
+    OpenBLAS's result for the same dense product can differ in the last bit with its thread
+    count (which follows the visible cores), and such a bit can swap two percentile ranks and
+    so change a selection: the scheduler's selections would depend on the machine. The products
+    here are small, so threads only add spin and synchronisation (the ridge fits of the progress
+    filter spiked to 30 ms per step threaded, ~1 ms on one thread).
+    """
+    if not _BLAS:                       # built once, after numpy has loaded its BLAS
+        from threadpoolctl import ThreadpoolController
+        _BLAS.append(ThreadpoolController())
+    return _BLAS[0].limit(limits=1, user_api="blas")
 
 
 def _gram(Xu, rows: np.ndarray, Xc) -> np.ndarray:

@@ -29,6 +29,7 @@ import numpy as np
 from envs.spec import Environment, TaskSpec
 from scheduling.base import Batch, GroupResult, Scheduler, SchedulerError, TaskInfo
 from scheduling.batch import ExposureState, build_batch, cold_start_batch
+from scheduling.candidates import one_blas_thread
 from scheduling.config import EnvSchedConfig
 from scheduling.estimator import History, Prediction, group_stats, predict
 from scheduling.filters import (IdentifierFilter, Replay, RidgeCache, progress_blocked,
@@ -110,9 +111,10 @@ class EnvSched(Scheduler):
         else:
             pred = predict(self.history, self.graph, step, self.cfg)
             if self.cfg.progress_filter:
-                est, cnt = progress_estimates(
-                    self.history, step, self.graph.env_of, self._env_category,
-                    [pred.long.within.idx, pred.long.cross.idx], self.cfg, self._ridge)
+                with one_blas_thread():
+                    est, cnt = progress_estimates(
+                        self.history, step, self.graph.env_of, self._env_category,
+                        [pred.long.within.idx, pred.long.cross.idx], self.cfg, self._ridge)
                 blocked = progress_blocked(est, cnt, self.cfg)
             sels, notes = build_batch(step, pred.q, self.history.counts(self.graph.n),
                                       self.graph, self.exposure, eligible, ~blocked, self.cfg)

@@ -48,7 +48,7 @@ from envs.opdesc import (Extractor, OpDescription, OpDescriptionError, check_aga
                          describe_task)
 from envs.spec import Environment, TaskSpec
 from scheduling.abstraction import abstract_text
-from scheduling.candidates import (merge_topk, rank_cross, rank_within,
+from scheduling.candidates import (one_blas_thread, merge_topk, rank_cross, rank_within,
                                    topk_cross_vectorised)
 from scheduling.views import (VIEW_NAMES, VIEW_WEIGHTS, StateOf, encode, make_vectorizer,
                               view_texts)
@@ -229,17 +229,21 @@ class DualGraph:
                              f"got shape {obs.shape}")
         if not isinstance(k, (int, np.integer)) or k < 0:
             raise GraphError(f"k must be an int >= 0, got {k!r}")
+        with one_blas_thread():             # machine-independent bits (candidates.py)
+            out_idx, out_sim = self._topk(relation, obs, int(k))
+        return out_idx.copy(), out_sim.copy()
+
+    def _topk(self, relation: str, obs: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         if relation == "within":
-            out_idx, out_sim = self._within_update(obs, int(k))
-            return out_idx.copy(), out_sim.copy()
-        memo = self._topk_memo.get(int(k))
+            return self._within_update(obs, k)
+        memo = self._topk_memo.get(k)
         if memo is not None and not (memo[0] & ~obs).any() and \
                 int((obs & ~memo[0]).sum()) <= MERGE_LIMIT:
-            out_idx, out_sim = self._cross_merge(memo, obs, int(k))
+            out_idx, out_sim = self._cross_merge(memo, obs, k)
         else:
-            out_idx, out_sim = self._topk_lists(relation, obs, int(k))
-        self._topk_memo[int(k)] = (obs.copy(), out_idx, out_sim)
-        return out_idx.copy(), out_sim.copy()
+            out_idx, out_sim = self._topk_lists(relation, obs, k)
+        self._topk_memo[k] = (obs.copy(), out_idx, out_sim)
+        return out_idx, out_sim
 
     def reset_topk_memo(self) -> None:
         """Forget the memoised answers (the next call reads the lists)."""
