@@ -110,10 +110,10 @@ class PolicyConfig(_Section):
 
 class SftConfig(_Section):
     enabled: bool = True
-    epochs: int = Field(20, ge=0)
+    epochs: int = Field(40, ge=0)
     lr: float = Field(3e-3, gt=0)
     batch: int = Field(1, ge=1, description="sequences per optimiser step")
-    task_fraction: float = Field(0.5, gt=0, le=1, description="share of tasks shown")
+    task_fraction: float = Field(1.0, gt=0, le=1, description="share of tasks shown")
     max_examples: int = Field(400, ge=1)
 
 

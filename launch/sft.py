@@ -10,9 +10,10 @@ later see and produce (chat template, tool-call syntax, tool responses, ``<|im_e
 loop's loss mask (model tokens only). Training is plain next-token cross-entropy on masked tokens
 with AdamW, batches of ``batch`` sequences right-padded, ``epochs`` passes in a seeded order.
 
-Decision where the spec is silent: only a ``task_fraction`` share of the tasks (picked with the
-seed, stratified by environment order) is shown, so the run has tasks the policy has seen and
-tasks it has only seen siblings of: rewards differ inside and across groups.
+Decision where the spec is silent: ``task_fraction`` (default 1.0: all tasks) picks a seeded
+share of the tasks to show. Measured on the demo pool: a policy shown half the tasks for 20
+epochs almost never gets past its first tool call (zero within-group variance); ~40 epochs on
+all tasks (masked loss ~0.07) gives partial and full solves with reward differences.
 
 May import: torch, transformers, actors.policy, actors.rollout, envs, sandbox.runtime.
 """
