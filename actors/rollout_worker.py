@@ -92,7 +92,24 @@ class RolloutWorker:
         return self.engine.version
 
     def metrics(self) -> dict[str, Any]:
-        return {**self.runner.metrics(), "worker": self.name}
+        out = {**self.runner.metrics(), "worker": self.name}
+        stats = getattr(self.executors, "wait_time_stats", None)
+        if callable(stats):
+            wait = stats()
+            out.update(executor_wait_s=wait["total_s"], executor_wait_p95_s=wait["p95_s"],
+                       executor_waiting_now=wait["waiting_now"],
+                       executors=getattr(self.executors, "size", 0))
+        return out
+
+    async def resize_executors(self, n: int) -> int:
+        """Resize this worker's executor pool to ``n`` executors (grow now; shrink as sessions
+        close) and let as many episodes run as it has sandboxes. Returns the new size."""
+        resize = getattr(self.executors, "resize", None)
+        if not callable(resize):
+            raise ValueError(f"{self.name}: in-process sessions cannot be resized")
+        await asyncio.to_thread(resize, n)
+        self.runner.set_capacity(n * self.executors.config.workers_per_executor)
+        return self.executors.size
 
     def ping(self) -> str:
         return self.name

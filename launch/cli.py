@@ -26,6 +26,7 @@ COMMANDS = {
     "explain": "launch.commands.explain",
     "report": "launch.commands.report",
     "simulate": "launch.commands.simulate",
+    "scale": "launch.commands.scale",
     "bench": "launch.commands.bench",
 }
 

@@ -33,6 +33,7 @@ import numpy as np
 
 from launch.admission import Admission
 from launch.checkpoint import Checkpoint, save_checkpoint
+from launch.control import ControlWatcher
 from launch.metrics import MetricsLogger, step_metrics
 from scheduling.base import Selection
 
@@ -76,6 +77,7 @@ class Controller:
         self.dropped: list[dict[str, Any]] = []
         self.timer = {"rollout_wait": 0.0, "learner": 0.0, "sync": 0.0, "scheduler": 0.0}
         self.selections_log: list[tuple[int, str]] = []  # (selection step, task id) as issued
+        self.control = ControlWatcher(self.run_dir)
 
     def run(self) -> dict[str, Any]:
         log = MetricsLogger(self.run_dir, self.total_steps, self.step,
@@ -83,6 +85,7 @@ class Controller:
         t_start, t_last = time.perf_counter(), time.perf_counter()
         try:
             while self.step < self.total_steps:
+                self._apply_control()
                 self._admit()
                 self._collect(timeout=1.0)
                 if self.adm.buffered >= self.adm.batch:
@@ -99,6 +102,18 @@ class Controller:
             log.close()
         return {"steps": self.step, "seconds": time.perf_counter() - t_start,
                 "dropped": len(self.dropped)}
+
+    def _apply_control(self) -> None:
+        """Apply ``RUN_DIR/control.json`` changes (``envsched scale``); a bad value is logged."""
+        for key, value in self.control.poll().items():
+            if key == "executors" and isinstance(value, int) and value >= 0:
+                total = self.roles.resize_executors(value)
+                print(f"[envsched] executors resized to {value} per rollout worker "
+                      f"({total} in all)", flush=True)
+            else:
+                print(f"[envsched] control.json: ignoring {key}={value!r} (known: executors=N>=0)",
+                      flush=True)
+            self.control.applied[key] = value
 
     # ---- (1) admission -----------------------------------------------------------------------
     def _admit(self) -> None:

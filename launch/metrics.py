@@ -144,8 +144,19 @@ def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
     return rows
 
 
+def reward_trend(means: Sequence[float]) -> float:
+    """Least-squares slope of per-step mean reward against step index (reward per step; NaN
+    entries dropped; 0.0 with fewer than two points)."""
+    y = np.asarray([m for m in means if m is not None and math.isfinite(m)], dtype=np.float64)
+    if len(y) < 2:
+        return 0.0
+    x = np.arange(len(y), dtype=np.float64)
+    return float(np.sum((x - x.mean()) * (y - y.mean())) / np.sum((x - x.mean()) ** 2))
+
+
 def summarize(rows: Iterable[dict[str, Any]]) -> dict[str, float]:
-    """First/last-third reward means (is reward rising?) and the mean reward variance."""
+    """First/last-third reward means and the least-squares reward slope (is reward rising?),
+    the mean reward variance and the share of zero-variance groups."""
     rows = list(rows)
     if not rows:
         return {}
@@ -154,5 +165,21 @@ def summarize(rows: Iterable[dict[str, Any]]) -> dict[str, float]:
                                            for r in rs]))
     return {"steps": float(len(rows)), "reward_first_third": mean(rows[:third], "reward_mean"),
             "reward_last_third": mean(rows[-third:], "reward_mean"),
+            "reward_slope": reward_trend([r.get("reward_mean") for r in rows]),
             "reward_var_mean": mean(rows, "reward_var_mean"),
+            "zero_var_share": mean(rows, "zero_var_share"),
             "envs_per_batch": mean(rows, "envs_per_batch")}
+
+
+def format_summary(summary: dict[str, Any]) -> str:
+    """The few lines ``envsched train`` prints last: phase times and the reward trend."""
+    g = lambda k: summary.get(k, float("nan"))  # noqa: E731
+    lines = [f"run {summary.get('run_dir', '?')}: {int(g('steps'))} steps in "
+             f"{g('total_seconds'):.0f} s (pool {g('pool_seconds'):.0f} s, sft "
+             f"{g('sft_seconds'):.0f} s, ray+roles {g('startup_seconds'):.0f} s, training "
+             f"{g('train_seconds'):.0f} s)",
+             f"reward: first third {g('reward_first_third'):.3f} -> last third "
+             f"{g('reward_last_third'):.3f}, slope {g('reward_slope'):+.4f}/step; mean "
+             f"within-group variance {g('reward_var_mean'):.4f}, zero-variance groups "
+             f"{g('zero_var_share'):.0%}"]
+    return "\n".join(lines)

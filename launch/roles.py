@@ -48,6 +48,7 @@ class Roles:
         from launch.scheduler_factory import build_scheduler, replaying_filter
 
         self.cfg, self.pool, self.pool_dir, self.model_path = cfg, pool, str(pool_dir), model_path
+        self.executors_per_worker = cfg.executors.num_executors
         self.timeout = cfg.controller.call_timeout_s
         scheduler = build_scheduler(cfg, pool, run_dir)
         builder = functools.partial(replaying_filter, self.pool_dir, cfg.to_yaml_dict())
@@ -68,8 +69,19 @@ class Roles:
         return start_rollout_worker(
             self.pool_dir, self.cfg.policy.engine, num_cpus=res.num_cpus, num_gpus=res.num_gpus,
             model_path=self.model_path, config=self.cfg.rollout.model_dump(),
-            executors="pool", executor_config=self.cfg.executors.model_dump(),
-            name=f"rollout-{i}")
+            executors="pool", name=f"rollout-{i}",
+            executor_config={**self.cfg.executors.model_dump(),
+                             "num_executors": self.executors_per_worker})
+
+    def resize_executors(self, n: int) -> int:
+        """Resize every rollout worker's executor pool to ``n`` executors while the run goes on
+        (a restarted worker gets the new size too). Returns the total number of executors."""
+        if n < 0:
+            raise ValueError(f"executors per worker must be >= 0, got {n}")
+        self.executors_per_worker = n
+        sizes = ray.get([w.resize_executors.remote(n) for w in self.workers],
+                        timeout=self.timeout)
+        return int(sum(sizes))
 
     def submit(self, ticket: Any) -> Any:
         busy = [0] * len(self.workers)
@@ -170,6 +182,12 @@ class Roles:
             out[f"rollout_{key}"] = float(sum(m.get(key, 0.0) for m in per_worker))
         if out["rollout_time_episode_s"] > 0:
             out["executor_share"] = out["rollout_time_executor_s"] / out["rollout_time_episode_s"]
+        # executor pool pressure: seconds episodes waited for a free sandbox (cumulative), the
+        # worst p95 wait, callers waiting now, executors alive: the signal to scale executors.
+        for key in ("executor_wait_s", "executor_waiting_now", "executors"):
+            out[key] = float(sum(m.get(key, 0.0) for m in per_worker))
+        out["executor_wait_p95_s"] = float(max((m.get("executor_wait_p95_s", 0.0)
+                                                for m in per_worker), default=0.0))
         out["rollout_restarts"] = float(self.restarts)
         return out
 

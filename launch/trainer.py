@@ -8,7 +8,8 @@
 3. Ray: embedded or joined (``launch.cluster``); roles started (``launch.roles``);
 4. the controller runs to ``run.steps``; a run directory that already has a checkpoint is
    continued from it (``resume=True`` makes a missing checkpoint an error);
-5. ``summary.json``, ``filter_log.jsonl``, ``dropped.jsonl`` are written; roles and an embedded Ray
+5. ``summary.json`` (result, reward trend from ``launch.metrics.summarize``, wall time per
+   phase: pool, sft, startup, train), ``filter_log.jsonl``, ``dropped.jsonl`` are written; roles and an embedded Ray
    are shut down, also on errors.
 
 May import: launch.*, envs.*, actors.* (Ray through launch.roles / launch.cluster).
@@ -88,7 +89,9 @@ def train(cfg: Any, run_dir: Path, address: Optional[str] = None, resume: bool =
     t0 = time.perf_counter()
     pool_dir = prepare_pool(cfg, run_dir)
     pool = load_pool(pool_dir)
+    t_pool = time.perf_counter()
     model_path = prepare_policy(cfg, pool_dir, run_dir)
+    t_sft = time.perf_counter()
     info = connect(cfg.cluster, address)
     roles = None
     try:
@@ -97,7 +100,9 @@ def train(cfg: Any, run_dir: Path, address: Optional[str] = None, resume: bool =
         ctl = Controller(cfg, roles, run_dir)
         if ckpt is not None:
             ctl.restore(ckpt)
+        t_start = time.perf_counter()
         result = ctl.run()
+        t_train = time.perf_counter()
         _write_jsonl(run_dir / "filter_log.jsonl", roles.filter_events())
         _write_jsonl(run_dir / "dropped.jsonl", ctl.dropped)
     finally:
@@ -107,6 +112,10 @@ def train(cfg: Any, run_dir: Path, address: Optional[str] = None, resume: bool =
             shutdown(info)
     summary = {**result, **summarize(read_metrics(run_dir)), "run_dir": str(run_dir),
                "pool": str(pool_dir), "model": model_path, "ray": info["address"],
-               "total_seconds": round(time.perf_counter() - t0, 1)}
+               "total_seconds": round(time.perf_counter() - t0, 1),
+               # wall time per phase (a reused pool / sft directory counts ~0 s)
+               "pool_seconds": round(t_pool - t0, 1), "sft_seconds": round(t_sft - t_pool, 1),
+               "startup_seconds": round(t_start - t_sft, 1),
+               "train_seconds": round(t_train - t_start, 1)}
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True))
     return summary

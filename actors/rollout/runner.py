@@ -57,6 +57,19 @@ class GroupRunner:
         self._malformed: Counter = Counter()
         self._time: Counter = Counter()
 
+    def set_capacity(self, capacity: Optional[int]) -> int:
+        """Change how many episodes may hold a sandbox at once (the executor pool was resized).
+        Call on the event loop that runs the episodes. Shrinking withholds permits as running
+        episodes finish; nothing running is interrupted."""
+        new = min(self.config.max_concurrent_episodes, 1 << 30 if capacity is None else capacity)
+        delta, self.concurrency = new - self.concurrency, new
+        if self._sem is not None:
+            for _ in range(max(delta, 0)):
+                self._sem.release()
+            for _ in range(max(-delta, 0)):
+                asyncio.ensure_future(self._sem.acquire())
+        return self.concurrency
+
     async def run_group(self, task_id: str, step: int, seed: int = 0,
                         k: Optional[int] = None) -> Group:
         task = self.pool.task(task_id)

@@ -47,4 +47,7 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, _terminate)
     summary = train(cfg, Path(args.out), address=args.address, resume=args.resume)
     print(json.dumps(summary, indent=2, sort_keys=True))
+    from launch.metrics import format_summary
+
+    print(format_summary(summary), flush=True)
     return 0
