@@ -44,17 +44,24 @@ def _load(module: str):
         raise
 
 
+def add_module_command(sub, name: str, module: str, run_attr: str) -> bool:
+    """Register ``module`` (its ``add_arguments``/``run`` pair) as sub-command ``name`` of the
+    subparsers ``sub``, its run function stored as ``run_attr``; False when it does not exist."""
+    mod = _load(module)
+    if mod is None:
+        return False
+    p = sub.add_parser(name, help=(mod.__doc__ or name).strip().splitlines()[0],
+                       description=mod.__doc__)
+    mod.add_arguments(p)
+    p.set_defaults(**{run_attr: mod.run})
+    return True
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="envsched", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     for name, module in COMMANDS.items():
-        mod = _load(module)
-        if mod is None:
-            continue
-        doc = (mod.__doc__ or name).strip().splitlines()[0]
-        p = sub.add_parser(name, help=doc, description=mod.__doc__)
-        mod.add_arguments(p)
-        p.set_defaults(_run=mod.run)
+        add_module_command(sub, name, module, "_run")
     return parser
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 
-from launch.cli import _load
+from launch.cli import add_module_command
 
 BENCHES = ("sandbox", "scheduler", "graph", "rollout", "learner", "train")
 
@@ -17,13 +17,7 @@ BENCHES = ("sandbox", "scheduler", "graph", "rollout", "learner", "train")
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="bench", required=True)
     for name in BENCHES:
-        mod = _load(f"launch.bench.{name}")
-        if mod is None:
-            continue
-        p = sub.add_parser(name, help=(mod.__doc__ or name).strip().splitlines()[0],
-                           description=mod.__doc__)
-        mod.add_arguments(p)
-        p.set_defaults(_bench_run=mod.run)
+        add_module_command(sub, name, f"launch.bench.{name}", "_bench_run")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from launch.cli import _load
+from launch.cli import add_module_command
 
 EXTRA_SUBCOMMANDS = ("describe",)
 
@@ -31,13 +31,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     b.add_argument("--json", action="store_true", help="print one JSON object")
     b.set_defaults(_graph_run=run_build)
     for name in EXTRA_SUBCOMMANDS:
-        mod = _load(f"launch.commands.graph_{name}")
-        if mod is None:
-            continue
-        p = sub.add_parser(name, help=(mod.__doc__ or name).strip().splitlines()[0],
-                           description=mod.__doc__)
-        mod.add_arguments(p)
-        p.set_defaults(_graph_run=mod.run)
+        add_module_command(sub, name, f"launch.commands.graph_{name}", "_graph_run")
 
 
 def run(args: argparse.Namespace) -> int:

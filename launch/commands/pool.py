@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-from launch.cli import UserError, _load
+from launch.cli import UserError, add_module_command
 
 EXTERNAL = {"import": "launch.commands.pool_import"}
 
@@ -93,13 +93,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         add(p)
         p.set_defaults(_pool_run=run_fn)
     for name, module in EXTERNAL.items():
-        mod = _load(module)
-        if mod is None:
-            continue
-        p = sub.add_parser(name, help=(mod.__doc__ or name).strip().splitlines()[0],
-                           description=mod.__doc__)
-        mod.add_arguments(p)
-        p.set_defaults(_pool_run=mod.run)
+        add_module_command(sub, name, module, "_pool_run")
 
 
 def run(args: argparse.Namespace) -> int:
