@@ -45,13 +45,11 @@ def load_or_build_graph(pool: Any, run_dir: Optional[Path]) -> Any:
     from scheduling.graph import DualGraph
 
     path = Path(run_dir) / "graph.pkl" if run_dir is not None else None
-    if path is not None and path.is_file():
-        return DualGraph.load(path)
-    graph = DualGraph.build(list(pool.tasks), dict(pool.environments))
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        graph.save(path)
-    return graph
+    # from_pool resolves shared initial states, uses an LLM pre-pass's descriptions when the pool
+    # has them, and rebuilds a cache built from other content
+    return DualGraph.from_pool(pool, cache=path)
 
 
 def envsched_config(cfg: Any) -> Any:
