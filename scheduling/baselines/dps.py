@@ -40,7 +40,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from scheduling.base import Batch, GroupResult, SchedulerError, TaskInfo
-from scheduling.baselines.common import PoolScheduler, check_unit_interval
+from scheduling.baselines.common import PoolScheduler, _check_positive_int, check_unit_interval
 
 UNSOLVED, PARTIAL, SOLVED = 0, 1, 2
 MAX_CATCH_UP = 64
@@ -85,10 +85,8 @@ class DPSScheduler(PoolScheduler):
                  seed: int = 0, candidate_factor: int = 8, lam: float = 0.5,
                  alpha0: float = 1.0) -> None:
         super().__init__(tasks, batch_size, rollouts, seed)
-        if not isinstance(candidate_factor, int) or candidate_factor < 1:
-            raise SchedulerError(f"the candidate_factor parameter of DPSScheduler must be an int "
-                                 f">= 1, got {candidate_factor!r}")
-        self.candidate_factor = candidate_factor
+        self.candidate_factor = _check_positive_int("candidate_factor", "DPSScheduler",
+                                                    candidate_factor)
         self.lam = check_unit_interval("lam", "DPSScheduler", lam)
         if not alpha0 > 0:
             raise SchedulerError(f"the alpha0 parameter of DPSScheduler must be > 0, "

@@ -24,7 +24,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from scheduling.base import Batch, GroupResult, SchedulerError, TaskInfo
-from scheduling.baselines.common import PoolScheduler, check_unit_interval
+from scheduling.baselines.common import PoolScheduler, _check_positive_int, check_unit_interval
 
 
 def beta_update(alpha: float, beta: float, s: float, k: int, lam: float) -> tuple[float, float]:
@@ -38,10 +38,8 @@ class MoPPSScheduler(PoolScheduler):
     def __init__(self, tasks: Sequence[TaskInfo], batch_size: int = 64, rollouts: int = 8,
                  seed: int = 0, candidate_factor: int = 8, lam: float = 0.5) -> None:
         super().__init__(tasks, batch_size, rollouts, seed)
-        if not isinstance(candidate_factor, int) or candidate_factor < 1:
-            raise SchedulerError(f"the candidate_factor parameter of MoPPSScheduler must be an "
-                                 f"int >= 1, got {candidate_factor!r}")
-        self.candidate_factor = candidate_factor
+        self.candidate_factor = _check_positive_int("candidate_factor", "MoPPSScheduler",
+                                                    candidate_factor)
         self.lam = check_unit_interval("lam", "MoPPSScheduler", lam)
         self.alpha = np.ones(self.n)
         self.beta = np.ones(self.n)
