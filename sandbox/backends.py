@@ -124,11 +124,20 @@ def bwrap_prefix(scratch: Optional[str]) -> list[str]:
         elif host.is_dir():
             args += ["--ro-bind", str(host), str(host)]
     roots = [r for r in _read_only_roots() if not r.startswith("/usr/")]
-    for d in _ancestor_dirs(roots):
+    # roots under /tmp (a venv or a checkout there) are bound after the private --tmpfs /tmp,
+    # which would otherwise hide them
+    in_tmp = [r for r in roots if r == "/tmp" or r.startswith("/tmp/")]
+    outside = [r for r in roots if r not in in_tmp]
+    for d in _ancestor_dirs(outside):
         args += ["--perms", "0755", "--dir", d]
-    for r in roots:
+    for r in outside:
         args += ["--ro-bind", r, r]
     args += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--tmpfs", "/tmp"]
+    for d in _ancestor_dirs(in_tmp):
+        if d != "/tmp":
+            args += ["--perms", "0755", "--dir", d]
+    for r in in_tmp:
+        args += ["--ro-bind", r, r]
     if scratch is not None:
         for d in _ancestor_dirs([scratch]):
             if d != "/tmp":
