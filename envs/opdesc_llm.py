@@ -36,7 +36,7 @@ from typing import Any, Optional
 from pydantic import ValidationError
 
 from envs.opdesc import (CONFLICT_KINDS, GATE_KINDS, GROUP_RELATIONS, OP_TYPES, PROVENANCES,
-                         OpDescription, OpDescriptionError, check_against_task)
+                         OpDescription, OpDescriptionError, check_against_task, describe_task)
 from envs.opdesc_static import static_description
 from envs.spec import Environment, TaskSpec
 
@@ -169,14 +169,13 @@ class LLMDescriber:
         message = user_message(task, env, initial_state)
         key = self._key(message)
         if key in self._cache:
-            stats.cached += 1
-            stats.valid += 1
+            self._count(stats, cached=1, valid=1)
             return OpDescription.model_validate(self._cache[key])
         messages = [{"role": "system", "content": SYSTEM_PROMPT},
                     {"role": "user", "content": message}]
         reason = ""
         for attempt in range(self.retries + 1):
-            stats.requested += 1
+            self._count(stats, requested=1)
             try:
                 content = self._post(messages)
             except urllib.error.HTTPError as e:
@@ -194,15 +193,21 @@ class LLMDescriber:
                                            {"role": "user", "content": "Your answer was invalid: "
                                             f"{reason}. Reply with corrected JSON only."}]
                 continue
-            stats.valid += 1
-            stats.retried += attempt > 0
+            self._count(stats, valid=1, retried=int(attempt > 0))
             self._store(key, task.task_id, desc)
             return desc
-        stats.fallback += 1
-        stats.reasons[task.task_id] = reason
+        self._count(stats, fallback=1)
+        with self._lock:
+            stats.reasons[task.task_id] = reason
         log.warning("task %s: LLM description unusable after %d attempts (%s); using the static "
                     "extractor", task.task_id, self.retries + 1, reason)
         return static_description(task, env)
+
+    def _count(self, stats: DescribeStats, **increments: int) -> None:
+        """Counters are shared by the request threads of ``describe_pool``."""
+        with self._lock:
+            for name, k in increments.items():
+                setattr(stats, name, getattr(stats, name) + k)
 
     def _store(self, key: str, task_id: str, desc: OpDescription) -> None:
         with self._lock:
@@ -225,8 +230,6 @@ class LLMDescriber:
         def one(task: TaskSpec) -> tuple[str, dict[str, Any]]:
             env = pool.environment(task.env_id)
             if task.op_description is not None:
-                from envs.opdesc import describe_task
-
                 return task.task_id, describe_task(task, env).model_dump()
             desc = self.describe_one(task, env, pool.initial_state(task), stats)
             return task.task_id, desc.model_dump()
