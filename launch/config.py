@@ -4,7 +4,7 @@ Sections owned here: ``run`` (seed, steps, batch shape), ``pool`` (a directory, 
 pool), ``scheduler`` (which ``scheduling/`` scheduler and its parameters), ``controller``
 (staleness, concurrency, timeouts, retries, checkpoints), ``cluster`` (Ray address and per-role
 resources), ``policy`` (model path and rollout engine), ``sft`` (the demo's warm start, run when
-``policy.path`` is unset). Sections owned by the role modules are composed, not
+``policy.path`` is unset), ``eval`` (the fixed-set evaluation). Sections owned by the role modules are composed, not
 redefined: ``executors`` (``actors.executor_pool.ExecutorConfig``), ``rollout``
 (``actors.rollout.config.RolloutConfig``) and ``learner`` (``actors.learner.config.LearnerConfig``)
 are validated by those classes, imported when the config is built, so every default lives in
@@ -117,6 +117,26 @@ class SftConfig(_Section):
     max_examples: int = Field(400, ge=1)
 
 
+class EvalConfig(_Section):
+    """Evaluation of the current policy on a fixed task set, independent of the scheduler.
+
+    The scheduled batch's mean reward mixes policy improvement with the scheduler's task choice
+    (EnvSched prefers tasks near 1/2 success), so learning is measured here instead: the same tasks,
+    K samples each with the same episode seeds at every evaluation (common random numbers: two
+    evaluations of the same weights give the same reward), at the start (step 0), every ``every``
+    steps and after the last step. Evaluation groups share the rollout workers with training but
+    never reach the scheduler or the learner.
+    """
+
+    enabled: bool = False
+    every: int = Field(0, ge=0, description="learner steps between evaluations; 0 = only at the "
+                       "start and after the last step")
+    tasks: int = Field(0, ge=0, description="tasks evaluated; 0 = every task of the pool, else N "
+                       "spread over the environments (a fixed, seeded choice)")
+    k: int = Field(4, ge=1, description="samples per task")
+    seed: int = 12345
+
+
 class TrainConfig(_Section):
     """The sections owned here; ``train_config_model()`` adds the role-owned ones."""
 
@@ -127,6 +147,7 @@ class TrainConfig(_Section):
     cluster: ClusterConfig = ClusterConfig()
     policy: PolicyConfig = PolicyConfig()
     sft: SftConfig = SftConfig()
+    eval: EvalConfig = EvalConfig()
 
     def to_yaml_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")

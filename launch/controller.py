@@ -14,6 +14,13 @@ Every remote call goes through ``Roles`` with a timeout; a dead RolloutWorker is
 re-synced to the latest weights, and its in-flight groups are re-issued: a group is either
 accepted exactly once or logged as dropped.
 
+Evaluation (``eval.enabled``; ``launch/evaluation.py``): at step 0, every ``eval.every`` steps and
+after the last step, the fixed evaluation tasks run on the current weights as tickets of phase
+``eval`` through the same submit/wait/retry path; they never reach the admission counters, the
+scheduler or the learner. Training groups already admitted keep running and are collected
+meanwhile; no weights are published during an evaluation, so all of it samples one version.
+Results go to ``RUN_DIR/eval.jsonl`` and into that step's metrics record.
+
 Checkpoints (``launch/checkpoint.py``) hold the counters, RNG, buffered groups and the tickets in
 flight, which are re-issued first on resume.
 
@@ -29,13 +36,20 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+import json
+
 import numpy as np
 
 from launch.admission import Admission
 from launch.checkpoint import Checkpoint, save_checkpoint
 from launch.control import ControlWatcher
+from launch.evaluation import eval_record, eval_seed, read_eval
 from launch.metrics import MetricsLogger, step_metrics
 from scheduling.base import Selection
+
+EVAL = "eval"   # the phase of evaluation tickets (never a scheduler phase)
+EVAL_STEP = -1  # their selection step: episode seeds hash (seed, task, step), so a fixed step keeps
+                # the sandbox and sampling seeds the same at every evaluation
 
 
 @dataclass
@@ -50,6 +64,7 @@ class Ticket:
     seed: int
     scores: dict[str, float] = field(default_factory=dict)
     attempt: int = 0
+    k: Optional[int] = None   # samples; None = rollout.k (evaluation tickets set eval.k)
 
     @property
     def selection(self) -> Selection:
@@ -62,8 +77,12 @@ class Controller:
     executor_wait(), scheduler_state(), load_scheduler_state(), save_learner(dir), ...
     (see ``launch/roles.py``)."""
 
-    def __init__(self, cfg: Any, roles: Any, run_dir: Path, total_steps: Optional[int] = None):
+    def __init__(self, cfg: Any, roles: Any, run_dir: Path, total_steps: Optional[int] = None,
+                 eval_task_ids: Optional[list[str]] = None):
         self.cfg, self.roles, self.run_dir = cfg, roles, Path(run_dir)
+        self.eval_task_ids = list(eval_task_ids or []) if cfg.eval.enabled else []
+        self.eval_groups: dict[int, Any] = {}   # evaluation index -> group, during one evaluation
+        self.eval_failed = 0
         self.total_steps = total_steps or cfg.run.steps
         c = cfg.controller
         self.adm = Admission(batch=cfg.run.batch_size, max_staleness=c.max_staleness,
@@ -82,14 +101,19 @@ class Controller:
     def run(self) -> dict[str, Any]:
         log = MetricsLogger(self.run_dir, self.total_steps, self.step,
                             progress=self.cfg.controller.progress_bar)
-        t_start, t_last = time.perf_counter(), time.perf_counter()
+        t_start = time.perf_counter()
         try:
+            if self.step == 0 and self.eval_task_ids and not self._evaluated(0):
+                self._evaluate()
+            t_last = time.perf_counter()
             while self.step < self.total_steps:
                 self._apply_control()
                 self._admit()
                 self._collect(timeout=1.0)
                 if self.adm.buffered >= self.adm.batch:
                     record = self._train()
+                    if self._eval_due():
+                        record.update({k: v for k, v in self._evaluate().items() if k != "step"})
                     now = time.perf_counter()
                     record["time_step_s"] = now - t_last
                     record["learner_idle_share"] = 1.0 - record["time_learner_s"] / (now - t_last)
@@ -138,6 +162,47 @@ class Controller:
             self.adm.issue(t.ticket)
             self.inflight[self.roles.submit(t)] = t
 
+    # ---- evaluation --------------------------------------------------------------------------
+    def _eval_due(self) -> bool:
+        every = self.cfg.eval.every
+        return bool(self.eval_task_ids) and (self.step == self.total_steps
+                                             or (every > 0 and self.step % every == 0))
+
+    def _evaluated(self, step: int) -> bool:
+        return any(r.get("step") == step for r in read_eval(self.run_dir))
+
+    def _evaluate(self) -> dict[str, float]:
+        """The fixed evaluation set on policy version ``self.step``; returns its record."""
+        t0 = time.perf_counter()
+        self.eval_groups, self.eval_failed = {}, 0
+        for i, task_id in enumerate(self.eval_task_ids):
+            t = Ticket(-(i + 1), task_id, EVAL_STEP, EVAL, i, eval_seed(self.cfg.eval, i),
+                       k=self.cfg.eval.k)
+            self.inflight[self.roles.submit(t)] = t
+        while any(t.phase == EVAL for t in self.inflight.values()):
+            if self.step < self.total_steps:
+                self._admit()
+            self._collect(timeout=1.0)
+        groups = [self.eval_groups[i] for i in sorted(self.eval_groups)]
+        record = eval_record(self.step, groups, self.eval_failed, time.perf_counter() - t0)
+        with (self.run_dir / "eval.jsonl").open("a") as f:
+            f.write(json.dumps(record, sort_keys=True) + "\n")
+        print(f"[envsched] eval at step {self.step}: reward {record['eval_reward']:.3f} over "
+              f"{len(groups)} tasks x {self.cfg.eval.k} (success {record['eval_success']:.0%}, "
+              f"{record['eval_seconds']:.0f} s)", flush=True)
+        self.eval_groups = {}
+        return record
+
+    def _eval_finished(self, t: Ticket, result: Any) -> None:
+        if isinstance(result, Exception) or _all_failed(result):
+            if t.attempt < self.cfg.controller.retries:
+                t.attempt += 1
+                self.inflight[self.roles.submit(t)] = t
+            else:
+                self.eval_failed += 1
+            return
+        self.eval_groups[t.rank] = result
+
     # ---- (2) completion ----------------------------------------------------------------------
     def _collect(self, timeout: float) -> None:
         if not self.inflight:
@@ -147,6 +212,9 @@ class Controller:
         self.timer["rollout_wait"] += time.perf_counter() - t0
         for handle, result in finished:
             t = self.inflight.pop(handle)
+            if t.phase == EVAL:
+                self._eval_finished(t, result)
+                continue
             if isinstance(result, Exception) or _all_failed(result):
                 self._failed(t, result)
                 continue
@@ -190,7 +258,7 @@ class Controller:
 
     # ---- checkpoint / resume -----------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        pending = list(self.reissue) + list(self.inflight.values())
+        pending = list(self.reissue) + [t for t in self.inflight.values() if t.phase != EVAL]
         return {"step": self.step, "next_ticket": self.next_ticket,
                 "admission": self.adm.state_dict(), "rng": self.rng.bit_generator.state,
                 "inflight": [asdict(t) for t in sorted(pending, key=lambda t: t.ticket)],

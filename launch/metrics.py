@@ -134,6 +134,11 @@ def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
     path = Path(run_dir) / "metrics.jsonl"
     if not path.is_file():
         raise FileNotFoundError(f"{path} does not exist: is {run_dir} a run directory?")
+    return read_jsonl(path)
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """One JSON object per non-empty line; a bad line is a ValueError naming file and line."""
     rows = []
     for n, line in enumerate(path.read_text().splitlines(), 1):
         if line.strip():
@@ -154,16 +159,28 @@ def reward_trend(means: Sequence[float]) -> float:
     return float(np.sum((x - x.mean()) * (y - y.mean())) / np.sum((x - x.mean()) ** 2))
 
 
-def summarize(rows: Iterable[dict[str, Any]]) -> dict[str, float]:
+def summarize(rows: Iterable[dict[str, Any]], eval_rows: Sequence[dict[str, Any]] = ()
+              ) -> dict[str, float]:
     """First/last-third reward means and the least-squares reward slope (is reward rising?),
-    the mean reward variance and the share of zero-variance groups."""
+    the mean reward variance and the share of zero-variance groups; with evaluation rows
+    (``launch.evaluation``), the fixed-set reward at the first and the last evaluation."""
     rows = list(rows)
     if not rows:
         return {}
+    out = {}
+    if eval_rows:
+        first, last = eval_rows[0], eval_rows[-1]
+        out = {"eval_step_first": float(first["step"]), "eval_step_last": float(last["step"]),
+               "eval_reward_first": float(first["eval_reward"]),
+               "eval_reward_last": float(last["eval_reward"]),
+               "eval_reward_gain": float(last["eval_reward"]) - float(first["eval_reward"]),
+               "eval_success_first": float(first["eval_success"]),
+               "eval_success_last": float(last["eval_success"])}
     third = max(1, len(rows) // 3)
     mean = lambda rs, k: float(np.nanmean([r.get(k) if r.get(k) is not None else np.nan  # noqa
                                            for r in rs]))
-    return {"steps": float(len(rows)), "reward_first_third": mean(rows[:third], "reward_mean"),
+    return {**out, "steps": float(len(rows)),
+            "reward_first_third": mean(rows[:third], "reward_mean"),
             "reward_last_third": mean(rows[-third:], "reward_mean"),
             "reward_slope": reward_trend([r.get("reward_mean") for r in rows]),
             "reward_var_mean": mean(rows, "reward_var_mean"),
@@ -182,4 +199,9 @@ def format_summary(summary: dict[str, Any]) -> str:
              f"{g('reward_last_third'):.3f}, slope {g('reward_slope'):+.4f}/step; mean "
              f"within-group variance {g('reward_var_mean'):.4f}, zero-variance groups "
              f"{g('zero_var_share'):.0%}"]
+    if "eval_reward_first" in summary:
+        lines.append(f"eval (fixed task set): reward {g('eval_reward_first'):.3f} at step "
+                     f"{int(g('eval_step_first'))} -> {g('eval_reward_last'):.3f} at step "
+                     f"{int(g('eval_step_last'))} ({g('eval_reward_gain'):+.3f}); success "
+                     f"{g('eval_success_first'):.0%} -> {g('eval_success_last'):.0%}")
     return "\n".join(lines)

@@ -88,8 +88,8 @@ class Roles:
         for f in self.flights.values():
             busy[f.worker] += 1
         w = min(range(len(self.workers)), key=busy.__getitem__)
-        ref = self.workers[w].run_group.remote(ticket.task_id, ticket.step, ticket.seed,
-                                               self.cfg.rollout.k)
+        k = ticket.k or self.cfg.rollout.k
+        ref = self.workers[w].run_group.remote(ticket.task_id, ticket.step, ticket.seed, k)
         self.flights[ref] = _Flight(w, time.monotonic() + self.timeout)
         return ref
 
@@ -167,6 +167,10 @@ class Roles:
 
     def save_learner(self, directory: Path) -> None:
         self.learner.save(str(directory))
+
+    def export_policy(self, directory: Path) -> str:
+        """The learner's current weights in Hugging Face format (written on rank 0's node)."""
+        return self.learner.export(str(directory))
 
     def load_learner(self, directory: Path, step: int) -> None:
         self.learner.load(str(directory))

@@ -6,9 +6,12 @@
 2. policy: ``policy.path``, or the tiny local policy warm-started by ``launch.sft`` into
    ``RUN_DIR/sft`` (skipped when it exists, so a resumed or repeated run reuses it);
 3. Ray: embedded or joined (``launch.cluster``); roles started (``launch.roles``);
-4. the controller runs to ``run.steps``; a run directory that already has a checkpoint is
-   continued from it (``resume=True`` makes a missing checkpoint an error);
-5. ``summary.json`` (result, reward trend from ``launch.metrics.summarize``, wall time per
+4. the controller runs to ``run.steps`` (with the fixed-set evaluation of ``eval`` when enabled);
+   a run directory that already has a checkpoint is continued from it (``resume=True`` makes a
+   missing checkpoint an error);
+5. the trained policy is exported in Hugging Face format to ``RUN_DIR/policy`` (loadable by
+   ``--model`` of ``envsched rollout`` or as ``policy.path`` of another run);
+6. ``summary.json`` (result, reward trend from ``launch.metrics.summarize``, wall time per
    phase: pool, sft, startup, train), ``filter_log.jsonl``, ``dropped.jsonl`` are written; roles and an embedded Ray
    are shut down, also on errors.
 
@@ -66,6 +69,7 @@ def train(cfg: Any, run_dir: Path, address: Optional[str] = None, resume: bool =
     from launch.checkpoint import find_checkpoint, load_checkpoint
     from launch.cluster import check_fits, connect, shutdown
     from launch.controller import Controller
+    from launch.evaluation import eval_tasks, read_eval
     from launch.metrics import read_metrics, summarize
     from launch.roles import Roles
 
@@ -97,12 +101,13 @@ def train(cfg: Any, run_dir: Path, address: Optional[str] = None, resume: bool =
     try:
         check_fits(cfg.cluster)
         roles = Roles(cfg, pool, pool_dir, run_dir, model_path)
-        ctl = Controller(cfg, roles, run_dir)
+        ctl = Controller(cfg, roles, run_dir, eval_task_ids=eval_tasks(pool, cfg.eval))
         if ckpt is not None:
             ctl.restore(ckpt)
         t_start = time.perf_counter()
         result = ctl.run()
         t_train = time.perf_counter()
+        policy_dir = roles.export_policy(run_dir / "policy")
         _write_jsonl(run_dir / "filter_log.jsonl", roles.filter_events())
         _write_jsonl(run_dir / "dropped.jsonl", ctl.dropped)
     finally:
@@ -110,7 +115,8 @@ def train(cfg: Any, run_dir: Path, address: Optional[str] = None, resume: bool =
             roles.shutdown()
         if info["embedded"]:
             shutdown(info)
-    summary = {**result, **summarize(read_metrics(run_dir)), "run_dir": str(run_dir),
+    summary = {**result, **summarize(read_metrics(run_dir), read_eval(run_dir)),
+               "run_dir": str(run_dir), "policy": policy_dir,
                "pool": str(pool_dir), "model": model_path, "ray": info["address"],
                "total_seconds": round(time.perf_counter() - t0, 1),
                # wall time per phase (a reused pool / sft directory counts ~0 s)

@@ -1,9 +1,10 @@
 """Render PNG plots of a run: envsched report RUN_DIR [--out DIR]
 
-Reads RUN_DIR/metrics.jsonl and writes (default RUN_DIR/report/): reward.png (batch mean reward
-and mean within-group variance per step), scheduler.png (environments and tools per batch, phase
+Reads RUN_DIR/metrics.jsonl (and eval.jsonl when the run evaluated) and writes (default
+RUN_DIR/report/): reward.png (batch mean reward, the fixed-set evaluation reward from step 0, and
+mean within-group variance per step), scheduler.png (environments and tools per batch, phase
 split, predicted vs realised variance), system.png (per-phase timings, learner idle share,
-staleness, executor share), plus summary.json (is mean reward rising: first vs last third).
+staleness, executor share), plus summary.json (is mean reward rising: first vs last third; first vs last evaluation).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import json
 from pathlib import Path
 
 PANELS = {
-    "reward.png": [("reward", ["reward_mean"]), ("within-group variance", ["reward_var_mean"]),
+    "reward.png": [("reward", ["reward_mean", "eval_reward"]), ("within-group variance", ["reward_var_mean"]),
                    ("zero-variance groups", ["zero_var_share"])],
     "scheduler.png": [("diversity", ["envs_per_batch", "tools_per_batch"]),
                       ("phase split", ["phase_cold-start", "phase_coverage",
@@ -40,16 +41,21 @@ def render(run_dir: Path, out: Path) -> list[Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from launch.evaluation import read_eval
     from launch.metrics import read_metrics
 
     rows = read_metrics(run_dir)
+    # evaluation points come from eval.jsonl: it also holds step 0 (before any training)
+    series = {"eval_reward": [(r["step"], r["eval_reward"]) for r in read_eval(run_dir)
+                              if r.get("eval_reward") is not None]}
     out.mkdir(parents=True, exist_ok=True)
     written = []
     for name, panels in PANELS.items():
         fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.2))
         for ax, (title, keys) in zip(axes, panels):
             for key in keys:
-                pts = [(r["step"], r[key]) for r in rows if r.get(key) is not None]
+                pts = series.get(key) or [(r["step"], r[key]) for r in rows
+                                          if r.get(key) is not None]
                 if pts:
                     ax.plot(*zip(*pts), marker=".", label=key)
             ax.set_title(title, fontsize=9)
@@ -65,12 +71,13 @@ def render(run_dir: Path, out: Path) -> list[Path]:
 
 def run(args: argparse.Namespace) -> int:
     from launch.cli import UserError
+    from launch.evaluation import read_eval
     from launch.metrics import read_metrics, summarize
 
     run_dir = Path(args.run_dir)
     out = Path(args.out) if args.out else run_dir / "report"
     try:
-        summary = summarize(read_metrics(run_dir))
+        summary = summarize(read_metrics(run_dir), read_eval(run_dir))
     except (FileNotFoundError, ValueError) as e:
         raise UserError(str(e)) from None
     if not summary:

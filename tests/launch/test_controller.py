@@ -59,7 +59,7 @@ class LocalRoles:
             self.done[handle] = RuntimeError("injected: rollout worker died")
         else:
             self.done[handle] = asyncio.run(self.runner.run_group(
-                ticket.task_id, ticket.step, ticket.seed, self.cfg.rollout.k))
+                ticket.task_id, ticket.step, ticket.seed, ticket.k or self.cfg.rollout.k))
         return handle
 
     def wait(self, handles, timeout):
@@ -147,3 +147,61 @@ def test_resume_selects_exactly_what_an_uninterrupted_run_selects(small_pool, tm
     resumed.run()
     assert resumed.selections_log == full.selections_log
     assert resumed.roles.learner_state["version"] == full.roles.learner_state["version"] == 3
+
+
+def test_evaluation_runs_the_fixed_set_beside_training_and_never_reaches_the_scheduler(
+        small_pool, tmp_path):
+    from launch.evaluation import eval_seed, eval_tasks, read_eval
+    from launch.metrics import read_metrics, summarize
+
+    cfg = _cfg(small_pool, eval__enabled=True, eval__every=2, eval__tasks=4, eval__k=2,
+               controller__max_staleness=1)
+    task_ids = eval_tasks(small_pool, cfg.eval)
+    assert len(task_ids) == 4 and len({small_pool.task(t).env_id for t in task_ids}) == 3
+    roles = LocalRoles(cfg, small_pool, tmp_path, fail_first={-2})  # eval ticket 2 fails once per evaluation
+    submitted = []
+    submit = roles.submit
+    roles.submit = lambda t: (submitted.append((t.phase, t.task_id, t.seed, t.k, t.step)),
+                              submit(t))[1]
+    ctl = Controller(cfg, roles, tmp_path, eval_task_ids=task_ids)
+    assert ctl.run()["steps"] == 4
+
+    rows = read_eval(tmp_path)
+    assert [r["step"] for r in rows] == [0, 2, 4]            # start, every 2, after the last
+    assert all(r["eval_groups"] == 4 and r["eval_failed"] == 0 for r in rows)
+    # scripted engine (reference solutions, cut at max_turns): the weights do not matter, so
+    # common random numbers give the same reward at every evaluation
+    assert rows[0]["eval_reward"] > 0 and len({r["eval_reward"] for r in rows}) == 1
+    evals = [s for s in submitted if s[0] == "eval"]
+    assert len(evals) == 3 * (4 + 1)                         # + a re-issue in each evaluation
+    # the same tasks, seeds, K and (fixed) selection step at every evaluation
+    # (three evaluations; ticket -2, index 1, fails once in each and is re-issued)
+    assert Counter(evals) == {("eval", t, eval_seed(cfg.eval, i), 2, -1): 6 if i == 1 else 3
+                              for i, t in enumerate(task_ids)}
+    # evaluation groups never reach the scheduler or the admission counters
+    assert sum(roles.absorbed.values()) == ctl.adm.accepted == len(ctl.selections_log)
+    assert ctl.adm.consumed == 4 * 3 and ctl.adm.released == 0
+    metrics = read_metrics(tmp_path)
+    e = rows[0]["eval_reward"]
+    assert [r.get("eval_reward") for r in metrics] == [None, e, None, e]
+    s = summarize(metrics, rows)
+    assert s["eval_step_first"] == 0 and s["eval_step_last"] == 4 and s["eval_reward_gain"] == 0
+    ckpt = load_checkpoint(find_checkpoint(tmp_path))
+    assert all(t["phase"] != "eval" for t in ckpt.controller["inflight"])
+
+    # a resumed run does not evaluate step 0 again
+    more = _cfg(small_pool, eval__enabled=True, eval__every=2, eval__tasks=4, eval__k=2,
+                controller__max_staleness=1, run__steps=5)
+    resumed = Controller(more, LocalRoles(more, small_pool, tmp_path), tmp_path,
+                         eval_task_ids=task_ids)
+    resumed.restore(ckpt)
+    resumed.run()
+    assert [r["step"] for r in read_eval(tmp_path)] == [0, 2, 4, 5]
+
+
+def test_evaluation_disabled_or_empty_runs_nothing(small_pool, tmp_path):
+    cfg = _cfg(small_pool, run__steps=1)
+    ctl = Controller(cfg, LocalRoles(cfg, small_pool, tmp_path), tmp_path,
+                     eval_task_ids=["whatever"])          # eval.enabled is false
+    ctl.run()
+    assert not (tmp_path / "eval.jsonl").exists()

@@ -41,3 +41,41 @@ def test_format_summary_names_phases_and_trend():
     text = format_summary(s)
     assert "6 steps in 100 s" in text and "sft 40 s" in text and "training 50 s" in text
     assert "0.150 -> last third 0.550" in text and "+0.0971/step" in text and "50%" in text
+
+
+def test_summary_reports_first_and_last_evaluation():
+    rows = [{"step": i + 1, "reward_mean": 0.3} for i in range(3)]
+    evals = [{"step": 0, "eval_reward": 0.25, "eval_success": 0.1},
+             {"step": 2, "eval_reward": 0.30, "eval_success": 0.2},
+             {"step": 3, "eval_reward": 0.40, "eval_success": 0.25}]
+    s = summarize(rows, evals)
+    assert (s["eval_step_first"], s["eval_step_last"]) == (0, 3)
+    assert s["eval_reward_gain"] == pytest.approx(0.15)
+    text = format_summary({**s, "run_dir": "r", "total_seconds": 1.0, "pool_seconds": 0.0,
+                           "sft_seconds": 0.0, "startup_seconds": 0.0, "train_seconds": 1.0})
+    assert "0.250 at step 0 -> 0.400 at step 3 (+0.150)" in text and "10% -> 25%" in text
+    assert "eval" not in format_summary({**summarize(rows), "run_dir": "r"})
+
+
+def test_eval_tasks_cover_every_environment_and_are_fixed():
+    from types import SimpleNamespace
+
+    from launch.evaluation import eval_record, eval_seed, eval_tasks
+
+    tasks = [SimpleNamespace(env_id=f"e{e}", task_id=f"e{e}-t{t}") for e in range(3)
+             for t in range(5)]
+    pool = SimpleNamespace(tasks=tasks)
+    cfg = SimpleNamespace(tasks=4, seed=7)
+    chosen = eval_tasks(pool, cfg)
+    assert len(chosen) == 4 and len(set(chosen)) == 4
+    assert {c.split("-")[0] for c in chosen[:3]} == {"e0", "e1", "e2"}   # round-robin
+    assert chosen == eval_tasks(pool, cfg)                                # seeded, fixed
+    assert eval_tasks(pool, SimpleNamespace(tasks=0, seed=7)) == [t.task_id for t in tasks]
+    assert len(eval_tasks(pool, SimpleNamespace(tasks=99, seed=7))) == 15
+    assert eval_seed(cfg, 3) == eval_seed(cfg, 3) != eval_seed(cfg, 4)
+
+    groups = [SimpleNamespace(rewards=[1.0, 0.0]), SimpleNamespace(rewards=[0.5, 0.5])]
+    r = eval_record(5, groups, failed=1, seconds=2.0)
+    assert r["eval_reward"] == 0.5 and r["eval_success"] == 0.25
+    assert r["eval_task_solved"] == 0.5 and r["eval_reward_var"] == pytest.approx(0.125)
+    assert (r["step"], r["eval_groups"], r["eval_failed"]) == (5, 2.0, 1.0)
