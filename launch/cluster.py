@@ -54,25 +54,37 @@ def role_options(res: RoleResources) -> dict[str, Any]:
     return opts
 
 
-def check_fits(cfg: ClusterConfig) -> None:
-    """Fail fast, naming the role, when a role asks for a resource no node has at all."""
+def check_fits(cfg: Any) -> None:
+    """Fail fast, naming the config key, when one actor of a role asks for more of a resource
+    than the whole Ray cluster has (otherwise Ray leaves it pending until a call times out).
+    ``cfg`` is the TrainConfig: rollout workers and the scheduler (``cluster.<role>``), executors
+    (``executors.num_cpus_per_executor``, ``executors.resources``) and learner ranks
+    (``learner.num_cpus_per_rank``, ``learner.num_gpus_per_rank``)."""
     import ray
 
     from launch.cli import UserError
 
     total = ray.cluster_resources()
+    wants: list[tuple[str, str, float]] = []   # (config key, Ray resource, amount per actor)
     for role in ("rollout", "scheduler"):
-        res: RoleResources = getattr(cfg, role)
-        wants = {"GPU": res.num_gpus, **res.custom} if res.num else {}
-        for name, amount in wants.items():
-            if amount and total.get(name, 0.0) < amount:
-                raise UserError(f"cluster.{role} asks for {amount} {name} per actor but the Ray "
-                                f"cluster has {total.get(name, 0.0)} (fix: start a node with "
-                                f"that resource or set cluster.{role}.{_field(name)} lower)")
-
-
-def _field(resource: str) -> str:
-    return "num_gpus" if resource == "GPU" else f"custom.{resource}"
+        res: RoleResources = getattr(cfg.cluster, role)
+        if res.num:
+            wants += [(f"cluster.{role}.num_cpus", "CPU", res.num_cpus),
+                      (f"cluster.{role}.num_gpus", "GPU", res.num_gpus)]
+            wants += [(f"cluster.{role}.custom.{k}", k, v) for k, v in res.custom.items()]
+    ex = cfg.executors
+    if ex.num_executors:
+        wants.append(("executors.num_cpus_per_executor", "CPU", ex.num_cpus_per_executor))
+        wants += [(f"executors.resources.{k}", k, v) for k, v in ex.resources.items()]
+    wants += [("learner.num_cpus_per_rank", "CPU", cfg.learner.num_cpus_per_rank),
+              ("learner.num_gpus_per_rank", "GPU", cfg.learner.num_gpus_per_rank)]
+    for key, name, amount in wants:
+        if amount and total.get(name, 0.0) < amount:
+            how = {"CPU": "--num-cpus", "GPU": "--num-gpus"}.get(
+                name, f"--resources '{{\"{name}\": N}}'")
+            raise UserError(f"{key} asks for {amount} {name} per actor but the Ray cluster has "
+                            f"{total.get(name, 0.0)} in all (fix: join a node that has it, "
+                            f"`ray start {how} ...`, or lower {key})")
 
 
 def shutdown(info: dict[str, Any]) -> None:

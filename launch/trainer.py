@@ -99,7 +99,7 @@ def train(cfg: Any, run_dir: Path, address: Optional[str] = None, resume: bool =
     info = connect(cfg.cluster, address)
     roles = None
     try:
-        check_fits(cfg.cluster)
+        check_fits(cfg)
         roles = Roles(cfg, pool, pool_dir, run_dir, model_path)
         ctl = Controller(cfg, roles, run_dir, eval_task_ids=eval_tasks(pool, cfg.eval))
         if ckpt is not None:

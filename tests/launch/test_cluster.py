@@ -64,7 +64,8 @@ def test_job_submit_with_overrides(cluster, tmp_path):
            "learner.total_steps=2", "learner.num_cpus_per_rank=0.5",
            "cluster.rollout.num_cpus=0.25", "cluster.scheduler.num_cpus=0.1",
            "executors.num_executors=1", "executors.num_cpus_per_executor=0.25",
-           "scheduler.params.c1=1", "scheduler.params.cold_start_env_cap=1"]
+           "scheduler.params.c1=1", "scheduler.params.cold_start_env_cap=1",
+           "eval.enabled=true", "eval.tasks=2", "eval.k=1"]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
                          env={k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"})
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
@@ -72,6 +73,13 @@ def test_job_submit_with_overrides(cluster, tmp_path):
     assert summary["steps"] == 1 and summary["ray"] == "auto"
     rows = _rows(run_dir)
     assert [r["step"] for r in rows] == [1] and "reward_var_mean" in rows[0]
+    # the fixed-set evaluation ran before training and after the last step, and the trained
+    # policy was exported in Hugging Face format
+    evals = [json.loads(line) for line in (run_dir / "eval.jsonl").read_text().splitlines()]
+    assert [(e["step"], e["eval_groups"]) for e in evals] == [(0, 2), (1, 2)]
+    assert summary["eval_step_last"] == 1 and "eval_reward" in rows[0]
+    assert summary["policy"] == str(run_dir / "policy")
+    assert (run_dir / "policy" / "config.json").is_file()
 
 
 def resize_driver(address: str, pool_dir: str) -> None:
