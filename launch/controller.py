@@ -185,8 +185,9 @@ class Controller:
             self._collect(timeout=1.0)
         groups = [self.eval_groups[i] for i in sorted(self.eval_groups)]
         record = eval_record(self.step, groups, self.eval_failed, time.perf_counter() - t0)
+        per_task = {g.task_id: float(np.mean(g.rewards)) for g in groups}  # eval.jsonl only
         with (self.run_dir / "eval.jsonl").open("a") as f:
-            f.write(json.dumps(record, sort_keys=True) + "\n")
+            f.write(json.dumps({**record, "task_rewards": per_task}, sort_keys=True) + "\n")
         print(f"[envsched] eval at step {self.step}: reward {record['eval_reward']:.3f} over "
               f"{len(groups)} tasks x {self.cfg.eval.k} (success {record['eval_success']:.0%}, "
               f"{record['eval_seconds']:.0f} s)", flush=True)

@@ -14,6 +14,7 @@ The controller (``launch/controller.py``) runs the groups; this module holds the
   with at least one success), ``eval_reward_var`` (mean within-group variance,
   ``launch.metrics.group_variance``),
   ``eval_groups``, ``eval_failed`` (groups that failed every retry; excluded from the means).
+  ``eval.jsonl`` adds ``task_rewards`` ({task id: mean reward}) to see which tasks moved.
 
 ``read_eval(run_dir)`` reads ``eval.jsonl`` back (``[]`` when the run has none).
 

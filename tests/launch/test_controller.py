@@ -169,6 +169,7 @@ def test_evaluation_runs_the_fixed_set_beside_training_and_never_reaches_the_sch
     rows = read_eval(tmp_path)
     assert [r["step"] for r in rows] == [0, 2, 4]            # start, every 2, after the last
     assert all(r["eval_groups"] == 4 and r["eval_failed"] == 0 for r in rows)
+    assert all(sorted(r["task_rewards"]) == sorted(task_ids) for r in rows)
     # scripted engine (reference solutions, cut at max_turns): the weights do not matter, so
     # common random numbers give the same reward at every evaluation
     assert rows[0]["eval_reward"] > 0 and len({r["eval_reward"] for r in rows}) == 1
