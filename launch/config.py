@@ -110,7 +110,9 @@ class PolicyConfig(_Section):
 
 class SftConfig(_Section):
     enabled: bool = True
-    epochs: int = Field(40, ge=0)
+    epochs: int = Field(40, ge=0, description="at most this many passes")
+    target_loss: Optional[float] = Field(None, gt=0, description="stop after the first pass "
+                                         "whose mean masked loss is at or below this")
     lr: float = Field(3e-3, gt=0)
     batch: int = Field(1, ge=1, description="sequences per optimiser step")
     task_fraction: float = Field(1.0, gt=0, le=1, description="share of tasks shown")

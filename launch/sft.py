@@ -92,9 +92,11 @@ def _sequence_loss(model: Any, tok: list[int], mask: list[int]) -> tuple[Any, fl
 
 
 def train_sft(model: Any, sequences: list[tuple[list[int], list[int]]], epochs: int, lr: float,
-              batch: int = 4, seed: int = 0) -> list[float]:
+              batch: int = 4, seed: int = 0, target_loss: Optional[float] = None) -> list[float]:
     """Masked next-token cross-entropy (token mean over each batch of ``batch`` sequences);
-    returns the mean loss of each epoch."""
+    returns the mean loss of each epoch. With ``target_loss``, stops after the first epoch whose
+    mean loss is at or below it (at most ``epochs``): the warm start's strength then does not
+    depend on the pool's size (more tasks = more optimiser steps per epoch)."""
     import torch
 
     torch.manual_seed(seed)
@@ -118,13 +120,15 @@ def train_sft(model: Any, sequences: list[tuple[list[int], list[int]]], epochs: 
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
         losses.append(total / max(count, 1.0))
+        if target_loss is not None and losses[-1] <= target_loss:
+            break
     model.eval()
     return losses
 
 
 def run_sft(pool_dir: Path, out_dir: Path, epochs: int, lr: float, task_fraction: float,
-            max_examples: int, seed: int = 0, base: Optional[str] = None, batch: int = 1
-            ) -> dict[str, Any]:
+            max_examples: int, seed: int = 0, base: Optional[str] = None, batch: int = 1,
+            target_loss: Optional[float] = None) -> dict[str, Any]:
     """Warm-start ``base`` (default: the tiny policy) and save it to ``out_dir``."""
     import torch
 
@@ -136,7 +140,7 @@ def run_sft(pool_dir: Path, out_dir: Path, epochs: int, lr: float, task_fraction
     model, tokenizer = load_policy(base or build_tiny_policy(seed=seed))
     task_ids = pick_tasks(pool, task_fraction, max_examples, seed)
     seqs = reference_sequences(pool, tokenizer, task_ids)
-    losses = train_sft(model, seqs, epochs, lr, batch=batch, seed=seed)
+    losses = train_sft(model, seqs, epochs, lr, batch=batch, seed=seed, target_loss=target_loss)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     model.to(torch.float32).save_pretrained(out_dir)

@@ -53,7 +53,7 @@ def prepare_policy(cfg: Any, pool_dir: Path, run_dir: Path) -> str:
 
         s = cfg.sft
         summary = run_sft(pool_dir, out, s.epochs, s.lr, s.task_fraction, s.max_examples,
-                          cfg.run.seed, batch=s.batch)
+                          cfg.run.seed, batch=s.batch, target_loss=s.target_loss)
         print(f"sft: {summary['tasks']} tasks, loss {summary['epoch_loss'][0]:.3f} -> "
               f"{summary['epoch_loss'][-1]:.3f} in {summary['seconds']} s", flush=True)
     return str(out)

@@ -1,6 +1,6 @@
 """Warm-start the tiny policy on a pool's reference solutions (supervised, a few epochs on CPU).
 
-envsched sft --pool DIR --out MODEL_DIR [--epochs N] [--lr LR] [--task-fraction F]
+envsched sft --pool DIR --out MODEL_DIR [--epochs N] [--target-loss L] [--lr LR] [--task-fraction F]
              [--max-examples N] [--batch N] [--seed S] [--base MODEL_DIR]
 
 Reference solutions are played through the real agent loop (chat template, tool-call syntax, tool
@@ -22,6 +22,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pool", required=True, help="pool directory")
     parser.add_argument("--out", required=True, help="output model directory")
     parser.add_argument("--epochs", type=int, default=d.epochs)
+    parser.add_argument("--target-loss", type=float, default=d.target_loss,
+                        help="stop after the first epoch whose mean masked loss is <= this")
     parser.add_argument("--lr", type=float, default=d.lr)
     parser.add_argument("--task-fraction", type=float, default=d.task_fraction)
     parser.add_argument("--max-examples", type=int, default=d.max_examples)
@@ -38,7 +40,9 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--task-fraction must be in (0, 1], got {args.task_fraction}")
     if args.epochs < 1:
         raise UserError(f"--epochs must be >= 1, got {args.epochs}")
+    if args.target_loss is not None and args.target_loss <= 0:
+        raise UserError(f"--target-loss must be > 0, got {args.target_loss}")
     summary = run_sft(args.pool, args.out, args.epochs, args.lr, args.task_fraction,
-                      args.max_examples, args.seed, args.base, args.batch)
+                      args.max_examples, args.seed, args.base, args.batch, args.target_loss)
     print(json.dumps(summary, indent=2))
     return 0

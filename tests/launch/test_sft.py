@@ -21,6 +21,18 @@ def test_sft_lowers_loss_and_writes_a_model(tmp_path):
     assert model.config.vocab_size == len(tok)
 
 
+def test_sft_stops_at_the_target_loss(tmp_path):
+    from envs.generator import generate_pool
+    from launch.sft import run_sft
+
+    pool = generate_pool(tmp_path / "pool", 1, 1, seed=5)
+    full = run_sft(pool, tmp_path / "a", epochs=3, lr=3e-3, task_fraction=1.0, max_examples=1)
+    target = (full["epoch_loss"][0] + full["epoch_loss"][1]) / 2   # met after the 2nd epoch
+    out = run_sft(pool, tmp_path / "b", epochs=3, lr=3e-3, task_fraction=1.0, max_examples=1,
+                  target_loss=target)
+    assert out["epoch_loss"] == pytest.approx(full["epoch_loss"][:2])
+
+
 def test_reference_sequences_mask_only_model_tokens(tmp_path):
     from actors.policy import build_tiny_policy, load_tokenizer
     from envs.generator import generate_pool
@@ -36,7 +48,8 @@ def test_reference_sequences_mask_only_model_tokens(tmp_path):
     assert "<tool_response>" not in model_text   # observations are never trained on
 
 
-@pytest.mark.parametrize("flag", [["--task-fraction", "0"], ["--epochs", "0"]])
+@pytest.mark.parametrize("flag", [["--task-fraction", "0"], ["--epochs", "0"],
+                                  ["--target-loss", "0"]])
 def test_cli_rejects_bad_arguments(tmp_path, capsys, flag):
     assert main(["sft", "--pool", str(tmp_path), "--out", str(tmp_path / "o"), *flag]) == 2
     assert "must be" in capsys.readouterr().err
