@@ -4,11 +4,11 @@ Sections owned here: ``run`` (seed, steps, batch shape), ``pool`` (a directory, 
 pool), ``scheduler`` (which ``scheduling/`` scheduler and its parameters), ``controller``
 (staleness, concurrency, timeouts, retries, checkpoints), ``cluster`` (Ray address and per-role
 resources), ``policy`` (model path and rollout engine), ``sft`` (the demo's warm start, run when
-``policy.path`` is unset), ``eval`` (the fixed-set evaluation). Sections owned by the role modules are composed, not
-redefined: ``executors`` (``actors.executor_pool.ExecutorConfig``), ``rollout``
-(``actors.rollout.config.RolloutConfig``) and ``learner`` (``actors.learner.config.LearnerConfig``)
-are validated by those classes, imported when the config is built, so every default lives in
-exactly one place.
+``policy.path`` is unset), ``eval`` (the fixed-set evaluation). Sections owned by the role
+modules are composed, not redefined: ``executors`` (``actors.executor_pool.ExecutorConfig``),
+``rollout`` (``actors.rollout.config.RolloutConfig``) and ``learner``
+(``actors.learner.config.LearnerConfig``) are validated by those classes, imported when the
+config is built, so every default lives in exactly one place.
 
 Loading: ``load_config(path, overrides)`` reads YAML (none = ``configs/cpu_demo.yaml``), applies
 dotted overrides ``key.sub=value`` (values parsed as YAML scalars: ``3``, ``1e-6``, ``true``,

@@ -30,20 +30,19 @@ May import: numpy, the standard library, launch.*, envs.*, scheduling.base (no R
 
 from __future__ import annotations
 
+import json
 import time
 from collections import deque
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-import json
-
 import numpy as np
 
 from launch.admission import Admission
 from launch.checkpoint import Checkpoint, save_checkpoint
 from launch.control import ControlWatcher
-from launch.evaluation import eval_record, eval_seed, read_eval
+from launch.evaluation import eval_record, eval_seed, read_eval, task_rewards
 from launch.metrics import MetricsLogger, step_metrics
 from scheduling.base import Selection
 
@@ -185,9 +184,9 @@ class Controller:
             self._collect(timeout=1.0)
         groups = [self.eval_groups[i] for i in sorted(self.eval_groups)]
         record = eval_record(self.step, groups, self.eval_failed, time.perf_counter() - t0)
-        per_task = {g.task_id: float(np.mean(g.rewards)) for g in groups}  # eval.jsonl only
-        with (self.run_dir / "eval.jsonl").open("a") as f:
-            f.write(json.dumps({**record, "task_rewards": per_task}, sort_keys=True) + "\n")
+        with (self.run_dir / "eval.jsonl").open("a") as f:  # per-task means: eval.jsonl only
+            f.write(json.dumps({**record, "task_rewards": task_rewards(groups)},
+                               sort_keys=True) + "\n")
         print(f"[envsched] eval at step {self.step}: reward {record['eval_reward']:.3f} over "
               f"{len(groups)} tasks x {self.cfg.eval.k} (success {record['eval_success']:.0%}, "
               f"{record['eval_seconds']:.0f} s)", flush=True)

@@ -14,7 +14,8 @@ The controller (``launch/controller.py``) runs the groups; this module holds the
   with at least one success), ``eval_reward_var`` (mean within-group variance,
   ``launch.metrics.group_variance``),
   ``eval_groups``, ``eval_failed`` (groups that failed every retry; excluded from the means).
-  ``eval.jsonl`` adds ``task_rewards`` ({task id: mean reward}) to see which tasks moved.
+- ``task_rewards(groups)``: {task id: mean reward}, which ``eval.jsonl`` adds to the record to
+  show which tasks moved.
 
 ``read_eval(run_dir)`` reads ``eval.jsonl`` back (``[]`` when the run has none).
 
@@ -32,11 +33,11 @@ from launch.metrics import group_variance, read_jsonl
 
 
 def eval_tasks(pool: Any, cfg: Any) -> list[str]:
+    if cfg.tasks == 0:
+        return [t.task_id for t in pool.tasks]
     by_env: dict[str, list[str]] = {}
     for t in pool.tasks:
         by_env.setdefault(t.env_id, []).append(t.task_id)
-    if cfg.tasks == 0:
-        return [t.task_id for t in pool.tasks]
     rng = np.random.default_rng(cfg.seed)
     queues = []
     for env_id in sorted(by_env):
@@ -69,6 +70,10 @@ def eval_record(step: int, groups: Sequence[Any], failed: int, seconds: float) -
         "eval_failed": float(failed),
         "eval_seconds": float(seconds),
     }
+
+
+def task_rewards(groups: Sequence[Any]) -> dict[str, float]:
+    return {g.task_id: float(np.mean(g.rewards)) for g in groups}
 
 
 def read_eval(run_dir: Path) -> list[dict[str, Any]]:

@@ -12,8 +12,8 @@
 5. the trained policy is exported in Hugging Face format to ``RUN_DIR/policy`` (loadable by
    ``--model`` of ``envsched rollout`` or as ``policy.path`` of another run);
 6. ``summary.json`` (result, reward trend from ``launch.metrics.summarize``, wall time per
-   phase: pool, sft, startup, train), ``filter_log.jsonl``, ``dropped.jsonl`` are written; roles and an embedded Ray
-   are shut down, also on errors.
+   phase: pool, sft, startup, train), ``filter_log.jsonl``, ``dropped.jsonl`` are written; roles
+   and an embedded Ray are shut down, also on errors.
 
 May import: launch.*, envs.*, actors.* (Ray through launch.roles / launch.cluster).
 """
