@@ -12,7 +12,8 @@ worker once per ``initial_state_ref`` (the worker caches them by that key).
 
 Errors raised are ``sandbox.errors.SandboxError`` (typed, picklable): ``bad_request`` for an unknown
 task, ``executor`` for an unknown session (a restart lost it) or when no sandbox is free, and
-whatever the sandbox raised.
+whatever the sandbox raised. A ``step`` or ``verify`` that raises closes its session here, so a
+caller that does not close it cannot leak the sandbox.
 
 May import: envs.*, sandbox.*, the standard library. No Ray (the wrapping happens in
 actors/executor_pool.py).
@@ -23,7 +24,8 @@ from __future__ import annotations
 import os
 import threading
 import time
-from typing import Any, Optional, Union
+from contextlib import contextmanager
+from typing import Any, Iterator, Optional, Union
 
 from envs.pool import Pool, PoolError
 from envs.spec import TaskSpec, ToolCall
@@ -108,18 +110,37 @@ class EnvExecutor:
     def step(self, session_id: str, tool: str, arguments: dict[str, Any]) -> ActionStep:
         worker, _ = self._session(session_id)
         self._counts["steps"] += 1
-        return worker.step(tool, arguments)
+        with self._closing_on_failure(session_id):
+            return worker.step(tool, arguments)
 
     def verify(self, session_id: str) -> VerifyResult:
         worker, task = self._session(session_id)
         self._counts["verifies"] += 1
-        return worker.verify(task.checks)
+        with self._closing_on_failure(session_id):
+            return worker.verify(task.checks)
+
+    @contextmanager
+    def _closing_on_failure(self, session_id: str) -> Iterator[None]:
+        """A call that raises ends its episode (the sandbox lost it or refused it): the session
+        is closed here so its sandbox is free again even if the caller never closes it."""
+        try:
+            yield
+        except BaseException:
+            self._counts["errors"] += 1
+            self.close(session_id)
+            raise
 
     def close(self, session_id: str) -> None:
-        """Free the session's sandbox; closing an unknown session is a no-op."""
+        """Free the session's sandbox (ending its episode: its processes are killed now);
+        closing an unknown session is a no-op."""
         entry = self._sessions.pop(session_id, None)
         if entry is not None:
-            self._release(entry[0])
+            try:
+                self.workers[entry[0]].end_episode()
+            except SandboxError:
+                pass  # the worker is replaced on its next call; the slot is free either way
+            finally:
+                self._release(entry[0])
 
     # ----------------------------------------------------------------- replay & status
     def replay(self, task_id: str, actions: list[Union[ToolCall, ActionStep, dict]],

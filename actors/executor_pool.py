@@ -30,17 +30,22 @@ the cluster has that much of it available (minus what this pool claimed in the l
 ``_CLAIM_S`` seconds, as Ray's view lags); otherwise it is started on CPUs anywhere, with a
 logged warning, so a run survives losing the executor nodes (``docs/cluster.md``).
 
-May import: ray, actors.env_executor, envs.*, sandbox.*, pydantic, the standard library.
+The parts: ``actors.executor_slots`` is the pure policy (which executor gets a session,
+capacity, release on failure, the placement fallback); ``EnvSession`` is one async core (``astep``,
+``averify``, ``aclose``) with thin blocking wrappers; ``ExecutorPool`` implements the
+``actors.executors.Executors`` protocol shared with the local ``SandboxSessions``.
+
+May import: ray, actors.env_executor, actors.executor_slots, actors.executors, envs.*, sandbox.*,
+pydantic, the standard library.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 import time
 import uuid
-from typing import Any, Optional, Union
+from typing import Any, Coroutine, Optional, TypeVar, Union
 
 import ray
 from pydantic import BaseModel, ConfigDict, Field
@@ -48,8 +53,10 @@ from ray.exceptions import (ActorDiedError, ActorUnavailableError, GetTimeoutErr
                             RayTaskError)
 
 from actors.env_executor import EnvExecutor
+from actors.executor_slots import Slots, short_resources
+from actors.executors import Actions
 from envs.pool import Pool
-from envs.spec import TaskSpec, ToolCall
+from envs.spec import TaskSpec
 from envs.trajectory import ActionStep, VerifyResult
 from sandbox.config import SandboxConfig
 from sandbox.errors import SandboxError
@@ -59,7 +66,7 @@ _CLAIM_S = 10.0  # how long Ray's available_resources() may not yet show an acto
 
 
 class ExecutorConfig(BaseModel):
-    """Size and placement of the executor pool (``env_executors:`` in the YAML configs)."""
+    """Size and placement of the executor pool (``executors:`` in the YAML configs)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -105,51 +112,19 @@ def _get_through_restart(method: Any, args: tuple, timeout: float) -> Any:
             time.sleep(0.2)
 
 
-class _Slots:
-    """Sandbox accounting across executors; records how long callers waited for one."""
+_T = TypeVar("_T")
 
-    def __init__(self, capacity: int) -> None:
-        self.cond = threading.Condition()
-        self.capacity = capacity
-        self.used: dict[int, int] = {}      # executor index -> sandboxes in use
-        self.accepting: set[int] = set()    # executors that take new sessions
-        self.waits: list[float] = []
-        self.waiting = 0
 
-    def free(self) -> int:
-        return sum(self.capacity - self.used[i] for i in self.accepting)
-
-    def acquire(self, timeout: float) -> int:
-        t0 = time.monotonic()
-        with self.cond:
-            self.waiting += 1
-            try:
-                while True:
-                    open_ = [i for i in self.accepting if self.used[i] < self.capacity]
-                    if open_:
-                        best = min(open_, key=self.used.get)
-                        self.used[best] += 1
-                        self.waits.append(time.monotonic() - t0)
-                        return best
-                    left = timeout - (time.monotonic() - t0)
-                    if left <= 0 or not self.cond.wait(left):
-                        raise SandboxError("timeout", f"no free sandbox within {timeout} s "
-                                                      "(scale the executor pool up)")
-            finally:
-                self.waiting -= 1
-
-    def release(self, index: int) -> bool:
-        """Free one sandbox of ``index``; True when a retiring executor became idle."""
-        with self.cond:
-            if index not in self.used:
-                return False
-            self.used[index] -= 1
-            self.cond.notify()
-            return index not in self.accepting and self.used[index] == 0
+def _blocking(coro: Coroutine[Any, Any, _T]) -> _T:
+    """Run one of a session's coroutines to the end from blocking code (the sync wrappers);
+    callers inside an event loop use the coroutine itself."""
+    return asyncio.run(coro)
 
 
 class EnvSession:
-    """One episode on one sandbox; sync and async calls; close exactly once."""
+    """One episode on one sandbox; close exactly once. The coroutines (``astep``, ``averify``,
+    ``aclose``) are the core; ``step``, ``verify`` and ``close`` run them to the end for blocking
+    callers (not from inside a running event loop: await the coroutine there)."""
 
     def __init__(self, owner: "ExecutorPool", index: int, actor: Any, session_id: str,
                  task: TaskSpec, seed: int, info: dict[str, Any]):
@@ -166,78 +141,57 @@ class EnvSession:
         if self.closed:
             raise SandboxError("closed", "this session is closed", self._where)
 
-    def _failed(self, e: Exception) -> SandboxError:
-        err = _unwrap(e, self._where)
-        if err.kind == "executor":
-            self._release()  # the executor lost the session: nothing to close remotely
-        return err
-
-    def step(self, tool: str, arguments: dict[str, Any]) -> ActionStep:
-        self._check_open()
+    async def _call(self, ref: Any, timeout: float) -> Any:
+        """Await one call on the executor. A failed call ends the session and frees its slot
+        now, whether or not the caller closes it: the executor already closed the session when
+        the call raised there (or lost it when it died); a call past its deadline is closed
+        remotely first."""
         try:
-            return ray.get(self._actor.step.remote(self.session_id, tool, arguments),
-                           timeout=self._timeouts())
+            return await asyncio.wait_for(ref, timeout)
+        except asyncio.TimeoutError:
+            await self.aclose()
+            raise SandboxError("timeout", "the executor did not answer in time", self._where) \
+                from None
         except _RAY_ERRORS as e:
-            raise self._failed(e) from None
-
-    def verify(self) -> VerifyResult:
-        self._check_open()
-        try:
-            return ray.get(self._actor.verify.remote(self.session_id),
-                           timeout=self._timeouts(verify=True))
-        except _RAY_ERRORS as e:
-            raise self._failed(e) from None
+            self._release()
+            raise _unwrap(e, self._where) from None
 
     async def astep(self, tool: str, arguments: dict[str, Any]) -> ActionStep:
         self._check_open()
-        try:
-            return await asyncio.wait_for(
-                self._actor.step.remote(self.session_id, tool, arguments), self._timeouts())
-        except asyncio.TimeoutError:
-            raise SandboxError("timeout", "the executor did not answer in time", self._where) \
-                from None
-        except _RAY_ERRORS as e:
-            raise self._failed(e) from None
+        return await self._call(self._actor.step.remote(self.session_id, tool, arguments),
+                                self._timeouts())
 
     async def averify(self) -> VerifyResult:
         self._check_open()
-        try:
-            return await asyncio.wait_for(self._actor.verify.remote(self.session_id),
-                                          self._timeouts(verify=True))
-        except asyncio.TimeoutError:
-            raise SandboxError("timeout", "the executor did not answer in time", self._where) \
-                from None
-        except _RAY_ERRORS as e:
-            raise self._failed(e) from None
-
-    def _release(self) -> None:
-        if not self.closed:
-            self.closed = True
-            self._owner._release(self._index)
-
-    def close(self) -> None:
-        if self.closed:
-            return
-        self.closed = True
-        ref = self._actor.close.remote(self.session_id)
-        try:  # the slot is freed after the sandbox is: a waiter's open must not find it busy
-            ray.get(ref, timeout=self._owner.config.rpc_margin_s)
-        except _RAY_ERRORS:
-            pass  # a dead executor already dropped the session; the slot is freed either way
-        finally:
-            self._owner._release(self._index)
+        return await self._call(self._actor.verify.remote(self.session_id),
+                                self._timeouts(verify=True))
 
     async def aclose(self) -> None:
         if self.closed:
             return
         self.closed = True
         ref = self._actor.close.remote(self.session_id)
-        try:  # as close(): free the slot once the sandbox is free
+        try:  # the slot is freed after the sandbox is: a waiter's open must not find it busy
             await asyncio.wait_for(ref, self._owner.config.rpc_margin_s)
         except (asyncio.TimeoutError, *_RAY_ERRORS):
-            pass
+            pass  # a dead executor already dropped the session; the slot is freed either way
         finally:
             self._owner._release(self._index)
+
+    def _release(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self._owner._release(self._index)
+
+    def step(self, tool: str, arguments: dict[str, Any]) -> ActionStep:
+        return _blocking(self.astep(tool, arguments))
+
+    def verify(self) -> VerifyResult:
+        return _blocking(self.averify())
+
+    def close(self) -> None:
+        if not self.closed:
+            _blocking(self.aclose())
 
     def __enter__(self) -> "EnvSession":
         return self
@@ -267,7 +221,7 @@ class ExecutorPool:
     def __init__(self, pool: Union[Pool, "ray.ObjectRef"], config: Optional[ExecutorConfig] = None):
         self.config = config or ExecutorConfig()
         self._pool_ref = _pool_ref(pool)
-        self._slots = _Slots(self.config.workers_per_executor)
+        self._slots = Slots(self.config.workers_per_executor)
         self._actors: dict[int, Any] = {}
         self._next = 0
         self._claims: list[tuple[float, dict[str, float]]] = []
@@ -283,22 +237,24 @@ class ExecutorPool:
         """Executors taking new sessions (retiring ones finish their open sessions first)."""
         return len(self._slots.accepting)
 
-    def resize(self, n: int) -> None:
+    @property
+    def capacity(self) -> int:
+        """Sessions that can be open at once on the executors taking new ones."""
+        return self.size * self.config.workers_per_executor
+
+    def resize(self, n: int) -> int:
         """Grow by starting executors; shrink by retiring the least busy: they take no new
-        sessions and stop when their open sessions close (idle ones stop now)."""
+        sessions and stop when their open sessions close (idle ones stop now). Returns the
+        new size."""
         if n < 0:
             raise ValueError(f"ExecutorPool.resize: n must be >= 0, got {n}")
-        idle = []
         with self._slots.cond:
             while self.size < n:
-                self._start_executor()
-            self._slots.cond.notify_all()  # callers waiting for a sandbox may take the new ones
-            for index in sorted(self._slots.accepting, key=self._slots.used.get)[: self.size - n]:
-                self._slots.accepting.discard(index)
-                if self._slots.used[index] == 0:
-                    idle.append(index)
+                self._start_executor()  # callers waiting for a sandbox may take the new ones
+            idle = self._slots.retire(self.size - n)
         for index in idle:
             self._stop(index)
+        return self.size
 
     def _placement(self, replacing: bool) -> dict[str, Any]:
         """Ray options for a new executor: ``resources`` as configured, except for a replacement
@@ -308,10 +264,7 @@ class ExecutorPool:
             return {"resources": dict(wants)} if wants else {}
         now = time.monotonic()
         self._claims = [(t, r) for t, r in self._claims if now - t < _CLAIM_S]
-        available = ray.available_resources()
-        short = [name for name, amount in wants.items()
-                 if available.get(name, 0.0) - sum(r.get(name, 0.0) for _, r in self._claims)
-                 < amount]
+        short = short_resources(wants, ray.available_resources(), [r for _, r in self._claims])
         if not short:
             self._claims.append((now, dict(wants)))
             return {"resources": dict(wants)}
@@ -327,8 +280,7 @@ class ExecutorPool:
         self._actors[index] = remote.remote(
             self._pool_ref, self.config.sandbox, self.config.workers_per_executor,
             f"{self.config.name_prefix}-{index}", self.config.prestart)
-        self._slots.used[index] = 0
-        self._slots.accepting.add(index)
+        self._slots.add(index)
 
     def _replace_dead(self, index: int) -> None:
         """An executor Ray will not restart (``max_restarts`` spent): start another in its place;
@@ -336,10 +288,8 @@ class ExecutorPool:
         with self._slots.cond:
             if index not in self._slots.accepting:
                 return
-            self._slots.accepting.discard(index)
+            idle = self._slots.retire_one(index)
             self._start_executor(replacing=True)
-            self._slots.cond.notify_all()
-            idle = self._slots.used[index] == 0
         if idle:
             self._stop(index)
 
@@ -350,7 +300,7 @@ class ExecutorPool:
     def _stop(self, index: int) -> None:
         with self._slots.cond:
             actor = self._actors.pop(index, None)
-            self._slots.used.pop(index, None)
+            self._slots.drop(index)
         if actor is None:
             return
         try:
@@ -385,8 +335,7 @@ class ExecutorPool:
     async def aopen_session(self, task: TaskSpec, seed: int) -> EnvSession:
         return await asyncio.to_thread(self.open_session, task, seed)
 
-    def replay(self, task_id: str, actions: list[Union[ToolCall, ActionStep, dict]],
-               seed: Optional[int] = None) -> VerifyResult:
+    def replay(self, task_id: str, actions: Actions, seed: Optional[int] = None) -> VerifyResult:
         """Replay ``actions`` from ``task_id``'s initial state in a free sandbox."""
         index, actor = self._acquire()
         sb = self.config.sandbox
@@ -403,15 +352,13 @@ class ExecutorPool:
             if dead:
                 self._replace_dead(index)
 
+    async def areplay(self, task_id: str, actions: Actions,
+                      seed: Optional[int] = None) -> VerifyResult:
+        return await asyncio.to_thread(self.replay, task_id, actions, seed)
+
     def wait_time_stats(self) -> dict[str, float]:
         """How long ``open_session``/``replay`` callers waited for a free sandbox."""
-        with self._slots.cond:
-            waits = sorted(self._slots.waits)
-            waiting, free = self._slots.waiting, self._slots.free()
-        pick = lambda q: waits[min(len(waits) - 1, int(q * len(waits)))] if waits else 0.0  # noqa
-        return {"count": len(waits), "mean_s": sum(waits) / len(waits) if waits else 0.0,
-                "p50_s": pick(0.5), "p95_s": pick(0.95), "max_s": waits[-1] if waits else 0.0,
-                "total_s": sum(waits), "waiting_now": waiting, "free_sandboxes": free}
+        return self._slots.wait_stats()
 
     def stats(self) -> list[dict[str, Any]]:
         """Each executor's counters; a dead or unresponsive one reports its error instead."""

@@ -11,13 +11,15 @@ stale cache; the build writes to a temporary directory and renames it, so concur
 (pytest workers, Ray actors) never see a half-written model.
 
 ``load_policy(path, dtype=float32) -> (model, tokenizer)`` loads any HF causal-LM directory (the
-tiny policy or a real Qwen3 checkpoint) for the learner and the HF engine.
+tiny policy or a real Qwen3 checkpoint) for the learner and the HF engine; ``resolve_model(path)``
+accepts a local directory or a hub id already in the local Hugging Face cache (offline).
 
 Token roles follow Qwen3: ``<|endoftext|>`` pads, ``<|im_end|>`` ends a turn (EOS);
 ``<tool_call>``, ``<think>``, ``<tool_response>`` and their closers are added, non-special tokens
 (kept when decoding with ``skip_special_tokens=True``).
 
-May import: torch, transformers, tokenizers, the standard library.
+May import: torch, transformers, tokenizers, huggingface_hub (fetching a policy by repo id), the
+standard library.
 """
 
 from __future__ import annotations
@@ -156,10 +158,29 @@ def build_tiny_policy(cache_dir: Optional[Union[str, Path]] = None, seed: int = 
     return path
 
 
+def resolve_model(path: Union[str, Path]) -> str:
+    """A local model directory for ``path``: ``path`` itself when it holds config.json, else the
+    snapshot of hub id ``path`` in the local Hugging Face cache (``HF_HUB_CACHE``). Never
+    downloads; FileNotFoundError names both places looked at."""
+    if Path(path, "config.json").is_file():
+        return str(path)
+    from huggingface_hub import snapshot_download
+
+    try:
+        snapshot = snapshot_download(str(path), local_files_only=True)
+    except (OSError, ValueError) as e:
+        raise FileNotFoundError(
+            f"{path} is neither a model directory (no config.json) nor a hub id in the local "
+            f"Hugging Face cache ({type(e).__name__}: {str(e).split('. ')[0][:160]})") from None
+    if not Path(snapshot, "config.json").is_file():
+        raise FileNotFoundError(f"{path}: the cached snapshot {snapshot} has no config.json")
+    return snapshot
+
+
 def load_tokenizer(path: Union[str, Path]):
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(str(path))
+    return AutoTokenizer.from_pretrained(resolve_model(path))
 
 
 def load_policy(path: Union[str, Path], dtype=None):
@@ -167,9 +188,7 @@ def load_policy(path: Union[str, Path], dtype=None):
     import torch
     from transformers import AutoModelForCausalLM
 
-    if not Path(path, "config.json").is_file():
-        raise FileNotFoundError(f"{path} is not a model directory (no config.json); build one "
-                                "with actors.policy.build_tiny_policy() or pass a model path")
-    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype or torch.float32)
+    path = resolve_model(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype or torch.float32)
     model.eval()
     return model, load_tokenizer(path)

@@ -5,21 +5,24 @@ filter off the critical path.
 actor over it (``max_concurrency=1``: calls are serialised, so its state needs no locks except
 the filter's worker thread, which only touches ``_filter_*``).
 
-- ``next_tasks(n)`` hands out up to ``n`` tasks (``Assignment``: task id, selection step, phase,
-  rank, scores). Tasks come from the current selection ``scheduler.select(step)``; when it is
-  used up the next step is selected, so tasks stream out as rollout capacity frees, and a whole
-  step is ``next_tasks(B)``. Tasks excluded after selection are skipped (logged).
+- ``next_tasks(n)`` hands out ``n`` tasks as tickets (``actors.ticket.Ticket``: the
+  ``Selection`` and the step it was selected at; the driver issues them). Tasks come from the
+  current selection ``scheduler.select(step)``; when it is used up the next step is selected, so
+  tasks stream out as rollout capacity frees, and a whole step is ``next_tasks(B)``. Tasks
+  excluded after selection are skipped (logged).
 - ``absorb(group)`` credits the group to the step it was selected at (``scheduler.observe``), then
   queues the identifier filter's check of the group on a worker thread and returns at once.
-- The filter (``filter_fn(group) -> FilterOutcome``) asks the executor pool to replay fixed
-  action lists; a task it flags is excluded from selection. Decision where the spec is silent:
+- The filter (``filter_fn(group) -> FilterOutcome``, or ``filter_builder(port)`` building it
+  here) replays fixed action lists through the replay port (``scheduling.replay.ReplayPort``) on
+  the run's shared executor pool; ``set_replay_port`` swaps the port when the run replaces a
+  rollout worker. A task it flags is excluded from selection. Decision where the spec is silent:
   before the next ``select`` the service waits (bounded by ``filter_wait_s``) for pending
   checks, so exclusions land at a deterministic point and a resumed run selects exactly what an
   uninterrupted one would; rollouts of the current step are never blocked by a replay.
 - ``state_dict`` drains pending checks, then returns scheduler state, the hand-out queue, the
   step counter and the filter log; ``load_state_dict`` restores them.
 
-May import: ray (for the actor shell only), numpy, scheduling, envs.
+May import: ray (for the actor shell only), numpy, scheduling, envs, actors.ticket.
 """
 
 from __future__ import annotations
@@ -27,34 +30,12 @@ from __future__ import annotations
 import concurrent.futures as cf
 import copy
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, replace
 from typing import Any, Callable, Optional
 
-from scheduling.base import GroupResult, Scheduler, Selection
-
-
-@dataclass(frozen=True)
-class Assignment:
-    task_id: str
-    step: int
-    phase: str
-    rank: int
-    scores: dict[str, float] = field(default_factory=dict)
-
-    @property
-    def selection(self) -> Selection:
-        return Selection(self.task_id, self.phase, self.rank, dict(self.scores))
-
-
-@dataclass
-class FilterOutcome:
-    """What one identifier-filter check concluded about a group."""
-
-    task_id: str
-    step: int
-    verdict: str  # "clean" | "filtered" | "inconclusive" | "error"
-    detail: dict[str, Any] = field(default_factory=dict)
-
+from actors.ticket import Ticket
+from scheduling.base import GroupResult, Scheduler
+from scheduling.replay import FilterOutcome, ReplayPort
 
 FilterFn = Callable[[Any], FilterOutcome]
 
@@ -62,24 +43,35 @@ FilterFn = Callable[[Any], FilterOutcome]
 class SchedulerService:
     def __init__(self, scheduler: Scheduler, filter_fn: Optional[FilterFn] = None,
                  filter_wait_s: float = 120.0,
-                 filter_builder: Optional[Callable[[], Optional[FilterFn]]] = None) -> None:
+                 filter_builder: Optional[Callable[[ReplayPort], Optional[FilterFn]]] = None,
+                 replay_port: Optional[ReplayPort] = None) -> None:
         # A private copy: arrays that arrive through Ray's object store are read-only views.
         self.scheduler = copy.deepcopy(scheduler)
         # A builder runs here, inside the actor: the filter's executor pool holds locks and
         # actor handles that cannot be pickled across.
-        self._filter_fn = filter_builder() if filter_builder is not None else filter_fn
+        self.replay_port = replay_port
+        self._filter_fn = filter_builder(self._replay) if filter_builder is not None else filter_fn
         self._filter_wait_s = filter_wait_s
         self._pool = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="identifier-filter")
         self._pending: list[cf.Future] = []
-        self.queue: list[Assignment] = []
+        self.queue: list[Ticket] = []
         self.next_step = 0
         self.filter_log: list[dict[str, Any]] = []
         self.skipped: list[dict[str, Any]] = []
         self.timings = {"select_s": 0.0, "absorb_s": 0.0, "filter_s": 0.0, "filter_wait_s": 0.0}
 
+    # ---- replay port -------------------------------------------------------------------------
+    def set_replay_port(self, port: ReplayPort) -> None:
+        self.replay_port = port
+
+    def _replay(self, task_id: str, actions: Any, seed: Optional[int]) -> float:
+        if self.replay_port is None:
+            raise RuntimeError(f"replay of task {task_id}: the scheduler actor has no replay port")
+        return self.replay_port(task_id, actions, seed)
+
     # ---- streaming ---------------------------------------------------------------------------
-    def next_tasks(self, n: int) -> list[Assignment]:
-        out: list[Assignment] = []
+    def next_tasks(self, n: int) -> list[Ticket]:
+        out: list[Ticket] = []
         while len(out) < n:
             if not self.queue:
                 self._select_next()
@@ -96,7 +88,7 @@ class SchedulerService:
         t0 = time.perf_counter()
         batch = self.scheduler.select(self.next_step)
         self.timings["select_s"] += time.perf_counter() - t0
-        self.queue = [Assignment(s.task_id, batch.step, s.phase, s.rank, dict(s.scores))
+        self.queue = [Ticket(replace(s, scores=dict(s.scores)), batch.step)
                       for s in batch.selections]
         if not self.queue:
             raise RuntimeError(f"scheduler {self.scheduler.name} selected no task at step "
@@ -155,13 +147,14 @@ class SchedulerService:
 
     def state_dict(self) -> dict[str, Any]:
         self._drain()
-        return {"scheduler": self.scheduler.state_dict(), "queue": [asdict(a) for a in self.queue],
+        return {"scheduler": self.scheduler.state_dict(),
+                "queue": [t.to_dict() for t in self.queue],
                 "next_step": self.next_step, "filter_log": list(self.filter_log),
                 "skipped": list(self.skipped)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.scheduler.load_state_dict(state["scheduler"])
-        self.queue = [Assignment(**a) for a in state["queue"]]
+        self.queue = [Ticket.from_dict(t) for t in state["queue"]]
         self.next_step = int(state["next_step"])
         self.filter_log = list(state["filter_log"])
         self.skipped = list(state["skipped"])

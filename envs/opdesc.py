@@ -15,10 +15,10 @@ other, in Appendix E's five components with its fixed vocabularies:
 Plus ``source`` in SOURCES: where the description came from ("pool" = the task file carried it,
 "static" = ``envs.opdesc_static``, "llm" = an LLM pre-pass).
 
-``describe_task(task, env, extractor=None)`` is the one slot: the pool's own description when the
-task has one, else ``extractor(task, env)`` when given (the LLM pre-pass plugs in here), else the
-deterministic static extractor. Every description is validated against the task (operation
-references resolve; reward groups name the task's checks, each at most once).
+The slot that fills a description (the pool's own, an ``Extractor``'s such as the LLM pre-pass,
+else the static extractor) is ``envs.describe.describe_task``; it sits above both this module and
+``envs.opdesc_static``, which builds on the schema here. Every description is validated against
+the task (operation references resolve; reward groups name the task's checks, each at most once).
 
 Decisions where the paper is silent: GROUP_RELATIONS adds ``independent`` for a check that shares
 neither an operation nor a gate with another check (the paper lists three example relations; a
@@ -153,33 +153,13 @@ class OpDescription(_Strict):
 Extractor = Callable[[TaskSpec, Environment], OpDescription]
 
 
-def describe_task(task: TaskSpec, env: Environment,
-                  extractor: Optional[Extractor] = None) -> OpDescription:
-    """The task's operation description: the pool's own, else ``extractor``'s, else static."""
-    if task.op_description is not None:
-        try:
-            desc = OpDescription.model_validate({**task.op_description, "source": "pool"})
-        except ValidationError as e:
-            raise OpDescriptionError(f"task {task.task_id}: op_description is invalid: "
-                                     f"{_first_error(e)}") from None
-    elif extractor is not None:
-        desc = extractor(task, env)
-        if not isinstance(desc, OpDescription):
-            raise OpDescriptionError(f"task {task.task_id}: extractor returned "
-                                     f"{type(desc).__name__}, expected OpDescription")
-    else:
-        from envs.opdesc_static import static_description
-
-        desc = static_description(task, env)
-    check_against_task(desc, task)
-    return desc
-
-
-def describe_tasks(tasks: list[TaskSpec], environments: dict[str, Environment],
-                   extractor: Optional[Extractor] = None) -> dict[str, dict[str, Any]]:
-    """``{task_id: description as a dict}`` for every task (the form ``DualGraph.build`` takes)."""
-    return {t.task_id: describe_task(t, environments[t.env_id], extractor).model_dump()
-            for t in tasks}
+def pool_description(task: TaskSpec) -> OpDescription:
+    """The description the task file carried (``task.op_description``), validated, source "pool"."""
+    try:
+        return OpDescription.model_validate({**task.op_description, "source": "pool"})
+    except ValidationError as e:
+        raise OpDescriptionError(f"task {task.task_id}: op_description is invalid: "
+                                 f"{_first_error(e)}") from None
 
 
 def check_against_task(desc: OpDescription, task: TaskSpec) -> None:

@@ -17,7 +17,7 @@ message), so re-running on an unchanged pool sends no request. Requests run conc
 The deterministic abstraction (Appendix E steps 1–5) is applied downstream, by
 ``scheduling.abstraction`` when the graph is built, to descriptions from any source.
 
-May import: envs.*, the standard library, tqdm.
+May import: envs.*, pydantic (its validation error), the standard library, tqdm.
 """
 
 from __future__ import annotations
@@ -35,8 +35,9 @@ from typing import Any, Optional
 
 from pydantic import ValidationError
 
+from envs.describe import describe_task
 from envs.opdesc import (CONFLICT_KINDS, GATE_KINDS, GROUP_RELATIONS, OP_TYPES, PROVENANCES,
-                         OpDescription, OpDescriptionError, check_against_task, describe_task)
+                         OpDescription, OpDescriptionError, check_against_task)
 from envs.opdesc_static import static_description
 from envs.spec import Environment, TaskSpec
 

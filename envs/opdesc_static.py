@@ -26,7 +26,7 @@ Derives Appendix E's five components from what a pool carries without running an
    identifier, e.g. approve/reject).
 
 These are heuristics standing in for the paper's LLM extraction (Appendix E); an LLM pre-pass
-plugs into ``envs.opdesc.describe_task`` and replaces them.
+plugs into ``envs.describe.describe_task`` and replaces them.
 
 May import: the standard library, envs.spec, envs.opdesc.
 """

@@ -15,11 +15,14 @@ by every task that references it (``Pool.initial_state``), never copied per task
 Static loading only: nothing here executes environment or check code. Compiling environments and
 checks and replaying reference solutions happens in the sandbox (``envs.validate``).
 
-Every malformed input raises ``PoolError`` naming file, line (for JSONL) and task id; with
+Every malformed input raises ``PoolError`` naming file, line (for JSONL) and task id (a file that
+is not UTF-8: its byte offset too); with
 ``strict=False`` bad tasks (and the tasks of a bad environment) are skipped and listed in
 ``Pool.problems`` instead.
 
-May import: envs.spec, pydantic, yaml, the standard library.
+``PoolProblem`` prints its parts through ``envs.text.printable``: they come from the pool.
+
+May import: envs.spec, envs.text, pydantic, yaml, the standard library.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ import yaml
 from pydantic import ValidationError
 
 from envs.spec import Environment, PoolMeta, TaskSpec
+from envs.text import NotUtf8Error, decode_utf8, lone_surrogate, printable
 
 POOL_FILE = "pool.yaml"
 TASKS_FILE = "tasks.jsonl"
@@ -56,7 +60,16 @@ class PoolProblem:
             x for x in (f"task {self.task_id}" if self.task_id else "",
                         f"env {self.env_id}" if self.env_id else "") if x
         )
-        return f"{where}{' (' + who + ')' if who else ''}: {self.message}"
+        return printable(f"{where}{' (' + who + ')' if who else ''}: {self.message}")
+
+
+def read_pool_text(path: Path, rel: str, **who: Any) -> str:
+    """The UTF-8 text of a pool file, or ``PoolError`` naming ``rel`` and the bad byte offset."""
+    try:
+        return decode_utf8(path.read_bytes(), rel)
+    except NotUtf8Error as e:
+        raise PoolError([PoolProblem(rel, str(e).removeprefix(f"{rel}: "), line=e.line,
+                                     **who)]) from None
 
 
 class PoolError(Exception):
@@ -103,6 +116,21 @@ class Pool:
         except KeyError:
             raise KeyError(f"environment {env_id!r} is not in pool {self.meta.name!r}") from None
 
+    def subset(self, task_ids: Iterable[str]) -> "Pool":
+        """The pool restricted to ``task_ids`` (in pool order) and their environments; shares
+        the environments and the parsed shared states with this pool (nothing is copied)."""
+        keep = set(task_ids)
+        unknown = keep - set(self._index)
+        if unknown:
+            raise KeyError(f"tasks {sorted(unknown)[:5]} are not in pool {self.meta.name!r}")
+        tasks = [t for t in self.tasks if t.task_id in keep]
+        envs = {t.env_id for t in tasks}
+        return Pool(root=self.root, meta=self.meta,
+                    environments={k: v for k, v in self.environments.items() if k in envs},
+                    tasks=tasks, _states=self._states,
+                    lines={t.task_id: self.lines[t.task_id] for t in tasks
+                           if t.task_id in self.lines})
+
     def initial_state(self, task: TaskSpec) -> dict[str, Any]:
         """The task's initial state; shared state files are parsed once. Do not mutate it."""
         if task.initial_state_ref is None:
@@ -119,8 +147,7 @@ def _read_state_file(root: Path, ref: str, task_id: str) -> dict[str, Any]:
         raise PoolError([PoolProblem(TASKS_FILE, f"initial_state_ref {ref!r} escapes the pool "
                                                  "directory", task_id=task_id)])
     try:
-        with open(path) as f:
-            state = json.load(f)
+        state = json.loads(read_pool_text(path, ref, task_id=task_id))
     except FileNotFoundError:
         raise PoolError([PoolProblem(ref, "state file not found", task_id=task_id)]) from None
     except json.JSONDecodeError as e:
@@ -137,7 +164,7 @@ def _load_meta(root: Path) -> PoolMeta:
     if not path.is_file():
         raise PoolError([PoolProblem(POOL_FILE, f"missing: {root} is not a pool directory")])
     try:
-        raw = yaml.safe_load(path.read_text())
+        raw = yaml.safe_load(read_pool_text(path, POOL_FILE))
         return PoolMeta.model_validate(raw)
     except yaml.YAMLError as e:
         raise PoolError([PoolProblem(POOL_FILE, f"invalid YAML: {e}")]) from None
@@ -152,18 +179,26 @@ def _load_environment(env_dir: Path) -> Environment:
     for p in (meta_path, src_path, tools_path):
         if not p.is_file():
             raise PoolError([PoolProblem(f"{rel}/{p.name}", "missing", env_id=env_dir.name)])
+    texts = {p.name: read_pool_text(p, f"{rel}/{p.name}", env_id=env_dir.name)
+             for p in (meta_path, src_path, tools_path)}
     try:
-        meta = yaml.safe_load(meta_path.read_text()) or {}
+        meta = yaml.safe_load(texts["environment.yaml"]) or {}
     except yaml.YAMLError as e:
         raise PoolError([PoolProblem(f"{rel}/environment.yaml", f"invalid YAML: {e}",
                                      env_id=env_dir.name)]) from None
     try:
-        tools = json.loads(tools_path.read_text())
+        tools = json.loads(texts["tools.json"])
     except json.JSONDecodeError as e:
         raise PoolError([PoolProblem(f"{rel}/tools.json", f"invalid JSON: {e.msg}", line=e.lineno,
                                      env_id=env_dir.name)]) from None
+    for name, value in (("environment.yaml", meta), ("tools.json", tools)):
+        if (where := lone_surrogate(value)) is not None:
+            raise PoolError([PoolProblem(f"{rel}/{name}", f"{where} holds a lone surrogate: not "
+                                         f"Unicode text; fix: remove or pair it",
+                                         env_id=env_dir.name)])
     try:
-        env = Environment.model_validate({**meta, "source": src_path.read_text(), "tools": tools})
+        env = Environment.model_validate({**meta, "source": texts["environment.py"],
+                                          "tools": tools})
     except ValidationError as e:
         raise PoolError([PoolProblem(f"{rel}/environment.yaml", _validation_message(e),
                                      env_id=env_dir.name)]) from None
@@ -199,18 +234,25 @@ def load_pool(root: str | Path, strict: bool = True) -> Pool:
         raise PoolError([PoolProblem(TASKS_FILE, "missing")])
     tasks: list[TaskSpec] = []
     seen: dict[str, int] = {}
-    with open(tasks_path) as f:
-        for lineno, line in enumerate(f, start=1):
+    offset = 0
+    for lineno, raw_line in enumerate(tasks_path.read_bytes().splitlines(keepends=True), start=1):
+        start, offset = offset, offset + len(raw_line)
+        try:
+            line = decode_utf8(raw_line, TASKS_FILE, start, lineno)
+        except NotUtf8Error as e:
+            problem, task = PoolProblem(TASKS_FILE, str(e).removeprefix(f"{TASKS_FILE}: "),
+                                        line=lineno), None
+        else:
             if not line.strip():
                 continue
             problem, task = _parse_task_line(line, lineno, seen, environments, bad_envs)
-            if problem is not None:
-                if strict:
-                    raise PoolError([problem])
-                problems.append(problem)
-                continue
-            seen[task.task_id] = lineno
-            tasks.append(task)
+        if problem is not None:
+            if strict:
+                raise PoolError([problem])
+            problems.append(problem)
+            continue
+        seen[task.task_id] = lineno
+        tasks.append(task)
     if not tasks:
         problems.append(PoolProblem(TASKS_FILE, "no valid tasks"))
         raise PoolError(problems)
@@ -226,6 +268,10 @@ def _parse_task_line(line: str, lineno: int, seen: dict[str, int],
     except json.JSONDecodeError as e:
         return PoolProblem(TASKS_FILE, f"invalid JSON at column {e.colno}: {e.msg}", line=lineno), None
     task_id = raw.get("task_id") if isinstance(raw, dict) else None
+    if (where := lone_surrogate(raw)) is not None:
+        return PoolProblem(TASKS_FILE, f"{where} holds a lone surrogate (a \\ud800-\\udfff "
+                                       f"escape without its pair): not Unicode text; fix: remove "
+                                       f"or pair it", line=lineno, task_id=task_id), None
     try:
         task = TaskSpec.model_validate(raw)
     except ValidationError as e:

@@ -5,7 +5,9 @@
 - ``VerifyResult``  reward (fraction of checks passed) plus per-check results.
 - ``Trajectory``    one rollout: token ids, rollout log-probs, loss mask, the action trace, final
                     reply, verifier results, reward, status, policy version, episode seed, timings.
-- ``Group``         the K trajectories of one task selected at ``step``.
+- ``Group``         the K trajectories of one task selected at ``step``, for the ticket
+                    ``ticket_id`` (``actors.ticket.Ticket.id``; ids count per ticket kind, -1 for
+                    a group no ticket asked for).
 
 Dataclasses (not pydantic) because these are created per episode on the hot path; ``to_dict`` /
 ``from_dict`` give the JSON form written to trajectory files and checkpoints.
@@ -87,6 +89,7 @@ class Group:
     step: int
     trajectories: list[Trajectory]
     env_id: str = ""
+    ticket_id: int = -1
 
     @property
     def rewards(self) -> list[float]:
@@ -97,6 +100,7 @@ class Group:
             "task_id": self.task_id,
             "step": self.step,
             "env_id": self.env_id,
+            "ticket_id": self.ticket_id,
             "trajectories": [t.to_dict() for t in self.trajectories],
         }
 
@@ -106,5 +110,6 @@ class Group:
             task_id=d["task_id"],
             step=d["step"],
             env_id=d.get("env_id", ""),
+            ticket_id=int(d.get("ticket_id", -1)),
             trajectories=[Trajectory.from_dict(t) for t in d["trajectories"]],
         )

@@ -15,8 +15,10 @@ Three passes over a pool directory:
 
 ``strict=True`` raises ``PoolError`` at the first problem; otherwise bad tasks are skipped and
 listed in the ``ValidationReport``. A problem with an environment makes each of its tasks bad.
+``format()`` escapes what came from the pool (``PoolProblem`` prints through ``envs.text``), so
+control characters and lone surrogates in tool output or errors cannot garble or lose the report.
 
-May import: envs.*, sandbox (the worker, its errors), the standard library.
+May import: envs.*, the standard library; sandbox (the worker, its errors) inside functions only.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from typing import Any, Callable, Optional, Protocol
 from envs.pool import ENVS_DIR, TASKS_FILE, Pool, PoolError, PoolProblem, load_pool
 from envs.schema_check import check_tool_schemas
 from envs.spec import Check, Environment, TaskSpec
+from envs.text import printable
 from envs.trajectory import ActionStep, VerifyResult
 
 
@@ -71,8 +74,9 @@ class ValidationReport:
                 "warnings": [asdict(p) for p in self.warnings]}
 
     def format(self) -> str:
-        lines = [f"pool {self.root}: {self.n_environments} environments, {self.n_tasks} tasks "
-                 f"loaded, {self.n_replayed} reference solutions replayed in the sandbox"]
+        lines = [f"pool {printable(self.root)}: {self.n_environments} environments, "
+                 f"{self.n_tasks} tasks loaded, {self.n_replayed} reference solutions replayed "
+                 f"in the sandbox"]
         lines += [f"  problem: {p}" for p in self.problems]
         lines += [f"  warning: {p}" for p in self.warnings]
         verdict = ("OK" if self.ok else

@@ -27,9 +27,16 @@ Filtered or failed groups give their capacity back: ``release`` lowers ``running
 raising ``accepted``. Nothing is counted twice: every group carries a ticket; issuing a live
 ticket again, or finishing a ticket that is not running, raises ``AdmissionError``.
 
-Decision where the spec is silent: ``version`` only moves on ``publish`` (not when the learner
-starts a step), so while a step trains the bound is computed against the older version — it is
-never looser than the law.
+While a learner step trains (the controller keeps admitting meanwhile): ``version`` moves only
+on ``publish``, never when the learner starts a step. During learner step s+1 (s steps done) the
+rollout workers still sample with version s, and that is the version admission counts, so a
+group issued then is among the first ``(max_staleness + s + 1) * B`` accepted, trains at step
+``<= s + max_staleness + 1`` on weights ``<= s + max_staleness``: at most ``max_staleness``
+versions behind the version it sampled — the law holds exactly. Counting the version in training
+(s+1) instead would admit B groups more, one version too stale. The batch in training is already
+``consume``d, which does not enter ``capacity``. With ``max_staleness = 0`` the step's B groups
+fill ``(s + 1) * B``, so nothing is admitted during a step (synchronous); with 1 the next step's
+B groups can be running while the learner trains.
 
 May import: the standard library only.
 """

@@ -9,10 +9,20 @@ Layout ``RUN_DIR/checkpoints/step_000012/``:
 - ``scheduler.pkl`` — the scheduler actor's ``state_dict`` (scheduler, hand-out queue, step
   counter, filter log).
 - ``learner/`` — whatever ``LearnerGroup.save(path)`` writes (weights, optimiser, schedule).
-- ``meta.json`` — step, wall time, policy version (for humans and ``envsched explain``).
+- ``meta.json`` — step, wall time and the size of every other file (the manifest ``load``
+  verifies); written last.
 
-A checkpoint is written into ``step_N.tmp`` and renamed when complete, then ``latest`` is
-rewritten; a crash mid-write leaves the previous checkpoint as the latest.
+Writing is atomic: every file is written and fsynced inside ``step_N.tmp``, the directory is renamed
+to ``step_N`` when complete, and only then is ``latest`` rewritten (itself through a temporary
+file). ``keep`` prunes all but the newest ``keep`` checkpoints older than the one just written.
+
+Loading verifies: meta.json parses and names the directory's step, every file of the manifest is
+there with its size, both pickles load. ``latest_checkpoint`` takes the newest intact checkpoint,
+warning (``CheckpointWarning``) about every newer one it skipped and why; an explicitly requested
+step is never replaced by another.
+
+``truncate_logs`` cuts ``metrics.jsonl`` and ``eval.jsonl`` back to the checkpoint's step on resume,
+so steps logged after the checkpoint (and lost with the process) are not logged twice.
 
 May import: the standard library.
 """
@@ -22,15 +32,27 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import re
 import shutil
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+STEP_DIR = re.compile(r"^step_(\d+)$")
+# per-step logs with a "step" field, cut back to the checkpoint's step on resume
+LOGS = ("metrics.jsonl", "eval.jsonl", "groups.jsonl")
+_UNPICKLE_ERRORS = (EOFError, pickle.UnpicklingError, ValueError, TypeError, AttributeError,
+                    ImportError, IndexError, KeyError)
+
 
 class CheckpointError(Exception):
     """A checkpoint is missing or unreadable; the message names the path."""
+
+
+class CheckpointWarning(UserWarning):
+    """A newer checkpoint was unreadable and an older intact one is used instead."""
 
 
 @dataclass
@@ -49,53 +71,157 @@ def checkpoint_root(run_dir: Path) -> Path:
     return Path(run_dir) / "checkpoints"
 
 
+def _write_durable(path: Path, data: bytes) -> None:
+    with path.open("wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _manifest(directory: Path) -> dict[str, int]:
+    return {str(p.relative_to(directory)): p.stat().st_size
+            for p in sorted(directory.rglob("*")) if p.is_file() and p.name != "meta.json"}
+
+
 def save_checkpoint(run_dir: Path, step: int, controller: dict[str, Any],
                     scheduler: dict[str, Any],
-                    save_learner: Optional[Callable[[Path], None]] = None) -> Path:
+                    save_learner: Optional[Callable[[Path], None]] = None,
+                    keep: int = 0) -> Path:
+    """Write ``step_N`` atomically, point ``latest`` at it, prune to ``keep`` (0: keep all)."""
     root = checkpoint_root(run_dir)
     final = root / f"step_{step:06d}"
     tmp = root / f"step_{step:06d}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    with (tmp / "controller.pkl").open("wb") as f:
-        pickle.dump(controller, f)
-    with (tmp / "scheduler.pkl").open("wb") as f:
-        pickle.dump(scheduler, f)
+    _write_durable(tmp / "controller.pkl", pickle.dumps(controller))
+    _write_durable(tmp / "scheduler.pkl", pickle.dumps(scheduler))
     if save_learner is not None:
         save_learner(tmp / "learner")
-    (tmp / "meta.json").write_text(json.dumps({"step": step, "time": time.time()}))
+    meta = {"step": step, "time": time.time(), "files": _manifest(tmp)}
+    _write_durable(tmp / "meta.json", json.dumps(meta, sort_keys=True).encode())
+    _fsync_dir(tmp)
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
-    latest_tmp = root / "latest.tmp"
-    latest_tmp.write_text(final.name)
-    os.replace(latest_tmp, root / "latest")
+    _write_durable(root / "latest.tmp", final.name.encode())
+    os.replace(root / "latest.tmp", root / "latest")
+    _fsync_dir(root)
+    if keep > 0:
+        older = [p for s, p in _step_dirs(root) if s < step]
+        for path in older[keep - 1:]:
+            shutil.rmtree(path, ignore_errors=True)
     return final
 
 
-def find_checkpoint(run_dir: Path, step: Optional[int] = None) -> Path:
+def _step_dirs(root: Path) -> list[tuple[int, Path]]:
+    """(step, directory) of every ``step_N`` under ``root``, newest first."""
+    found = [(int(m.group(1)), p) for p in root.glob("step_*")
+             if p.is_dir() and (m := STEP_DIR.match(p.name))]
+    return sorted(found, reverse=True)
+
+
+def load_checkpoint(path: Path) -> Checkpoint:
+    """Read and verify one checkpoint directory; ``CheckpointError`` says what is wrong."""
+    path = Path(path)
+    if not path.is_dir():
+        raise CheckpointError(f"checkpoint {path} does not exist")
+    try:
+        meta = json.loads((path / "meta.json").read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"checkpoint {path}: meta.json is unreadable ({e})") from None
+    if not isinstance(meta, dict) or not isinstance(meta.get("step"), int):
+        raise CheckpointError(f"checkpoint {path}: meta.json has no integer 'step' (a partial "
+                              f"write?)")
+    m = STEP_DIR.match(path.name)
+    if m and int(m.group(1)) != meta["step"]:
+        raise CheckpointError(f"checkpoint {path}: meta.json says step {meta['step']}")
+    for name, size in (meta.get("files") or {}).items():
+        f = path / name
+        if not f.is_file() or f.stat().st_size != size:
+            have = f.stat().st_size if f.is_file() else "missing"
+            raise CheckpointError(f"checkpoint {path}: {name} is {have}, expected {size} bytes")
+    return Checkpoint(path=path, step=meta["step"], controller=_unpickle(path / "controller.pkl"),
+                      scheduler=_unpickle(path / "scheduler.pkl"))
+
+
+def _unpickle(path: Path) -> Any:
+    try:
+        with path.open("rb") as f:
+            return pickle.load(f)
+    except OSError as e:
+        raise CheckpointError(f"checkpoint {path.parent}: {path.name} is unreadable ({e})") \
+            from None
+    except _UNPICKLE_ERRORS as e:
+        raise CheckpointError(f"checkpoint {path.parent}: {path.name} is corrupt or truncated "
+                              f"({type(e).__name__}: {e})") from None
+
+
+def latest_checkpoint(run_dir: Path, step: Optional[int] = None) -> Checkpoint:
+    """The checkpoint of ``step``, or the newest intact one (warning about newer broken ones)."""
     root = checkpoint_root(run_dir)
     if step is not None:
         path = root / f"step_{step:06d}"
         if not path.is_dir():
-            have = sorted(p.name for p in root.glob("step_*") if not p.name.endswith(".tmp"))
+            have = [p.name for _, p in reversed(_step_dirs(root))]
             raise CheckpointError(f"no checkpoint for step {step} under {root} (have: "
                                   f"{', '.join(have) or 'none'})")
-        return path
-    latest = root / "latest"
-    if not latest.is_file():
-        raise CheckpointError(f"no checkpoint under {root}: is {run_dir} a run directory with at "
-                              f"least one checkpoint?")
-    return root / latest.read_text().strip()
+        return load_checkpoint(path)
+    problems = []
+    for _, path in _step_dirs(root):
+        try:
+            ckpt = load_checkpoint(path)
+        except CheckpointError as e:
+            problems.append(str(e))
+            continue
+        pointer = root / "latest"
+        named = pointer.read_text().strip() if pointer.is_file() else None
+        if named != path.name:
+            problems.append(f"{pointer} names {named!r}" if named else f"{pointer} is missing")
+        if problems:
+            warnings.warn(f"using checkpoint {path} (step {ckpt.step}): " + "; ".join(problems),
+                          CheckpointWarning, stacklevel=2)
+        return ckpt
+    if problems:
+        raise CheckpointError(f"no intact checkpoint under {root}: " + "; ".join(problems))
+    raise CheckpointError(f"no checkpoint under {root}: is {run_dir} a run directory with at "
+                          f"least one checkpoint?")
 
 
-def load_checkpoint(path: Path) -> Checkpoint:
-    try:
-        meta = json.loads((path / "meta.json").read_text())
-        with (path / "controller.pkl").open("rb") as f:
-            controller = pickle.load(f)
-        with (path / "scheduler.pkl").open("rb") as f:
-            scheduler = pickle.load(f)
-    except (OSError, pickle.UnpicklingError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"checkpoint {path} is unreadable: {e}") from None
-    return Checkpoint(path=path, step=int(meta["step"]), controller=controller,
-                      scheduler=scheduler)
+def find_checkpoint(run_dir: Path, step: Optional[int] = None) -> Path:
+    """The directory of ``latest_checkpoint(run_dir, step)`` (verified)."""
+    return latest_checkpoint(run_dir, step).path
+
+
+def truncate_logs(run_dir: Path, step: int) -> dict[str, int]:
+    """Drop rows with ``step`` > ``step`` (and a partial last line) from the per-step logs; returns
+    the rows dropped per file. Rewritten through a temporary file, so a crash here loses nothing."""
+    dropped = {}
+    for name in LOGS:
+        path = Path(run_dir) / name
+        if not path.is_file():
+            continue
+        lines = path.read_text().splitlines()
+        keep = []
+        for i, line in enumerate(lines):
+            try:
+                row = json.loads(line) if line.strip() else None
+            except json.JSONDecodeError:
+                if i == len(lines) - 1:
+                    continue   # a line cut short by the crash
+                raise CheckpointError(f"{path}:{i + 1}: not JSON; fix or remove the line") \
+                    from None
+            if row is None or not isinstance(row, dict) or int(row.get("step", 0)) <= step:
+                keep.append(line)
+        if len(keep) != len(lines):
+            tmp = path.with_name(path.name + ".tmp")
+            _write_durable(tmp, "".join(line + "\n" for line in keep).encode())
+            os.replace(tmp, path)
+            dropped[name] = len(lines) - len(keep)
+    return dropped

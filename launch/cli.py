@@ -5,8 +5,9 @@ Each top-level command lives in its own module under ``launch/commands/`` exposi
 same pair and are reached as ``envsched bench NAME``. Modules are imported when the parser is
 built, so they must keep heavy imports (torch, ray, transformers) inside ``run``.
 
-Errors that users cause (bad pools, bad configs) are printed as one clear message with exit code 2;
-nothing else is caught here.
+Errors that users cause (bad pools, bad configs) are printed as one clear message with exit code 2,
+control characters and lone surrogates escaped (``envs.text.printable``); nothing else is caught
+here.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import importlib
 import sys
 from typing import Optional, Sequence
 
+from launch.errors import UserError
+
 COMMANDS = {
     "pool": "launch.commands.pool",
     "sandbox": "launch.commands.sandbox",
@@ -23,16 +26,15 @@ COMMANDS = {
     "rollout": "launch.commands.rollout",
     "sft": "launch.commands.sft",
     "train": "launch.commands.train",
+    "compare": "launch.commands.compare",
     "explain": "launch.commands.explain",
     "report": "launch.commands.report",
     "simulate": "launch.commands.simulate",
     "scale": "launch.commands.scale",
     "bench": "launch.commands.bench",
+    "doctor": "launch.commands.doctor",
+    "export": "launch.commands.export",
 }
-
-
-class UserError(Exception):
-    """An error the user can fix; printed without a traceback."""
 
 
 def _load(module: str):
@@ -72,7 +74,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         return int(args._run(args) or 0)
     except (UserError, PoolError) as e:
-        print(f"envsched {args.command}: error: {e}", file=sys.stderr)
+        from envs.text import printable
+
+        # the message may quote a pool (task ids, tool output): escape before printing
+        print(f"envsched {args.command}: error: {printable(e)}", file=sys.stderr)
         return 2
 
 

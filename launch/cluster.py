@@ -5,13 +5,21 @@
 - ``auto`` joins the cluster this machine belongs to (also what ``ray job submit`` gives: the
   job's driver sees ``RAY_ADDRESS``); ``ray://host:port`` connects through Ray Client.
 
-``role_options(cfg, role)`` turns ``cluster.<role>`` (``RoleResources``) into
-``.options(num_cpus=..., num_gpus=..., resources=...)`` for the role's actors: GPUs for the
-rollout workers (optionally a custom resource), CPUs for the scheduler. Executors and learner
-ranks take theirs from their own sections (``executors.num_cpus_per_executor``,
+``role_options(res)`` turns ``cluster.<role>`` (``RoleResources``) into
+``.options(num_cpus=..., num_gpus=..., resources=..., runtime_env=...)`` for the role's actors:
+GPUs for the rollout workers (optionally a custom resource), CPUs for the scheduler. Executors and
+learner ranks take theirs from their own sections (``executors.num_cpus_per_executor``,
 ``learner.num_gpus_per_rank``), so the executor count is independent of the GPU count.
+``role_plan(cfg)`` gives the options of one actor of each role started from here.
 
-May import: ray (inside functions), the standard library.
+DeepSpeed's accelerator is chosen per role from its resources (``DS_ACCELERATOR`` in the actor's
+runtime env: 'cuda' for an actor holding a GPU, 'cpu' otherwise), never job-wide: a driver on a
+CPU node (or one that exported ``DS_ACCELERATOR=cpu``) would otherwise put GPU ranks on the CPU.
+
+Whether the roles fit on the connected cluster is ``launch.doctor.check_fits``.
+
+May import: ray (inside functions), actors.learner (the accelerator rule, ranks' options),
+launch.config, the standard library. Not ``launch.doctor``, which imports this module.
 """
 
 from __future__ import annotations
@@ -20,7 +28,11 @@ import os
 import tempfile
 from typing import Any, Optional
 
+from actors.learner.config import ds_accelerator
 from launch.config import ClusterConfig, RoleResources
+
+# Every actor of the run; DeepSpeed's accelerator is per role (``accelerator_env``).
+JOB_ENV = {"RAY_AUTH_MODE": "disabled", "TOKENIZERS_PARALLELISM": "false"}
 
 
 def connect(cfg: ClusterConfig, address_override: Optional[str] = None) -> dict[str, Any]:
@@ -32,9 +44,7 @@ def connect(cfg: ClusterConfig, address_override: Optional[str] = None) -> dict[
     if ray.is_initialized():
         return {"address": "already-initialized", "embedded": False,
                 "resources": ray.cluster_resources()}
-    env = {"env_vars": {"RAY_AUTH_MODE": "disabled", "DS_ACCELERATOR":
-                        os.environ.get("DS_ACCELERATOR", "cpu"),
-                        "TOKENIZERS_PARALLELISM": "false"}}
+    env = {"env_vars": JOB_ENV}
     if address:
         ray.init(address=address, runtime_env=env, log_to_driver=False)
         embedded = False
@@ -47,44 +57,28 @@ def connect(cfg: ClusterConfig, address_override: Optional[str] = None) -> dict[
             "resources": ray.cluster_resources()}
 
 
+def accelerator_env(num_gpus: float) -> dict[str, Any]:
+    """The runtime env of an actor given ``num_gpus``: DeepSpeed's accelerator for it."""
+    return {"env_vars": {"DS_ACCELERATOR": ds_accelerator(num_gpus)}}
+
+
 def role_options(res: RoleResources) -> dict[str, Any]:
-    opts: dict[str, Any] = {"num_cpus": res.num_cpus, "num_gpus": res.num_gpus}
+    opts: dict[str, Any] = {"num_cpus": res.num_cpus, "num_gpus": res.num_gpus,
+                            "runtime_env": accelerator_env(res.num_gpus)}
     if res.custom:
         opts["resources"] = dict(res.custom)
     return opts
 
 
-def check_fits(cfg: Any) -> None:
-    """Fail fast, naming the config key, when one actor of a role asks for more of a resource
-    than the whole Ray cluster has (otherwise Ray leaves it pending until a call times out).
-    ``cfg`` is the TrainConfig: rollout workers and the scheduler (``cluster.<role>``), executors
-    (``executors.num_cpus_per_executor``, ``executors.resources``) and learner ranks
-    (``learner.num_cpus_per_rank``, ``learner.num_gpus_per_rank``)."""
-    import ray
+def role_plan(cfg: Any) -> dict[str, dict[str, Any]]:
+    """Ray options of one actor of each role started by ``launch.roles`` (``cfg``: TrainConfig):
+    rollout workers, the scheduler and learner ranks. Executors are started by each rollout
+    worker's ``ExecutorPool`` on CPUs (``executors.*``) and use no accelerator."""
+    from actors.learner.learner_actor import learner_actor_options
 
-    from launch.cli import UserError
-
-    total = ray.cluster_resources()
-    wants: list[tuple[str, str, float]] = []   # (config key, Ray resource, amount per actor)
-    for role in ("rollout", "scheduler"):
-        res: RoleResources = getattr(cfg.cluster, role)
-        if res.num:
-            wants += [(f"cluster.{role}.num_cpus", "CPU", res.num_cpus),
-                      (f"cluster.{role}.num_gpus", "GPU", res.num_gpus)]
-            wants += [(f"cluster.{role}.custom.{k}", k, v) for k, v in res.custom.items()]
-    ex = cfg.executors
-    if ex.num_executors:
-        wants.append(("executors.num_cpus_per_executor", "CPU", ex.num_cpus_per_executor))
-        wants += [(f"executors.resources.{k}", k, v) for k, v in ex.resources.items()]
-    wants += [("learner.num_cpus_per_rank", "CPU", cfg.learner.num_cpus_per_rank),
-              ("learner.num_gpus_per_rank", "GPU", cfg.learner.num_gpus_per_rank)]
-    for key, name, amount in wants:
-        if amount and total.get(name, 0.0) < amount:
-            how = {"CPU": "--num-cpus", "GPU": "--num-gpus"}.get(
-                name, f"--resources '{{\"{name}\": N}}'")
-            raise UserError(f"{key} asks for {amount} {name} per actor but the Ray cluster has "
-                            f"{total.get(name, 0.0)} in all (fix: join a node that has it, "
-                            f"`ray start {how} ...`, or lower {key})")
+    return {"rollout": role_options(cfg.cluster.rollout),
+            "scheduler": role_options(cfg.cluster.scheduler),
+            "learner": learner_actor_options(cfg.learner)}
 
 
 def shutdown(info: dict[str, Any]) -> None:

@@ -6,16 +6,19 @@ pool), ``scheduler`` (which ``scheduling/`` scheduler and its parameters), ``con
 resources), ``policy`` (model path and rollout engine), ``sft`` (the demo's warm start, run when
 ``policy.path`` is unset), ``eval`` (the fixed-set evaluation). Sections owned by the role
 modules are composed, not redefined: ``executors`` (``actors.executor_pool.ExecutorConfig``),
-``rollout`` (``actors.rollout.config.RolloutConfig``) and ``learner``
-(``actors.learner.config.LearnerConfig``) are validated by those classes, imported when the
-config is built, so every default lives in exactly one place.
+``rollout`` (``actors.rollout.config.RolloutConfig``), ``learner``
+(``actors.learner.config.LearnerConfig``) and ``logging`` (``launch.loggers.LoggingConfig``) are
+validated by those classes, imported when the config is built, so every default lives in exactly
+one place. A value that follows another is derived when the config is built, not repeated:
+``learner.total_steps`` unset = ``run.steps``; the scheduler's B is always ``run.batch_size``.
 
 Loading: ``load_config(path, overrides)`` reads YAML (none = ``configs/cpu_demo.yaml``), applies
 dotted overrides ``key.sub=value`` (values parsed as YAML scalars: ``3``, ``1e-6``, ``true``,
 ``[1, 2]``), then validates. Unknown keys and bad values raise ``ConfigError`` naming the dotted
 field, the value given and the fix (the closest known key, the expected type).
 
-May import: pydantic, yaml, the standard library, and the role config modules named above.
+May import: pydantic, yaml, the standard library, envs.text (strict UTF-8 reading), and the role
+config modules named above.
 """
 
 from __future__ import annotations
@@ -27,16 +30,23 @@ from pathlib import Path
 from typing import Any, Literal, Optional, Sequence
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator
+from pydantic import (BaseModel, ConfigDict, Field, ValidationError, create_model,
+                      field_validator, model_validator)
+
+from envs.text import NotUtf8Error, read_utf8
 
 REPO = Path(__file__).resolve().parents[1]
-DEFAULT_CONFIG = REPO / "configs" / "cpu_demo.yaml"
+# The shipped configs: package data of ``launch`` (``launch/configs`` links to the checkout's
+# ``configs/``; a wheel holds a copy), so a non-editable install finds them too.
+PACKAGED_CONFIGS = Path(__file__).resolve().parent / "configs"
+DEFAULT_CONFIG = PACKAGED_CONFIGS / "cpu_demo.yaml"
 
 # Section name -> (module, class) of the role-owned config it is validated by.
 ROLE_CONFIGS = {
     "executors": ("actors.executor_pool", "ExecutorConfig"),
     "rollout": ("actors.rollout.config", "RolloutConfig"),
     "learner": ("actors.learner.config", "LearnerConfig"),
+    "logging": ("launch.loggers", "LoggingConfig"),
 }
 class ConfigError(ValueError):
     """A configuration mistake; the message names the field, the value and the fix."""
@@ -58,15 +68,56 @@ class PoolConfig(_Section):
     generate_envs: int = Field(4, ge=1)
     generate_tasks_per_env: int = Field(6, ge=1)
     generate_seed: int = 0
+    heldout_env_frac: float = Field(0.0, ge=0, lt=1, description="share of environments held "
+                                    "out whole: never scheduled, evaluated (launch/split.py)")
+    heldout_task_frac: float = Field(0.0, ge=0, lt=1, description="share of each training "
+                                     "environment's tasks held out: never scheduled, evaluated")
+    split_seed: int = Field(0, description="seed of the held-out split (fixed across the runs "
+                            "of a comparison, unlike run.seed)")
 
 
 class SchedulerConfig(_Section):
-    name: Literal["envsched", "random", "dps", "mopps", "leeps"] = "envsched"
+    """Which scheduler (a ``scheduling.registry`` name that training runs,
+    ``registry.train_names()``) and its parameters, validated against the registry's params
+    model when the config is built: a typo, a wrong type or a simulator-only name (``dapo+NAME``:
+    training has no draw-until-B loop) fails here, before any pool is generated or SFT runs. B, K
+    and the seed are the run's (``run.batch_size``, ``rollout.k``, ``run.seed``), never scheduler
+    parameters."""
+
+    name: str = Field("envsched", description="a scheduling.registry name training runs "
+                      "(dapo+NAME is envsched simulate only)")
     params: dict[str, Any] = Field(default_factory=dict,
-                                   description="keyword parameters of the scheduler's own config "
-                                   "(EnvSchedConfig for envsched); batch_size comes from run")
+                                   description="the scheduler's own parameters (its registry "
+                                   "params model, e.g. EnvSchedParams for envsched)")
     mode: Literal["batch", "stream"] = Field(
         "stream", description="stream: hand out tasks as capacity frees; batch: a whole step")
+
+    @field_validator("name")
+    @classmethod
+    def _registered(cls, v: str) -> str:
+        from scheduling.registry import check_trainable
+
+        # UnknownSchedulerError lists the names and the closest one; NotTrainableError says that
+        # dapo+NAME is simulator-only and what train accepts (both ValueErrors)
+        check_trainable(v)
+        return v
+
+    @model_validator(mode="after")
+    def _typed_params(self) -> "SchedulerConfig":
+        self.typed_params()
+        return self
+
+    def typed_params(self) -> BaseModel:
+        """``params`` as the registry's model; its errors are located at ``params.<field>``."""
+        from scheduling.registry import validate_params
+
+        try:
+            return validate_params(self.name, self.params)
+        except ValidationError as e:
+            keep = ("type", "loc", "input", "ctx")
+            raise ValidationError.from_exception_data(e.title, [
+                {k: v for k, v in dict(err, loc=("params", *err["loc"])).items() if k in keep}
+                for err in e.errors()]) from None
 
 
 class ControllerConfig(_Section):
@@ -75,6 +126,9 @@ class ControllerConfig(_Section):
     call_timeout_s: float = Field(600.0, gt=0, description="timeout of one remote call")
     retries: int = Field(2, ge=0, description="re-issues of a failed group before dropping it")
     checkpoint_every: int = Field(5, ge=0, description="learner steps; 0 = only at the end")
+    keep_checkpoints: int = Field(3, ge=0, description="newest checkpoints kept; 0 = keep all")
+    export_hf: bool = Field(False, description="also write each checkpoint's policy in Hugging "
+                            "Face format (checkpoints/step_N/hf; envsched export does it later)")
     progress_bar: bool = True
 
 
@@ -154,6 +208,49 @@ class TrainConfig(_Section):
     def to_yaml_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
 
+    @model_validator(mode="after")
+    def _rollout_engine_fits(self) -> "TrainConfig":
+        """``rollout.engine_kwargs`` are arguments of ``policy.engine``, and a vLLM rollout actor
+        holds the GPUs its engine shards over (tensor x pipeline parallel)."""
+        rollout = getattr(self, "rollout", None)
+        if rollout is None:
+            return self
+        from actors.rollout.engine_args import check_engine_kwargs, gpus_per_engine
+
+        check_engine_kwargs(self.policy.engine, rollout.engine_kwargs)
+        need, have = gpus_per_engine(rollout.engine_kwargs), self.cluster.rollout.num_gpus
+        if self.policy.engine == "vllm" and have > 0 and have != need:
+            raise ValueError(
+                f"cluster.rollout.num_gpus is {have:g} but each vLLM engine shards over {need} "
+                f"GPUs (rollout.engine_kwargs tensor_parallel_size x pipeline_parallel_size); "
+                f"fix: set cluster.rollout.num_gpus={need} or change tensor_parallel_size")
+        return self
+
+    @model_validator(mode="after")
+    def _schedule_spans_the_run(self) -> "TrainConfig":
+        """``learner.total_steps`` (where the cosine ends) is derived from ``run.steps`` unless set,
+        so the run length has one source. A run no longer than its warm-up never reaches the
+        cosine; ``warmup_steps + 1`` then keeps the schedule valid without changing any step's
+        rate."""
+        learner = getattr(self, "learner", None)
+        if learner is None or "total_steps" in learner.model_fields_set:
+            return self
+        total = max(self.run.steps, learner.warmup_steps + 1)
+        derived = learner.model_copy(update={"total_steps": total})
+        derived.__pydantic_fields_set__.discard("total_steps")  # still unset: re-derived on reload
+        object.__setattr__(self, "learner", derived)  # not validate_assignment: it re-enters here
+        return self
+
+    @model_validator(mode="after")
+    def _executors_can_run(self) -> "TrainConfig":
+        """With no executor no episode can start: the run would wait forever, not fail."""
+        executors = getattr(self, "executors", None)
+        if executors is not None and executors.num_executors < 1:
+            raise ValueError(f"executors.num_executors is {executors.num_executors}: no sandbox "
+                             f"could run an episode and the run would wait forever; fix: set "
+                             f"executors.num_executors to 1 or more")
+        return self
+
 
 def _role_model(section: str) -> type[BaseModel]:
     module, name = ROLE_CONFIGS[section]
@@ -187,14 +284,33 @@ def _known_keys(model: type[BaseModel], path: Sequence[Any]) -> list[str]:
     return list(model.model_fields)
 
 
-def _explain(err: ValidationError, source: str) -> ConfigError:
+# Run-level settings a user may put under scheduler.params by habit, and where they belong.
+RUN_LEVEL = {"batch_size": "run.batch_size", "seed": "run.seed", "k": "rollout.k",
+             "rollouts": "rollout.k"}
+
+
+def _scheduler_param_keys(tree: Optional[dict[str, Any]]) -> list[str]:
+    from scheduling.registry import params_model
+
+    name = ((tree or {}).get("scheduler") or {}).get("name") or SchedulerConfig().name
+    return list(params_model(name).model_fields)
+
+
+def _explain(err: ValidationError, source: str, tree: Optional[dict[str, Any]] = None
+             ) -> ConfigError:
     lines = []
     for e in err.errors():
         loc = list(e["loc"])
         field = ".".join(str(p) for p in loc)
-        if e["type"] == "extra_forbidden":
-            known = _known_keys(train_config_model(), loc[:-1])
-            lines.append(f"unknown key '{field}' in {source}: {_suggest(str(loc[-1]), known)}")
+        if not loc:  # a check across sections: its message names the keys and the fix
+            lines.append(f"{source}: {e['msg'].removeprefix('Value error, ')}")
+        elif e["type"] == "extra_forbidden":
+            known = (_scheduler_param_keys(tree) if loc[:2] == ["scheduler", "params"]
+                     else _known_keys(train_config_model(), loc[:-1]))
+            hint = (f"set {RUN_LEVEL[loc[-1]]} instead (B, K and the seed are the run's)"
+                    if loc[:2] == ["scheduler", "params"] and loc[-1] in RUN_LEVEL
+                    else _suggest(str(loc[-1]), known))
+            lines.append(f"unknown key '{field}' in {source}: {hint}")
         else:
             lines.append(f"bad value for '{field}' in {source}: got {e.get('input')!r}; "
                          f"{e['msg']} (fix: set {field} to a valid value or remove it)")
@@ -226,18 +342,35 @@ def build_config(tree: dict[str, Any], source: str = "config") -> TrainConfig:
     try:
         return train_config_model().model_validate(tree)
     except ValidationError as e:
-        raise _explain(e, source) from None
+        raise _explain(e, source, tree) from None
+
+
+def config_path(path: Optional[str | Path]) -> Path:
+    """``path`` as given when it exists; else a shipped config of that name (``configs/NAME.yaml``
+    or ``NAME.yaml`` from anywhere, e.g. an installed package used outside the checkout)."""
+    if not path:
+        return DEFAULT_CONFIG
+    path = Path(path)
+    shipped = PACKAGED_CONFIGS / path.name
+    if not path.is_file() and path.parent in (Path("."), Path("configs")) and shipped.is_file():
+        return shipped
+    return path
 
 
 def load_config(path: Optional[str | Path] = None, overrides: Sequence[str] = ()) -> TrainConfig:
-    path = Path(path) if path else DEFAULT_CONFIG
+    path = config_path(path)
     if not path.is_file():
         raise ConfigError(f"config file {path} does not exist (fix: pass --config with an "
                           f"existing YAML file, e.g. configs/cpu_demo.yaml)")
     try:
-        tree = yaml.safe_load(path.read_text()) or {}
+        tree = yaml.safe_load(read_utf8(path))
+    except NotUtf8Error as e:
+        raise ConfigError(str(e)) from None
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}: not valid YAML: {e}") from None
+    if tree is None:  # all defaults would silently start a run nobody configured
+        raise ConfigError(f"{path}: the config file is empty (fix: write the sections to change, "
+                          f"e.g. copy configs/cpu_demo.yaml, or drop --config for the CPU demo)")
     if not isinstance(tree, dict):
         raise ConfigError(f"{path}: top level must be a mapping of sections, got "
                           f"{type(tree).__name__}")

@@ -18,7 +18,8 @@ issue is silent):
   was sampled with.
 - timings ``time_<phase>_s`` and ``learner_idle_share`` are filled in by the controller.
 
-May import: numpy, the standard library; tqdm and tensorboard lazily.
+May import: numpy, scheduling.base (the phases), scheduling.variance (Eq. 2), the standard
+library; tqdm and launch.loggers (its backends) lazily.
 """
 
 from __future__ import annotations
@@ -31,13 +32,9 @@ from typing import Any, Iterable, Optional, Sequence
 import numpy as np
 
 from scheduling.base import PHASES
+from scheduling.variance import group_variance  # re-exported: Eq. 2 has one definition
 
 PRED_KEYS = ("v_hat", "variance", "pred_var", "predicted_variance")
-
-
-def group_variance(rewards: Sequence[float]) -> float:
-    r = np.asarray(rewards, dtype=np.float64)
-    return float(np.mean((r - r.mean()) ** 2))
 
 
 def _predicted(scores: dict[str, float]) -> Optional[float]:
@@ -91,17 +88,18 @@ def _jsonable(v: Any) -> Any:
 
 
 class MetricsLogger:
-    """``RUN_DIR/metrics.jsonl`` (one object per learner step), TensorBoard, a tqdm bar."""
+    """``RUN_DIR/metrics.jsonl`` (one object per learner step), the ``logging`` section's backends
+    (``launch.loggers``: TensorBoard, wandb, MLflow), a tqdm bar."""
 
     def __init__(self, run_dir: Path, total_steps: int, start_step: int = 0,
-                 tensorboard: bool = True, progress: bool = True) -> None:
+                 tensorboard: bool = True, progress: bool = True, logging: Any = None) -> None:
+        from launch.loggers import LoggingConfig, make_backends
+
         self.path = Path(run_dir) / "metrics.jsonl"
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._tb = None
-        if tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self._tb = SummaryWriter(str(Path(run_dir) / "tensorboard"))
+        if logging is None:
+            logging = LoggingConfig(backends=["tensorboard"] if tensorboard else [])
+        self._backends = make_backends(logging, Path(run_dir), start_step)
         self._bar = None
         if progress:
             from tqdm import tqdm
@@ -113,19 +111,17 @@ class MetricsLogger:
         row = {"step": step, **{k: _jsonable(v) for k, v in record.items()}}
         with self.path.open("a") as f:
             f.write(json.dumps(row, sort_keys=True) + "\n")
-        if self._tb is not None:
-            for k, v in row.items():
-                if isinstance(v, (int, float)) and k != "step":
-                    self._tb.add_scalar(k, v, step)
-            self._tb.flush()
+        values = {k: v for k, v in row.items() if isinstance(v, (int, float)) and k != "step"}
+        for backend in self._backends:
+            backend.log(step, values)
         if self._bar is not None:
             self._bar.update(1)
             self._bar.set_postfix(reward=f"{row.get('reward_mean') or 0:.3f}",
                                   var=f"{row.get('reward_var_mean') or 0:.4f}")
 
     def close(self) -> None:
-        if self._tb is not None:
-            self._tb.close()
+        for backend in self._backends:
+            backend.close()
         if self._bar is not None:
             self._bar.close()
 

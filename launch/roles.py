@@ -1,4 +1,5 @@
-"""The live roles of a run, behind the small interface ``launch/controller.py`` drives.
+"""The live roles of a run on Ray: ``launch/roles_contract.py:RolesContract``, what
+``launch/controller.py`` drives.
 
 ``Roles.start(cfg, pool_dir, run_dir, model_path)`` creates, on the connected Ray cluster:
 the executor pool (``actors.executor_pool.ExecutorPool``, sized by ``cluster.executors.num``,
@@ -10,64 +11,84 @@ Fault policy (the controller decides on re-issue, this module on restarts):
 - every ``ray.get`` has a timeout (``controller.call_timeout_s``); a group not finished within it
   is cancelled and reported as a ``TimeoutError`` (the controller re-issues it);
 - a group whose worker died reports the ``RayActorError``; the worker is replaced by a fresh
-  actor, which gets the latest published weights before it serves anything;
-- the scheduler actor and the learner are not restarted (their state is the run's state): their
-  failure ends the run with the error, and ``--resume`` continues from the last checkpoint.
+  actor, which gets the latest published weights before it serves anything; a weight publish (or
+  a metrics or resize call) that finds a dead or unresponsive worker replaces it the same way and
+  publishes again, so the run goes on;
+- a dead scheduler actor is replaced by a fresh one rebuilt from the last snapshot (the state
+  saved with the latest checkpoint, or loaded on resume) plus every ``next_tasks`` and ``absorb``
+  since, kept by ``SchedulerJournal`` (``launch/scheduler_journal.py``): no group is lost or
+  absorbed twice; after ``REBUILDS`` failed rebuilds in one call the run ends with ``RoleError``;
+- the learner is not restarted (its state is the run's): its failure ends the run with the
+  error, and ``--resume`` continues from the last checkpoint.
+
+The decisions (least-busy placement, deadlines, replace-once, when to give up, the step's role
+metrics) are the plain ``launch/roles_core.py:RolesCore``; this module makes the Ray calls.
 
 May import: ray, actors.*, launch.*, envs.*, the standard library.
 """
 
 from __future__ import annotations
 
-import functools
-import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Optional
 
 import ray
 
+from actors.ticket import Ticket
 from launch.cluster import role_options
+from launch.roles_core import PUBLISHES, RoleError, RolesCore
+from launch.scheduler_journal import SchedulerJournal
 
-
-@dataclass
-class _Flight:
-    worker: int
-    deadline: float
-
-
-class RoleError(RuntimeError):
-    """A role failed in a way the run cannot recover from; names the role and the call."""
+__all__ = ["RoleError", "Roles"]
 
 
 class Roles:
+    """``RolesContract`` on Ray: the calls here, the decisions in ``self.core``."""
+
     def __init__(self, cfg: Any, pool: Any, pool_dir: Path, run_dir: Path, model_path: str):
         from actors.learner.learner_actor import LearnerGroup
         from actors.learner.weight_sync import make_weight_sync
+        from actors.replay_port import identifier_check_builder
         from actors.scheduler_actor import scheduler_actor_class
-        from launch.scheduler_factory import build_scheduler, replaying_filter
+        from launch.scheduler_factory import build_scheduler
 
         self.cfg, self.pool, self.pool_dir, self.model_path = cfg, pool, str(pool_dir), model_path
         self.executors_per_worker = cfg.executors.num_executors
         self.timeout = cfg.controller.call_timeout_s
+        self.core = RolesCore(self.timeout)
         scheduler = build_scheduler(cfg, pool, run_dir)
-        builder = functools.partial(replaying_filter, self.pool_dir, cfg.to_yaml_dict())
-        self.scheduler = scheduler_actor_class().options(
-            **role_options(cfg.cluster.scheduler)).remote(scheduler, filter_builder=builder)
-        self.workers = [self._new_worker(i) for i in range(cfg.cluster.rollout.num)]
-        self.flights: dict[Any, _Flight] = {}
+        builder = identifier_check_builder(self.pool_dir, cfg.scheduler.name,
+                                           cfg.scheduler.params)
+        self._start_scheduler = lambda: scheduler_actor_class().options(  # noqa: E731
+            **role_options(cfg.cluster.scheduler)).remote(
+                scheduler, filter_builder=builder, replay_port=self._replay_port())
+        self.scheduler = self._start_scheduler()
+        self.journal = SchedulerJournal()
+        self.core.workers.extend(self._new_worker(i) for i in range(cfg.cluster.rollout.num))
+        self.scheduler.set_replay_port.remote(self._replay_port())
         self.version = 0
         self.learner = LearnerGroup(cfg.learner.model_copy(update={"model_path": model_path}))
         self.sync = make_weight_sync(self.workers, timeout_s=self.timeout)
-        self.restarts = 0
+
+    @property
+    def workers(self) -> list:
+        """The rollout workers' current actor handles (a replaced one has a new handle)."""
+        return self.core.workers
+
+    @property
+    def restarts(self) -> int:
+        return self.core.restarts
 
     # ---- rollout -----------------------------------------------------------------------------
     def _new_worker(self, i: int):
         from actors.rollout_worker import start_rollout_worker
 
-        res = self.cfg.cluster.rollout
+        opts = role_options(self.cfg.cluster.rollout)
         return start_rollout_worker(
-            self.pool_dir, self.cfg.policy.engine, num_cpus=res.num_cpus, num_gpus=res.num_gpus,
+            self.pool_dir, self.cfg.policy.engine, num_cpus=opts["num_cpus"],
+            num_gpus=opts["num_gpus"], runtime_env=opts["runtime_env"],
+            resources=opts.get("resources"),
+            engine_kwargs=self.cfg.rollout.engine_kwargs,
             model_path=self.model_path, config=self.cfg.rollout.model_dump(),
             executors="pool", name=f"rollout-{i}",
             executor_config={**self.cfg.executors.model_dump(),
@@ -79,94 +100,178 @@ class Roles:
         if n < 0:
             raise ValueError(f"executors per worker must be >= 0, got {n}")
         self.executors_per_worker = n
-        sizes = ray.get([w.resize_executors.remote(n) for w in self.workers],
-                        timeout=self.timeout)
-        return int(sum(sizes))
+        sizes = self._each_worker(lambda w: w.resize_executors.remote(n))
+        return int(sum(s if s is not None else n for s in sizes))  # a replacement starts with n
 
-    def submit(self, ticket: Any) -> Any:
-        busy = [0] * len(self.workers)
-        for f in self.flights.values():
-            busy[f.worker] += 1
-        w = min(range(len(self.workers)), key=busy.__getitem__)
-        k = ticket.k or self.cfg.rollout.k
-        ref = self.workers[w].run_group.remote(ticket.task_id, ticket.step, ticket.seed, k)
-        self.flights[ref] = _Flight(w, time.monotonic() + self.timeout)
+    def submit(self, ticket: Ticket) -> Any:
+        w = self.core.choose_worker()
+        ref = self.workers[w].run_group.remote(ticket)
+        self.core.launched(ref, w)
         return ref
 
-    def wait(self, refs: list, timeout: float) -> list[tuple[Any, Any]]:
-        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout, fetch_local=False)
-        out = []
-        for ref in ready:
-            out.append((ref, self._result(ref)))
-        now = time.monotonic()
-        for ref in refs:
-            if ref not in ready and self.flights[ref].deadline < now:
-                ray.cancel(ref)
-                self.flights.pop(ref)
-                out.append((ref, TimeoutError(f"group timed out after {self.timeout} s")))
+    def wait(self, handles: list, timeout: float) -> list[tuple[Any, Any]]:
+        """Every group finished once the first one is (or ``timeout`` passed), so the controller
+        absorbs and re-admits as soon as a slot frees. ``handles``: ObjectRefs from ``submit``."""
+        ready, _ = ray.wait(handles, num_returns=1, timeout=timeout, fetch_local=False)
+        if ready:
+            ready, _ = ray.wait(handles, num_returns=len(handles), timeout=0, fetch_local=False)
+        out = [(ref, self._result(ref)) for ref in ready]
+        for ref in self.core.overdue(handles, ready):
+            ray.cancel(ref)
+            out.append((ref, TimeoutError(f"group timed out after {self.timeout} s")))
         return out
 
     def _result(self, ref: Any) -> Any:
-        flight = self.flights.pop(ref)
+        flight = self.core.land(ref)
         try:
             return ray.get(ref, timeout=self.timeout)
         except ray.exceptions.RayActorError as e:
-            self._restart(flight.worker)
+            self._restart(flight.worker, flight.actor)
             return e
         except (ray.exceptions.RayTaskError, ray.exceptions.GetTimeoutError) as e:
             return e
 
-    def _restart(self, w: int) -> None:
-        """Replace a dead worker (once, even if several of its groups report the death)."""
-        try:
-            ray.get(self.workers[w].ping.remote(), timeout=min(30.0, self.timeout))
-            return
-        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
-            pass
-        ray.kill(self.workers[w], no_restart=True)
-        self.workers[w] = self._new_worker(w)
-        self.restarts += 1
-        self.sync.targets = list(self.workers)
-        if self.version:
-            from actors.learner.weight_sync import make_weight_sync
+    def _unresponsive(self) -> list[int]:
+        """Workers that are dead or do not answer a ping within the call timeout (a worker
+        still starting answers once started)."""
+        refs = [w.ping.remote() for w in self.workers]
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=self.timeout)
+        out = []
+        for i, ref in enumerate(refs):
+            try:
+                if ref not in ready:
+                    raise TimeoutError(f"rollout worker {i}: no ping answer in {self.timeout} s")
+                ray.get(ref, timeout=self.timeout)
+            except (ray.exceptions.RayActorError, TimeoutError):
+                out.append(i)
+        return out
 
-            make_weight_sync([self.workers[w]], timeout_s=self.timeout).publish(
-                self.learner, self.version)
+    def _restart(self, w: int, actor: Any) -> None:
+        """Replace worker ``w`` if it is still ``actor``, the one that died (so once, however
+        many of its groups report the death), and give it the latest weights."""
+        if not self.core.first_report(w, actor):
+            return
+        self._replace(w)
+        if self.version:
+            self.publish(self.version)
+
+    def _replace(self, w: int) -> None:
+        ray.kill(self.workers[w], no_restart=True)
+        self.core.replaced(w, self._new_worker(w))
+        self.scheduler.set_replay_port.remote(self._replay_port())
+        print(f"[envsched] rollout worker {w} died; replaced ({self.restarts} so far)", flush=True)
+
+    def _replay_port(self) -> Any:
+        """The identifier filter's replay port on the workers' (shared) executor pools."""
+        from actors.replay_port import WorkerReplay
+
+        return WorkerReplay(self.workers, self.timeout)
+
+    def _each_worker(self, call: Callable[[Any], Any]) -> list:
+        """``call(worker)`` on every worker; a dead worker is replaced and answers ``None``."""
+        actors = list(self.workers)
+        refs = [call(w) for w in actors]
+        out = []
+        for i, ref in enumerate(refs):
+            try:
+                out.append(ray.get(ref, timeout=self.timeout))
+            except ray.exceptions.RayActorError:
+                self._restart(i, actors[i])
+                out.append(None)
+        return out
 
     # ---- scheduler ---------------------------------------------------------------------------
-    def _sched(self, call: Any, what: str) -> Any:
-        try:
-            return ray.get(call, timeout=self.timeout)
-        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as e:
-            raise RoleError(f"scheduler actor: {what} failed: {e}") from e
+    def _sched(self, call: Callable[[], Any], what: str, retry: bool = True) -> Any:
+        """``ray.get(call())`` on the scheduler actor. If the actor died, it is rebuilt from the
+        journal and the call made again, unless ``retry`` is false (the journal holds the call,
+        so the rebuild has made it)."""
+        rebuilds = 0
+        while True:
+            try:
+                if rebuilds:
+                    self._rebuild_scheduler()
+                    if not retry:
+                        return None
+                return ray.get(call(), timeout=self.timeout)
+            except ray.exceptions.RayActorError as e:
+                self.core.check_rebuild(what, rebuilds, e)
+                rebuilds += 1
+                print(f"[envsched] scheduler actor died during {what} ({type(e).__name__}); "
+                      f"rebuilding it from its last snapshot and {len(self.journal.events)} "
+                      f"calls since", flush=True)
+            except ray.exceptions.GetTimeoutError as e:
+                raise RoleError(f"scheduler actor: {what} failed: {e}") from e
+
+    def _rebuild_scheduler(self) -> None:
+        ray.kill(self.scheduler, no_restart=True)
+        self.scheduler = self._start_scheduler()
+        self.core.scheduler_restarts += 1
+        actor = self.scheduler
+        diffs = self.journal.replay(actor.load_state_dict.remote, actor.next_tasks.remote,
+                                    actor.absorb.remote,
+                                    lambda refs: ray.get(refs, timeout=self.timeout))
+        for d in diffs:
+            print(f"[envsched] warning: rebuilt scheduler differs: {d}", flush=True)
 
     def next_tasks(self, n: int) -> list:
-        return self._sched(self.scheduler.next_tasks.remote(n), f"next_tasks({n})")
+        out = self._sched(lambda: self.scheduler.next_tasks.remote(n), f"next_tasks({n})")
+        self.journal.handed_out(n, out)
+        return out
 
     def absorb(self, group: Any) -> None:
-        self._sched(self.scheduler.absorb.remote(group), f"absorb({group.task_id})")
+        self.journal.absorbing(group)
+        self._sched(lambda: self.scheduler.absorb.remote(group), f"absorb({group.task_id})",
+                    retry=False)
 
     def scheduler_state(self) -> dict:
-        return self._sched(self.scheduler.state_dict.remote(), "state_dict")
+        state = self._sched(lambda: self.scheduler.state_dict.remote(), "state_dict")
+        self.journal.reset(state)
+        return state
 
     def load_scheduler_state(self, state: dict) -> None:
-        self._sched(self.scheduler.load_state_dict.remote(state), "load_state_dict")
+        self._sched(lambda: self.scheduler.load_state_dict.remote(state), "load_state_dict")
+        self.journal.reset(state)
 
     def explain(self, task_id: str) -> dict:
-        return self._sched(self.scheduler.explain.remote(task_id), f"explain({task_id})")
+        return self._sched(lambda: self.scheduler.explain.remote(task_id), f"explain({task_id})")
 
     # ---- learner -----------------------------------------------------------------------------
-    def train(self, groups: list) -> dict[str, float]:
-        m = self.learner.train_step(groups)
+    def train(self, groups: list) -> list:
+        """Start one learner step on ``groups`` and return its handle (one ObjectRef per rank)
+        at once; the controller keeps collecting and admitting until ``train_result`` has it."""
+        return self.learner.start_train_step(groups)
+
+    def train_result(self, handle: list, timeout: float) -> Optional[dict[str, float]]:
+        """The step's metrics if every rank finished within ``timeout`` seconds, else None
+        (a dead or failed rank raises ``LearnerError``: the learner is not restarted)."""
+        ready, _ = ray.wait(handle, num_returns=len(handle), timeout=timeout)
+        if len(ready) < len(handle):
+            return None
+        m = self.learner.finish_train_step(handle)
         return {k: float(v) for k, v in m.items() if isinstance(v, (int, float))}
 
     def publish(self, version: int) -> None:
-        self.sync.targets = list(self.workers)
-        self.sync.publish(self.learner, version)
+        """Publish to every worker; workers found dead or unresponsive are replaced and the
+        publish repeated (a new sync, so an NCCL group is rebuilt with the new members)."""
+        from actors.learner.weight_sync import make_weight_sync
+
+        for attempt in range(1, PUBLISHES + 1):
+            self.sync.targets = list(self.workers)
+            try:
+                self.sync.publish(self.learner, version)
+                break
+            except (ray.exceptions.RayActorError, TimeoutError) as e:
+                dead = self._unresponsive()
+                self.core.check_publish(version, attempt, dead, e)
+                for w in dead:
+                    self._replace(w)
+                self.sync = make_weight_sync(self.workers, timeout_s=self.timeout)
         self.version = version
 
     def save_learner(self, directory: Path) -> None:
         self.learner.save(str(directory))
+        if self.cfg.controller.export_hf:  # step_N/hf beside step_N/learner
+            self.learner.export(str(Path(directory).parent / "hf"))
 
     def export_policy(self, directory: Path) -> str:
         """The learner's current weights in Hugging Face format (written on rank 0's node)."""
@@ -178,25 +283,11 @@ class Roles:
 
     # ---- metrics and shutdown ----------------------------------------------------------------
     def step_extras(self) -> dict[str, float]:
-        out = self._sched(self.scheduler.metrics.remote(), "metrics")
-        per_worker = ray.get([w.metrics.remote() for w in self.workers], timeout=self.timeout)
-        # cumulative per-worker seconds: generating, inside executors (open + wait + tools +
-        # verify), whole episodes; executor_share is the signal to scale executors.
-        for key in ("time_generate_s", "time_executor_s", "time_episode_s"):
-            out[f"rollout_{key}"] = float(sum(m.get(key, 0.0) for m in per_worker))
-        if out["rollout_time_episode_s"] > 0:
-            out["executor_share"] = out["rollout_time_executor_s"] / out["rollout_time_episode_s"]
-        # executor pool pressure: seconds episodes waited for a free sandbox (cumulative), the
-        # worst p95 wait, callers waiting now, executors alive: the signal to scale executors.
-        for key in ("executor_wait_s", "executor_waiting_now", "executors"):
-            out[key] = float(sum(m.get(key, 0.0) for m in per_worker))
-        out["executor_wait_p95_s"] = float(max((m.get("executor_wait_p95_s", 0.0)
-                                                for m in per_worker), default=0.0))
-        out["rollout_restarts"] = float(self.restarts)
-        return out
+        scheduler = self._sched(lambda: self.scheduler.metrics.remote(), "metrics")
+        return self.core.step_extras(scheduler, self._each_worker(lambda w: w.metrics.remote()))
 
     def filter_events(self, since: int = 0) -> list:
-        return self._sched(self.scheduler.filter_events.remote(since), "filter_events")
+        return self._sched(lambda: self.scheduler.filter_events.remote(since), "filter_events")
 
     def shutdown(self) -> None:
         try:  # lets each worker close its executor pool; killed below either way

@@ -5,10 +5,13 @@ Why: a randomly initialised policy never emits a valid tool call, so every group
 reference solutions makes rewards non-degenerate.
 
 How: each reference solution is played through the real agent loop by the ``ScriptedEngine``
-against in-process sessions, so the training sequences are exactly the token ids the policy will
-later see and produce (chat template, tool-call syntax, tool responses, ``<|im_end|>``), with the
-loop's loss mask (model tokens only). Training is plain next-token cross-entropy on masked tokens
-with AdamW, batches of ``batch`` sequences right-padded, ``epochs`` passes in a seeded order.
+against sandboxed sessions (``actors.rollout.sandbox_session``: pool code runs only in an
+isolated sandbox worker, never in this driver), so the training sequences are exactly the token ids
+the policy will later see and produce (chat template, tool-call syntax, tool responses,
+``<|im_end|>``), with the loop's loss mask (model tokens only). A reference solution that scores
+below 1.0 (or an environment that does not load) is a ``PoolError`` naming the task. Training is
+plain next-token cross-entropy on masked tokens with AdamW, batches of ``batch`` sequences
+right-padded, ``epochs`` passes in a seeded order.
 
 Decision where the spec is silent: ``task_fraction`` (default 1.0: all tasks) picks a seeded
 share of the tasks to show. Measured on the demo pool: a policy shown half the tasks for 20
@@ -16,7 +19,7 @@ epochs almost never gets past its first tool call (zero within-group variance); 
 on all tasks (masked loss ~0.1 / 0.03, ~11 s per epoch on 2 shared cores) gives partial and
 full solves with reward differences: a GRPO start near 0.2-0.35 mean reward (docs/demo.md).
 
-May import: torch, transformers, actors.policy, actors.rollout, envs, sandbox.runtime.
+May import: torch, transformers, actors.policy, actors.rollout, envs, sandbox.errors.
 """
 
 from __future__ import annotations
@@ -26,39 +29,55 @@ import json
 import random
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 
 def reference_sequences(pool: Any, tokenizer: Any, task_ids: list[str],
-                        enable_thinking: bool = False) -> list[tuple[list[int], list[int]]]:
-    """(token_ids, loss_mask) of each task's reference solution played through the loop."""
+                        enable_thinking: bool = False, sandbox: Any = None,
+                        ) -> list[tuple[list[int], list[int]]]:
+    """(token_ids, loss_mask) of each task's reference solution played through the loop, its
+    episodes in a sandbox worker configured by ``sandbox`` (a ``SandboxConfig``; None: default)."""
     from actors.rollout.agent_loop import AgentLoop
     from actors.rollout.config import RolloutConfig
     from actors.rollout.engines.scripted_engine import ScriptedEngine
-    from actors.rollout.session import InProcessSessions
+    from actors.rollout.sandbox_session import SandboxSessions
 
     engine = ScriptedEngine.from_pool(tokenizer, pool)
     loop = AgentLoop(engine, tokenizer, RolloutConfig(enable_thinking=enable_thinking))
-    sessions = InProcessSessions(pool)
+    with SandboxSessions(pool, sandbox) as sessions:
+        trajectories = asyncio.run(_play(loop, pool, sessions, task_ids))
+    out = []
+    for traj in trajectories:
+        if traj.reward < 1.0:
+            raise _broken(pool, traj.task_id, f"its reference solution scores {traj.reward} "
+                                              f"(status {traj.status})")
+        out.append((traj.token_ids, traj.loss_mask))
+    return out
 
-    async def one(task_id: str):
-        task = pool.task(task_id)
-        session = await sessions.open_session(task, 0)
-        try:
-            return await loop.run(pool.environment(task.env_id), task, session, seed=0)
-        finally:
-            await session.aclose()
 
-    async def all_():
-        return [await one(t) for t in task_ids]
+def _broken(pool: Any, task_id: str, why: str) -> Exception:
+    from envs.pool import TASKS_FILE, PoolError, PoolProblem
+
+    return PoolError([PoolProblem(TASKS_FILE, f"{why}: the pool is broken, run `envsched pool "
+                                              f"validate`", line=pool.lines.get(task_id),
+                                  task_id=task_id)])
+
+
+async def _play(loop: Any, pool: Any, sessions: Any, task_ids: list[str]) -> list[Any]:
+    from sandbox.errors import EnvLoadError
 
     out = []
-    for traj in asyncio.run(all_()):
-        if traj.reward < 1.0:
-            raise ValueError(f"reference solution of task {traj.task_id} scores {traj.reward} "
-                             f"(status {traj.status}): the pool is broken, run `envsched pool "
-                             f"validate`")
-        out.append((traj.token_ids, traj.loss_mask))
+    for task_id in task_ids:
+        task = pool.task(task_id)
+        try:
+            session = await sessions.aopen_session(task, 0)
+        except EnvLoadError as e:
+            raise _broken(pool, task_id, f"environment {task.env_id} does not load in the "
+                                         f"sandbox ({e.message})") from None
+        try:
+            out.append(await loop.run(pool.environment(task.env_id), task, session, seed=0))
+        finally:
+            await session.aclose()
     return out
 
 
@@ -128,8 +147,11 @@ def train_sft(model: Any, sequences: list[tuple[list[int], list[int]]], epochs: 
 
 def run_sft(pool_dir: Path, out_dir: Path, epochs: int, lr: float, task_fraction: float,
             max_examples: int, seed: int = 0, base: Optional[str] = None, batch: int = 1,
-            target_loss: Optional[float] = None) -> dict[str, Any]:
-    """Warm-start ``base`` (default: the tiny policy) and save it to ``out_dir``."""
+            target_loss: Optional[float] = None, sandbox: Any = None,
+            only: Optional[Sequence[str]] = None) -> dict[str, Any]:
+    """Warm-start ``base`` (default: the tiny policy) and save it to ``out_dir``; reference
+    solutions play in a sandbox worker configured by ``sandbox`` (a ``SandboxConfig``). ``only``:
+    the tasks it may show (a run's training split, so held-out tasks stay unseen)."""
     import torch
 
     from actors.policy import build_tiny_policy, load_policy
@@ -138,8 +160,9 @@ def run_sft(pool_dir: Path, out_dir: Path, epochs: int, lr: float, task_fraction
     t0 = time.perf_counter()
     pool = load_pool(pool_dir)
     model, tokenizer = load_policy(base or build_tiny_policy(seed=seed))
-    task_ids = pick_tasks(pool, task_fraction, max_examples, seed)
-    seqs = reference_sequences(pool, tokenizer, task_ids)
+    task_ids = pick_tasks(pool if only is None else pool.subset(only), task_fraction,
+                          max_examples, seed)
+    seqs = reference_sequences(pool, tokenizer, task_ids, sandbox=sandbox)
     losses = train_sft(model, seqs, epochs, lr, batch=batch, seed=seed, target_loss=target_loss)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -7,13 +7,15 @@
    ``RUN_DIR/sft`` (skipped when it exists, so a resumed or repeated run reuses it);
 3. Ray: embedded or joined (``launch.cluster``); roles started (``launch.roles``);
 4. the controller runs to ``run.steps`` (with the fixed-set evaluation of ``eval`` when enabled);
-   a run directory that already has a checkpoint is continued from it (``resume=True`` makes a
-   missing checkpoint an error);
+   a run directory that already has a checkpoint is continued from its newest intact one, if the
+   config matches the stored one (``launch.resume.open_run``: ``resume=True`` makes a missing
+   checkpoint an error, ``resume_changed=True`` accepts and records a changed config);
 5. the trained policy is exported in Hugging Face format to ``RUN_DIR/policy`` (loadable by
    ``--model`` of ``envsched rollout`` or as ``policy.path`` of another run);
 6. ``summary.json`` (result, reward trend from ``launch.metrics.summarize``, wall time per
-   phase: pool, sft, startup, train), ``filter_log.jsonl``, ``dropped.jsonl`` are written; roles
-   and an embedded Ray are shut down, also on errors.
+   phase: pool, sft, startup, train), ``filter_log.jsonl``, ``dropped.jsonl`` and
+   ``unfinished.jsonl`` (groups in flight when the run stopped) are written (the last two also
+   when the run fails); roles and an embedded Ray are shut down, also on errors.
 
 May import: launch.*, envs.*, actors.* (Ray through launch.roles / launch.cluster).
 """
@@ -24,8 +26,6 @@ import json
 import time
 from pathlib import Path
 from typing import Any, Optional
-
-import yaml
 
 
 def prepare_pool(cfg: Any, run_dir: Path) -> Path:
@@ -41,8 +41,10 @@ def prepare_pool(cfg: Any, run_dir: Path) -> Path:
 
 
 def prepare_policy(cfg: Any, pool_dir: Path, run_dir: Path) -> str:
-    if cfg.policy.path:
-        return cfg.policy.path
+    if cfg.policy.path:  # a directory, or a hub id in the local cache: resolved once, here
+        from actors.policy import resolve_model
+
+        return resolve_model(cfg.policy.path)
     from actors.policy import build_tiny_policy
 
     if not cfg.sft.enabled or cfg.policy.engine == "scripted":
@@ -51,9 +53,14 @@ def prepare_policy(cfg: Any, pool_dir: Path, run_dir: Path) -> str:
     if not (out / "config.json").is_file():
         from launch.sft import run_sft
 
+        from envs.pool import load_pool
+        from launch.split import pool_split
+
         s = cfg.sft
+        train_ids = pool_split(load_pool(pool_dir), cfg.pool).train  # held-out tasks stay unseen
         summary = run_sft(pool_dir, out, s.epochs, s.lr, s.task_fraction, s.max_examples,
-                          cfg.run.seed, batch=s.batch, target_loss=s.target_loss)
+                          cfg.run.seed, batch=s.batch, target_loss=s.target_loss,
+                          sandbox=cfg.executors.sandbox, only=train_ids)
         print(f"sft: {summary['tasks']} tasks, loss {summary['epoch_loss'][0]:.3f} -> "
               f"{summary['epoch_loss'][-1]:.3f} in {summary['seconds']} s", flush=True)
     return str(out)
@@ -63,45 +70,42 @@ def _write_jsonl(path: Path, rows: list) -> None:
     path.write_text("".join(json.dumps(r, sort_keys=True, default=str) + "\n" for r in rows))
 
 
-def train(cfg: Any, run_dir: Path, address: Optional[str] = None, resume: bool = False
-          ) -> dict[str, Any]:
+def train(cfg: Any, run_dir: Path, address: Optional[str] = None, resume: bool = False,
+          resume_changed: bool = False) -> dict[str, Any]:
     from envs.pool import load_pool
-    from launch.checkpoint import find_checkpoint, load_checkpoint
-    from launch.cluster import check_fits, connect, shutdown
+    from launch.cluster import connect, shutdown
     from launch.controller import Controller
-    from launch.evaluation import eval_tasks, read_eval
+    from launch.doctor import check_fits
+    from launch.errors import UserError
+    from launch.evaluation import read_eval
     from launch.metrics import read_metrics, summarize
+    from launch.resume import open_run
     from launch.roles import Roles
-
-    from launch.checkpoint import CheckpointError
-    from launch.cli import UserError
+    from launch.split import eval_sets, pool_split
 
     run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    ckpt = None
-    try:  # an existing run continues from its checkpoint (so `make demo` is idempotent)
-        ckpt = load_checkpoint(find_checkpoint(run_dir))
-    except CheckpointError as e:
-        if resume:
-            raise UserError(f"--resume: {e}") from None
-        if (run_dir / "metrics.jsonl").exists():
-            raise UserError(f"{run_dir} holds a run without a checkpoint to continue from; "
-                            f"choose another --out") from None
-    if ckpt is not None:
-        print(f"resuming {run_dir} from its step-{ckpt.step} checkpoint", flush=True)
-    (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.to_yaml_dict(), sort_keys=False))
+    # an existing run continues from its checkpoint (so `make demo` is idempotent), if the
+    # config is the one it began with (or resume_changed says so)
+    ckpt = open_run(cfg, run_dir, resume=resume, resume_changed=resume_changed)
     t0 = time.perf_counter()
     pool_dir = prepare_pool(cfg, run_dir)
     pool = load_pool(pool_dir)
+    if len(pool.tasks) < cfg.run.batch_size:
+        raise UserError(f"pool {pool_dir} has {len(pool.tasks)} tasks, fewer than "
+                        f"run.batch_size={cfg.run.batch_size} (one step selects B distinct tasks; "
+                        f"fix: lower run.batch_size or use a larger pool)")
     t_pool = time.perf_counter()
     model_path = prepare_policy(cfg, pool_dir, run_dir)
     t_sft = time.perf_counter()
     info = connect(cfg.cluster, address)
-    roles = None
+    roles = ctl = None
     try:
         check_fits(cfg)
         roles = Roles(cfg, pool, pool_dir, run_dir, model_path)
-        ctl = Controller(cfg, roles, run_dir, eval_task_ids=eval_tasks(pool, cfg.eval))
+        sets = eval_sets(pool, pool_split(pool, cfg.pool), cfg.eval)
+        split_of = {t: name for name, ids in sets.items() for t in ids} if len(sets) > 1 else None
+        ctl = Controller(cfg, roles, run_dir, eval_split_of=split_of,
+                         eval_task_ids=[t for ids in sets.values() for t in ids])
         if ckpt is not None:
             ctl.restore(ckpt)
         t_start = time.perf_counter()
@@ -109,8 +113,10 @@ def train(cfg: Any, run_dir: Path, address: Optional[str] = None, resume: bool =
         t_train = time.perf_counter()
         policy_dir = roles.export_policy(run_dir / "policy")
         _write_jsonl(run_dir / "filter_log.jsonl", roles.filter_events())
-        _write_jsonl(run_dir / "dropped.jsonl", ctl.dropped)
     finally:
+        if ctl is not None:   # also when the run failed: what was dropped until then
+            _write_jsonl(run_dir / "dropped.jsonl", ctl.dropped)
+            _write_jsonl(run_dir / "unfinished.jsonl", ctl.unfinished())
         if roles is not None:
             roles.shutdown()
         if info["embedded"]:

@@ -1,23 +1,35 @@
 """Isolation backends: how a sandbox child process is started and killed.
 
 - ``bwrap``   bubblewrap: new ipc/pid/net/uts(/cgroup) namespaces (a user namespace too when not
-              root), an empty root with read-only binds of /usr, the interpreter's prefixes and
-              site-packages and the project; ``--tmpfs /tmp`` before the scratch bind under /tmp;
-              ``--die-with-parent``, ``--new-session``, cleared environment; as root all
-              capabilities but SETUID/SETGID are dropped and the child drops to its own uid.
+              root), an empty, read-only root with read-only binds of /usr, the interpreter's
+              prefixes and site-packages and the project; ``scratch_mb`` tmpfs mounts on /tmp
+              (the scratch dir) and /dev/shm, the only writable places; ``--die-with-parent``,
+              ``--new-session``, cleared environment. As root all capabilities but SETUID/SETGID
+              and NET_ADMIN (to take the loopback down) are dropped, and the child drops to its
+              own uid, losing those too. Not as root: its own user namespace, CAP_NET_ADMIN of
+              it only (the child takes the loopback down, then empties every capability set);
+              /dev holds bound device nodes, not bwrap's ``--dev`` (whose devpts makes bwrap
+              nest a second user namespace, with no capability over the network namespace).
 - ``unshare`` ``unshare --net --pid --fork --kill-child --mount``: no network, its own pid
-              namespace (killing it kills every process it forked), a private tmpfs on /tmp; the
-              host filesystem stays visible but the child runs as an unprivileged uid, so it can
-              read only world-readable files and write nowhere but its scratch dir and /tmp.
-              Needs root (or unprivileged user namespaces, then without the uid drop).
+              namespace (killing it kills every process it forked); the child remounts every
+              host mount read-only in its mount namespace and puts ``scratch_mb`` tmpfs mounts on
+              /tmp, /var/tmp and /dev/shm, the only writable places; the host tree stays
+              visible (world-readable files can be read). Needs root (or unprivileged user
+              namespaces, then without the uid drop). A mount that refuses the read-only
+              remount is a refusal, at ``backend_problem`` (which probes exactly that in a
+              throwaway namespace, so ``auto`` does not pick it) and at the child's start.
 - ``docker``  see ``sandbox.docker_backend``.
 - ``none``    a plain subprocess with rlimits only. No isolation: for debugging.
 - ``auto``    bwrap when it works here, else unshare, else an ``unavailable`` error (never a
               silent fallback to ``none``).
 
+SysV IPC (``sandbox.ipc``): every isolating backend's IPC namespace is emptied at each episode's
+end; its limits are lowered where the child starts as its root (bwrap and unshare as root), and
+creating SysV IPC objects is refused by the seccomp filter elsewhere (bwrap not as root, docker).
+
 All backends get the same rlimits, applied by the child itself (``sandbox.child``).
 
-May import: sandbox.config, sandbox.errors, the standard library.
+May import: sandbox.config, sandbox.docker_backend, sandbox.errors, the standard library.
 """
 
 from __future__ import annotations
@@ -33,10 +45,9 @@ import sys
 from pathlib import Path
 from typing import Any, Optional
 
-from sandbox.config import SandboxConfig
+from sandbox.config import PROJECT_ROOT, SandboxConfig
+from sandbox.docker_backend import DockerChild, docker_problem
 from sandbox.errors import SandboxError
-
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
 
 def is_root() -> bool:
@@ -47,40 +58,42 @@ def is_root() -> bool:
 def _probe(argv: tuple[str, ...]) -> Optional[str]:
     """None if ``argv`` runs here, else the reason it does not."""
     try:
-        done = subprocess.run(list(argv), capture_output=True, text=True, timeout=20)
+        done = subprocess.run(list(argv), capture_output=True, text=True, timeout=20,
+                              env=child_env(), cwd=PROJECT_ROOT)
     except (OSError, subprocess.TimeoutExpired) as e:
         return str(e)
     return None if done.returncode == 0 else (done.stderr.strip() or f"exit {done.returncode}")
 
 
-def backend_problem(backend: str) -> Optional[str]:
-    """Why ``backend`` cannot run on this host, or None."""
+def backend_problem(backend: str, python: Optional[str] = None) -> Optional[str]:
+    """Why ``backend`` cannot run on this host (with interpreter ``python``), or None. The
+    unshare probe makes every mount read-only in a throwaway namespace, as its child would."""
     if backend == "none":
         return None
     if backend == "bwrap":
         if shutil.which("bwrap") is None:
             return "bwrap is not installed (apt-get install bubblewrap)"
-        return _probe(tuple(bwrap_prefix(scratch=None)) + ("/bin/true",))
+        return _probe(tuple(bwrap_prefix(SandboxConfig().scratch_mb)) + ("/bin/true",))
     if backend == "unshare":
         if shutil.which("unshare") is None:
             return "unshare (util-linux) is not installed"
-        return _probe(tuple(unshare_prefix()) + ("/bin/true",))
+        return _probe(tuple(unshare_prefix()) + (python or sys.executable, "-m",
+                                                 "sandbox.confine"))
     if backend == "docker":
-        from sandbox.docker_backend import docker_problem
         return docker_problem()
     return f"unknown backend {backend!r}"
 
 
-def resolve_backend(backend: str) -> str:
+def resolve_backend(backend: str, python: Optional[str] = None) -> str:
     if backend != "auto":
-        problem = backend_problem(backend)
+        problem = backend_problem(backend, python)
         if problem:
             raise SandboxError("unavailable", f"sandbox backend {backend!r} cannot run here: "
                                               f"{problem}")
         return backend
     reasons = []
     for candidate in ("bwrap", "unshare"):
-        problem = backend_problem(candidate)
+        problem = backend_problem(candidate, python)
         if problem is None:
             return candidate
         reasons.append(f"{candidate}: {problem}")
@@ -109,14 +122,22 @@ def _ancestor_dirs(paths: list[str]) -> list[str]:
     return out
 
 
-def bwrap_prefix(scratch: Optional[str]) -> list[str]:
+# Device nodes of a non-root sandbox's /dev (``--dev`` would mount devpts, for which bwrap nests
+# a second user namespace: the child would hold no capability over its network namespace, and
+# could not take the loopback down).
+DEV_NODES = ("null", "zero", "full", "random", "urandom", "tty")
+
+
+def bwrap_prefix(scratch_mb: int) -> list[str]:
+    size = ["--size", str(scratch_mb << 20)]
     args = ["bwrap", "--die-with-parent", "--new-session", "--unshare-ipc", "--unshare-pid",
             "--unshare-net", "--unshare-uts", "--unshare-cgroup-try", "--hostname", "sandbox",
             "--clearenv", "--ro-bind", "/usr", "/usr"]
     if is_root():
-        args += ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
-    else:
-        args += ["--unshare-user"]
+        args += ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID",
+                 "--cap-add", "CAP_NET_ADMIN"]
+    else:  # CAP_NET_ADMIN of its own user namespace, until it has taken the loopback down
+        args += ["--unshare-user", "--cap-drop", "ALL", "--cap-add", "CAP_NET_ADMIN"]
     for link in ("bin", "sbin", "lib", "lib32", "lib64"):
         host = Path("/") / link
         if host.is_symlink():
@@ -132,18 +153,23 @@ def bwrap_prefix(scratch: Optional[str]) -> list[str]:
         args += ["--perms", "0755", "--dir", d]
     for r in outside:
         args += ["--ro-bind", r, r]
-    args += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--tmpfs", "/tmp"]
+    args += ["--proc", "/proc"]
+    if is_root():
+        args += ["--dev", "/dev"]
+    else:
+        args += ["--perms", "0755", "--dir", "/dev", "--symlink", "/proc/self/fd", "/dev/fd"]
+        args += [a for n in DEV_NODES if os.path.exists(f"/dev/{n}")
+                 for a in ("--dev-bind", f"/dev/{n}", f"/dev/{n}")]
+    args += ["--perms", "1777", *size, "--tmpfs", "/dev/shm",
+             "--perms", "1777", *size, "--tmpfs", "/tmp"]
     for d in _ancestor_dirs(in_tmp):
         if d != "/tmp":
             args += ["--perms", "0755", "--dir", d]
     for r in in_tmp:
         args += ["--ro-bind", r, r]
-    if scratch is not None:
-        for d in _ancestor_dirs([scratch]):
-            if d != "/tmp":
-                args += ["--perms", "0755", "--dir", d]
-        args += ["--bind", scratch, scratch]  # the child chdirs there after its uid drop
-    return args
+    # the root tmpfs (and the non-root /dev in it) is owned by a non-root caller's uid and has
+    # no size limit: read-only, only the two tmpfs mounts above stay writable
+    return args + ["--remount-ro", "/"]
 
 
 def unshare_prefix() -> list[str]:
@@ -162,12 +188,28 @@ def child_config(cfg: SandboxConfig, backend: str, scratch: str, uid: Optional[i
     keys = ("memory_mb", "cpu_seconds", "max_open_files", "max_file_mb", "max_processes",
             "max_output_bytes", "tool_timeout_s", "state_cache_entries")
     out: dict[str, Any] = {k: getattr(cfg, k) for k in keys}
-    # The unshare backend's scratch is its private tmpfs /tmp (a host dir under /tmp would be
-    # hidden by that mount); bwrap binds the host scratch dir after its --tmpfs /tmp.
-    out.update(backend=backend, scratch="/tmp" if backend == "unshare" else scratch, uid=uid,
-               mount_tmp=backend == "unshare",
-               warm_imports=backend == "unshare" and uid is not None)
+    isolated = backend != "none"
+    # Isolating backends: scratch is the sandbox's own size-limited tmpfs /tmp. The none
+    # backend's /tmp is the host's: its scratch is the worker's host dir, and it never kills
+    # beyond an episode's process group (no pid namespace of its own).
+    out.update(backend=backend, scratch="/tmp" if isolated else scratch, uid=uid,
+               scratch_mb=cfg.scratch_mb, mount_tmp=backend == "unshare",
+               read_only_root=backend == "unshare", pid_namespace=isolated,
+               wipe_dirs=["/tmp", "/var/tmp", "/dev/shm"] if isolated else [scratch],
+               # SysV IPC in the worker's own IPC namespace: emptied per episode, and bounded by
+               # lowering the namespace's limits where the child starts as its root, else refused
+               sysv_ipc=_sysv_ipc(backend), wipe_ipc=isolated,
+               loopback_down=backend in ("unshare", "bwrap"), warm_imports=True, seccomp=True)
     return out
+
+
+def _sysv_ipc(backend: str) -> str:
+    """``limited``, ``refused`` or ``host`` (``sandbox.ipc``): only a root-started bwrap or
+    unshare child is root of its IPC namespace (a non-root bwrap child is not; docker's
+    /proc/sys is read-only)."""
+    if backend == "none":
+        return "host"
+    return "limited" if backend == "unshare" or (backend == "bwrap" and is_root()) else "refused"
 
 
 def child_argv(cfg: SandboxConfig, backend: str, scratch: str, uid: Optional[int]) -> list[str]:
@@ -175,7 +217,7 @@ def child_argv(cfg: SandboxConfig, backend: str, scratch: str, uid: Optional[int
     tail = [python, "-m", "sandbox.child", json.dumps(child_config(cfg, backend, scratch, uid))]
     if backend == "bwrap":
         env_args = [a for k, v in child_env().items() for a in ("--setenv", k, v)]
-        return bwrap_prefix(scratch) + env_args + tail
+        return bwrap_prefix(cfg.scratch_mb) + env_args + tail
     if backend == "unshare":
         return _pdeathsig() + unshare_prefix() + tail
     return _pdeathsig() + tail
@@ -190,9 +232,7 @@ def start_child(cfg: SandboxConfig, backend: str, scratch: str, uid: Optional[in
                 log_path: str) -> Any:
     """Start a child for ``backend``: a ``ProcessChild`` or a ``DockerChild``."""
     if backend == "docker":
-        from sandbox.docker_backend import DockerChild
-
-        return DockerChild(cfg, json.dumps(child_config(cfg, backend, "/tmp", None)), child_env())
+        return DockerChild(cfg, child_config(cfg, backend, "/tmp", uid), child_env(), log_path)
     return ProcessChild(child_argv(cfg, backend, scratch, uid), scratch, log_path)
 
 

@@ -11,21 +11,33 @@ Limits and what enforces them:
 - ``tool_timeout_s``   soft per-tool-call / per-check limit inside the worker (SIGALRM): the
                        call comes back as an error step and the worker lives on
 - ``max_output_bytes`` largest reply the worker may send (an observation, a diff, a replay)
+- ``scratch_mb``       size of each of the sandbox's writable tmpfs mounts (/tmp, its scratch
+                       dir, and /dev/shm; on the unshare backend also /var/tmp) and of the SysV
+                       shared memory its IPC namespace may hold (bwrap and unshare as root):
+                       what an episode may write there; emptied between episodes, so the quota
+                       is per episode
+- ``docker_cpus``      CPU quota (``--cpus``) of a docker worker's container; the other backends
+                       have no CPU quota
 - ``max_file_mb``      RLIMIT_FSIZE;  ``max_open_files`` RLIMIT_NOFILE;
   ``max_processes``    RLIMIT_NPROC, counted per uid: when started as root the worker drops to
                        its own uid from ``uid_range`` so the count is per worker.
+
+``PROJECT_ROOT`` is the project's source tree, which the isolating backends
+(``sandbox.backends``, ``sandbox.docker_backend``) mount read-only for the child.
 
 May import: pydantic and the standard library only.
 """
 
 from __future__ import annotations
 
-import sys
+from pathlib import Path
 from typing import Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 Backend = Literal["auto", "bwrap", "unshare", "docker", "none"]
+# The project's source tree: every isolating backend mounts it read-only for the child.
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
 
 class SandboxConfig(BaseModel):
@@ -41,16 +53,17 @@ class SandboxConfig(BaseModel):
     start_timeout_s: float = Field(60.0, gt=0, description="wall clock for a worker to start")
     max_output_bytes: int = Field(8 << 20, ge=1024, description="largest reply accepted")
     max_file_mb: int = Field(64, ge=1)
+    scratch_mb: int = Field(64, ge=1, description="each writable tmpfs (/tmp, /dev/shm) per "
+                            "episode, MiB")
     max_open_files: int = Field(256, ge=32)
     max_processes: int = Field(8, ge=1, description="RLIMIT_NPROC (per worker uid)")
     uid_range: tuple[int, int] = Field((200000, 260000),
                                        description="uids a root-started worker drops to")
     state_cache_entries: int = Field(8, ge=1, description="initial states cached per worker")
-    docker_image: str = Field("envsched-sandbox:local",
-                              description="tag of the locally built image (never pulled)")
-    docker_base_image: str = Field(
-        f"python:{sys.version_info[0]}.{sys.version_info[1]}-slim",
-        description="FROM line; must exist locally and match the host's Python minor version")
+    docker_image: Optional[str] = Field(
+        None, description="image the docker backend runs (never pulled); default: the one "
+                          "`python -m sandbox.docker.image prepare` builds")
+    docker_cpus: float = Field(1.0, gt=0, description="CPU quota of a docker worker (--cpus)")
     python: Optional[str] = Field(None, description="interpreter for the worker (default: ours)")
 
     @model_validator(mode="after")

@@ -1,161 +1,184 @@
-"""Docker backend through the docker Python SDK, for clusters where bubblewrap is not an option.
+"""Docker backend: a sandbox child in a container, for hosts where bubblewrap is not an option.
 
-The image is built locally from a Dockerfile string on top of ``docker_base_image`` with
-``pull=False``: nothing is ever pulled; a missing base image is an ``unavailable`` error that says
-to ``docker load`` it. The container runs as an unprivileged uid with no network
-(``network_mode="none"``), a read-only root filesystem, a 64 MB tmpfs /tmp as scratch, all
-capabilities dropped, ``no-new-privileges``, the memory limit as its cgroup limit (swap off) and a
-pids limit. The project and the host's site-packages are mounted read-only, so the base image's
-Python must have the host's minor version (the default base image is chosen that way).
+The container is started through the docker CLI (``docker run -i``), whose stdin and stdout carry
+the protocol frames exactly as a process child's pipes do; its stderr goes to the worker's log.
 
-Protocol: requests are written to the container's stdin through the attach socket; the attach
-stream multiplexes stdout and stderr (8-byte frame headers), so a thread demultiplexes stdout
-into a pipe that ``SandboxWorker`` reads like a process child's stdout.
+    docker run -i --rm --pull never --network none --read-only --ipc none
+      --cap-drop ALL --cap-add NET_ADMIN,SETUID,SETGID --security-opt no-new-privileges --user 0:0
+      --pids-limit max_processes+8 --memory memory_mb --memory-swap memory_mb --cpus docker_cpus
+      --tmpfs /tmp:size=scratch_mb,noexec,nosuid,nodev --log-driver none
+      --volume ROOT:ROOT:ro ...  IMAGE  PYTHON -m sandbox.child CONFIG
 
-Untested on the development host (no daemon there); its tests skip when no daemon answers.
+- Image: ``sandbox.docker.image`` (debootstrap minbase rootfs, ``docker import``, never pulled).
+- Read-only mounts at the same paths as on the host: the interpreter's prefix (unless it lives
+  under /usr, then the image's Debian Python of the same release runs), its site-packages and
+  the project. Nothing else of the host is visible.
+- Users and capabilities: the child starts as the container's root holding only NET_ADMIN (to
+  bring the loopback down: ``--network none`` leaves it up), SETUID and SETGID, and before it
+  answers ``ready`` (before any environment code) drops to the worker's own uid from
+  ``uid_range``, which empties its capability sets; with ``no_new_privs`` (docker's and its own)
+  nothing regains them. RLIMIT_NPROC counts per worker uid, as on bwrap.
+- The child is pid 1 of the container: it is the subreaper of every process an episode leaves
+  (``sandbox.confine``), and signals from inside the container cannot kill it.
+- The child applies the same rlimits as on every backend (``sandbox.child``); writable space is
+  the ``scratch_mb`` /tmp only (charged to the container's memory limit too); no /dev/shm
+  (``--ipc none``: a private IPC namespace, whose SysV objects the child's seccomp filter
+  refuses to create, as /proc/sys is read-only here); no log file on the daemon side
+  (``--log-driver none``).
+- A worker killed with SIGKILL leaves its container to exit on stdin EOF (idle) or at RLIMIT_CPU
+  (busy); the next process that starts a docker child removes containers whose owner is gone.
 
-May import: the docker SDK, sandbox.config, sandbox.errors, the standard library.
+May import: sandbox.config, sandbox.docker, sandbox.errors, the standard library. Not
+``sandbox.backends``, which imports this module.
 """
 
 from __future__ import annotations
 
-import io
+import itertools
+import json
 import os
+import secrets
+import shutil
 import site
-import struct
-import threading
-from collections import deque
+import socket
+import subprocess
+import sys
 from typing import Any, Optional
 
-from sandbox.config import SandboxConfig
-from sandbox.errors import SandboxError
+from sandbox.config import PROJECT_ROOT, SandboxConfig
+from sandbox.docker.image import daemon_problem, image_problem, image_tag, run_docker
 
-CONTAINER_ROOT = "/opt/envsched"
-CONTAINER_SITE = "/opt/envsched-site"
-DOCKERFILE = """FROM {base}
-RUN useradd --uid {uid} --no-create-home --shell /usr/sbin/nologin envsched-sandbox
-USER {uid}
-WORKDIR /tmp
-"""
+PIDS_HEADROOM = 8  # the child itself and its episode / verifier forks, beyond max_processes
+LABEL = "envsched.sandbox.owner"
+_SEQ = itertools.count()
+_ready: set[str] = set()   # images seen present with a daemon answering (positive cache)
+_reaped: list[bool] = []
 
 
-def _client():
-    import docker
+def docker_problem(image: Optional[str] = None) -> Optional[str]:
+    """None when a docker daemon answers and the sandbox image is built, else why not."""
+    tag = image or image_tag()
+    if tag in _ready:
+        return None
+    problem = daemon_problem() or image_problem(tag)
+    if problem is None:
+        _ready.add(tag)
+    return problem
 
-    return docker.from_env(timeout=10)
+
+def _under_usr(path: str) -> bool:
+    return path == "/usr" or path.startswith("/usr/")
 
 
-def docker_problem() -> Optional[str]:
-    """None when a docker daemon answers, else why not."""
+def mount_roots() -> list[str]:
+    """Host directories the container sees read-only at the same path (de-nested)."""
+    prefixes = {p for p in (sys.base_prefix, sys.prefix) if not _under_usr(os.path.realpath(p))}
+    candidates = {*prefixes, *site.getsitepackages(), str(PROJECT_ROOT)}
+    paths = sorted({os.path.realpath(p) for p in candidates if os.path.isdir(p)})
+    return [p for p in paths if not any(p != q and p.startswith(q + "/") for q in paths)]
+
+
+def docker_argv(cfg: SandboxConfig, name: str, child_config: dict[str, Any],
+                env: dict[str, str]) -> list[str]:
+    # the directory resolved (mounts are at real paths), the file not: a venv's bin/python is a
+    # symlink that must keep its name for the venv's pyvenv.cfg to be found
+    python = cfg.python or os.path.join(os.path.realpath(os.path.dirname(sys.executable)),
+                                        os.path.basename(sys.executable))
+    args = ["docker", "run", "-i", "--rm", "--pull", "never", "--name", name,
+            "--label", f"{LABEL}={socket.gethostname()}:{os.getpid()}",
+            "--network", "none", "--read-only", "--ipc", "none", "--hostname", "sandbox",
+            "--cap-drop", "ALL", "--cap-add", "NET_ADMIN", "--cap-add", "SETUID",
+            "--cap-add", "SETGID", "--security-opt", "no-new-privileges", "--user", "0:0",
+            "--pids-limit", str(cfg.max_processes + PIDS_HEADROOM),
+            "--memory", f"{cfg.memory_mb}m", "--memory-swap", f"{cfg.memory_mb}m",
+            "--cpus", f"{cfg.docker_cpus:g}", "--log-driver", "none", "--workdir", "/tmp",
+            "--tmpfs", f"/tmp:rw,nosuid,nodev,noexec,size={cfg.scratch_mb}m,mode=1777"]
+    for root in mount_roots():
+        args += ["--volume", f"{root}:{root}:ro"]
+    for key, value in env.items():
+        args += ["--env", f"{key}={value}"]
+    return args + [cfg.docker_image or image_tag(), python, "-m", "sandbox.child",
+                   json.dumps(child_config)]
+
+
+def reap_orphans() -> list[str]:
+    """Remove sandbox containers started on this host by processes that no longer exist."""
+    done = run_docker(["ps", "-a", "--filter", f"label={LABEL}",
+                       "--format", f'{{{{.Names}}}}\t{{{{.Label "{LABEL}"}}}}'])
+    host, orphans = socket.gethostname(), []
+    for line in done.stdout.splitlines() if done.returncode == 0 else []:
+        name, _, owner = line.partition("\t")
+        owner_host, _, pid = owner.rpartition(":")
+        if owner_host == host and pid.isdigit() and not _alive(int(pid)):
+            orphans.append(name)
+    if orphans:
+        run_docker(["rm", "-f", *orphans], timeout=60)
+    return orphans
+
+
+def _alive(pid: int) -> bool:
     try:
-        import docker  # noqa: F401
-    except ImportError:
-        return "the docker Python SDK is not installed (pip install docker)"
-    try:
-        _client().ping()
-    except Exception as e:  # noqa: BLE001 - any failure to reach the daemon means unavailable
-        return f"no docker daemon answers: {type(e).__name__}: {str(e)[:160]}"
-    return None
-
-
-def ensure_image(client: Any, cfg: SandboxConfig) -> str:
-    import docker
-
-    try:
-        client.images.get(cfg.docker_image)
-        return cfg.docker_image
-    except docker.errors.ImageNotFound:
-        pass
-    dockerfile = DOCKERFILE.format(base=cfg.docker_base_image, uid=cfg.uid_range[0])
-    try:
-        client.images.build(fileobj=io.BytesIO(dockerfile.encode()), tag=cfg.docker_image,
-                            pull=False, rm=True, network_mode="none")
-    except (docker.errors.BuildError, docker.errors.APIError) as e:
-        raise SandboxError("unavailable", f"building {cfg.docker_image} on {cfg.docker_base_image}"
-                                          f" failed ({e}); the base image must exist locally "
-                                          "(docker load it): nothing is pulled") from None
-    return cfg.docker_image
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 class DockerChild:
     """A sandbox child in a container; the same interface as ``backends.ProcessChild``."""
 
-    def __init__(self, cfg: SandboxConfig, child_config_json: str, env: dict[str, str]):
-        from sandbox.backends import PROJECT_ROOT
+    def __init__(self, cfg: SandboxConfig, child_config: dict[str, Any], env: dict[str, str],
+                 log_path: str):
+        if not _reaped:
+            _reaped.append(True)
+            reap_orphans()
+        lo, hi = cfg.uid_range
+        uid = child_config.get("uid")  # None when the host side is not root: pick one all the same
+        uid = uid if uid is not None else lo + (os.getpid() * 7919 + next(_SEQ)) % (hi - lo)
+        child_config = {**child_config, "uid": uid, "loopback_down": True}
+        self.name = f"envsched-sbx-{os.getpid()}-{next(_SEQ)}-{secrets.token_hex(3)}"
+        self.log_path = log_path
+        argv = docker_argv(cfg, self.name, child_config, env)
+        # the CLI dies with the worker; the container's stdin then closes and an idle child exits
+        prefix = ["setpriv", "--pdeathsig", "KILL"] if shutil.which("setpriv") else []
+        with open(log_path, "ab") as log:
+            self.proc = subprocess.Popen(prefix + argv, stdin=subprocess.PIPE,
+                                         stdout=subprocess.PIPE, stderr=log,
+                                         start_new_session=True, close_fds=True)
+        self.write_fd = self.proc.stdin.fileno()
+        self.read_fd = self.proc.stdout.fileno()
+        self.pid = self.proc.pid  # the docker CLI's, on the host
 
-        client = _client()
-        image = ensure_image(client, cfg)
-        site_dir = site.getsitepackages()[0]
-        self.container = client.containers.create(
-            image, command=["python3", "-m", "sandbox.child", child_config_json],
-            stdin_open=True, tty=False, network_mode="none", read_only=True,
-            mem_limit=f"{cfg.memory_mb}m", memswap_limit=f"{cfg.memory_mb}m",
-            pids_limit=cfg.max_processes + 8, cap_drop=["ALL"],
-            security_opt=["no-new-privileges"], tmpfs={"/tmp": "size=64m,mode=1777"},
-            environment={**env, "PYTHONPATH": f"{CONTAINER_ROOT}:{CONTAINER_SITE}",
-                         "HOME": "/tmp"},
-            volumes={str(PROJECT_ROOT): {"bind": CONTAINER_ROOT, "mode": "ro"},
-                     site_dir: {"bind": CONTAINER_SITE, "mode": "ro"}},
-            labels={"envsched": "sandbox"})
-        self._attach = self.container.attach_socket(
-            params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1})
-        self._sock = getattr(self._attach, "_sock", self._attach)
-        self.container.start()
-        self.write_fd = self._sock.fileno()
-        self.read_fd, self._pipe_w = os.pipe()
-        self._stderr: deque[bytes] = deque(maxlen=64)
-        self.pid = None
-        threading.Thread(target=self._demux, daemon=True, name="docker-demux").start()
-
-    def _recv(self, n: int) -> bytes:
-        buf = b""
-        while len(buf) < n:
-            chunk = self._sock.recv(n - len(buf))
-            if not chunk:
-                raise EOFError
-            buf += chunk
-        return buf
-
-    def _demux(self) -> None:
-        try:
-            while True:
-                stream, size = struct.unpack(">BxxxI", self._recv(8))
-                payload = self._recv(size)
-                if stream == 1:
-                    view = memoryview(payload)
-                    while view:
-                        view = view[os.write(self._pipe_w, view):]
-                else:
-                    self._stderr.append(payload)
-        except (EOFError, OSError):
-            pass
-        finally:
-            os.close(self._pipe_w)
+    def exit_status(self) -> Optional[int]:
+        return self.proc.poll()
 
     def wait(self, seconds: float) -> None:
         try:
-            self.container.wait(timeout=seconds)
-        except Exception:  # noqa: BLE001 - still running: the caller kills it next
+            self.proc.wait(timeout=seconds)
+        except subprocess.TimeoutExpired:
             pass
-
-    def exit_status(self) -> Optional[int]:
-        try:
-            self.container.reload()
-        except Exception:  # noqa: BLE001 - a vanished container has no status to report
-            return None
-        state = self.container.attrs.get("State", {})
-        return None if state.get("Running") else state.get("ExitCode")
 
     def kill(self) -> None:
+        """Remove the container (every process in it dies), then reap the CLI."""
+        run_docker(["rm", "-f", self.name], timeout=30)
+        if self.proc.poll() is None:
+            self.proc.kill()
         try:
-            self.container.remove(force=True)
-        except Exception:  # noqa: BLE001 - already gone
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
             pass
-        try:
-            self._sock.close()
-            os.close(self.read_fd)
-        except OSError:
-            pass
+        for f in (self.proc.stdin, self.proc.stdout):
+            try:
+                f.close()
+            except OSError:
+                pass
 
     def stderr_tail(self, n: int = 400) -> str:
-        return b"".join(self._stderr)[-n:].decode(errors="replace").strip()
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(max(0, os.path.getsize(self.log_path) - n))
+                return f.read().decode(errors="replace").strip()
+        except OSError:
+            return ""

@@ -1,11 +1,16 @@
-"""Framing between a ``SandboxWorker`` (trusted parent) and its child (untrusted once an environment
-is loaded).
+"""Framing and reply validation between a ``SandboxWorker`` (host), its child (the clean parent
+inside the sandbox, which never runs environment code) and the child's episode processes.
 
-A frame is a 4-byte big-endian length and a payload. Requests (parent -> child) are pickles: the
-child trusts its parent. Replies (child -> parent) are JSON, never pickles: unpickling bytes that
-environment code could have forged would let it run code in the parent, outside the sandbox.
+A frame is a 4-byte big-endian length and a payload. Requests (host -> child -> episode) are
+pickles: the receiver trusts its sender. Replies travel the other way and are JSON, never pickles:
+unpickling bytes that environment code could have forged would run code in the receiver.
 
-May import: the standard library only.
+Every reply is checked by ``check_reply(op, message)`` against the exact shape of that op's answer
+(``REPLY_FIELDS``): required keys, no extra keys, field types, JSON-shaped values no deeper than
+``sanitize.MAX_DEPTH``; strings are sanitised on the way (``sandbox.sanitize``). Anything else is
+``FrameError("garbled")``, which the worker turns into a ``SandboxError(kind="protocol")``.
+
+May import: sandbox.sanitize, the standard library only.
 """
 
 from __future__ import annotations
@@ -13,10 +18,13 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import re
 import select
 import struct
 import time
-from typing import Any, Optional
+from typing import Any, Callable, Optional
+
+from sandbox.sanitize import MAX_DEPTH, clean
 
 HEADER = struct.Struct(">I")
 
@@ -25,11 +33,11 @@ class FrameError(Exception):
     """The peer closed the pipe, sent too much, or did not answer in time (``reason``)."""
 
     def __init__(self, reason: str, detail: str = ""):
-        self.reason = reason  # "eof" | "timeout" | "too_large"
+        self.reason = reason  # "eof" | "timeout" | "too_large" | "garbled"
         super().__init__(f"{reason}: {detail}" if detail else reason)
 
 
-def _write_all(fd: int, data: bytes) -> None:
+def write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view):]
@@ -37,11 +45,11 @@ def _write_all(fd: int, data: bytes) -> None:
 
 def send_request(fd: int, message: dict[str, Any]) -> None:
     payload = pickle.dumps(message, pickle.HIGHEST_PROTOCOL)
-    _write_all(fd, HEADER.pack(len(payload)) + payload)
+    write_all(fd, HEADER.pack(len(payload)) + payload)
 
 
 def send_reply(fd: int, message: dict[str, Any]) -> None:
-    _write_all(fd, encode_reply(message))
+    write_all(fd, encode_reply(message))
 
 
 def encode_reply(message: dict[str, Any]) -> bytes:
@@ -83,12 +91,122 @@ def read_request(fd: int) -> dict[str, Any]:
     return pickle.loads(read_frame(fd, 1 << 31))
 
 
-def read_reply(fd: int, max_bytes: int, deadline: float) -> dict[str, Any]:
-    payload = read_frame(fd, max_bytes, deadline)
+def read_reply(fd: int, max_bytes: int, deadline: Optional[float], op: str,
+               with_cpu: bool = True) -> dict[str, Any]:
+    """One reply, parsed and checked with ``check_reply(op, ...)``; ``FrameError`` otherwise."""
+    return parse_reply(read_frame(fd, max_bytes, deadline), op, with_cpu)
+
+
+def parse_reply(payload: bytes, op: str, with_cpu: bool = True,
+                nonce: Optional[int] = None) -> dict[str, Any]:
     try:
         message = json.loads(payload)
+    except (ValueError, RecursionError) as e:
+        raise FrameError("garbled", f"reply is not JSON: {str(e)[:120]}") from None
+    return check_reply(op, message, with_cpu, nonce, needs_clean(payload))
+
+
+# A JSON text needs the sanitising walk unless it is ASCII with no escape of a surrogate or
+# control character (false alarms, e.g. an escaped backslash before "u", only cost the walk) and
+# has too few brackets to nest deeper than MAX_DEPTH.
+_SUSPECT = re.compile(rb"\\u(?:[dD][89a-fA-F]|00[01]|007[fF]|00[89])|\x7f")
+
+
+def needs_clean(payload: bytes) -> bool:
+    return (not payload.isascii() or _SUSPECT.search(payload) is not None
+            or payload.count(b"[") + payload.count(b"{") >= MAX_DEPTH)
+
+
+# ----------------------------------------------------------------- reply shapes
+def _is_str(v: Any) -> bool:
+    return isinstance(v, str)
+
+
+def _opt_str(v: Any) -> bool:
+    return v is None or isinstance(v, str)
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_num(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _str_list(v: Any) -> bool:
+    return isinstance(v, list) and all(isinstance(x, str) for x in v)
+
+
+def _fields(spec: dict[str, Callable[[Any], bool]], optional: tuple[str, ...] = ()):
+    def check(v: Any) -> bool:
+        return (isinstance(v, dict) and set(spec) - set(optional) <= set(v) <= set(spec)
+                and all(spec[k](x) for k, x in v.items()))
+    return check
+
+
+_STEP = _fields({"tool": _is_str, "arguments": lambda v: isinstance(v, dict),
+                 "observation": lambda v: True, "state_diff": lambda v: isinstance(v, dict),
+                 "error": _opt_str})
+_CHECK = _fields({"check_id": _is_str, "passed": lambda v: isinstance(v, bool),
+                  "error": _opt_str})
+_RESULT = _fields({"reward": lambda v: _is_num(v) and 0.0 <= v <= 1.0,
+                   "checks": lambda v: isinstance(v, list) and all(map(_CHECK, v))})
+REPLY_FIELDS: dict[str, dict[str, Callable[[Any], bool]]] = {
+    "ready": {"ready": lambda v: v is True, "pid": _is_int, "uid": lambda v: v is None or
+              _is_int(v)},
+    "ping": {"envs": _str_list, "states": _str_list},
+    "load": {"env_id": _is_str},
+    "reset": {"seed": _is_int},
+    "step": {"step": _STEP},
+    "verify": {"result": _RESULT},
+    "snapshot": {"state": lambda v: isinstance(v, dict)},
+    "replay": {"result": _RESULT, "steps": lambda v: v is None or (isinstance(v, list)
+                                                                   and all(map(_STEP, v))),
+               "steps_dropped": _is_str},
+    "end": {},
+    # between the child and its episode / verifier processes only:
+    "run": {"steps": lambda v: v is None or (isinstance(v, list) and all(map(_STEP, v))),
+            "steps_dropped": _is_str},
+    "export": {"pristine": lambda v: isinstance(v, bool), "initial": lambda v: v in
+               ("none", "given", "sent"), "now": _is_num, "seed": _is_int},
+    "checks": {"checks": lambda v: isinstance(v, list) and all(map(_CHECK, v))},
+}
+OPTIONAL = {"replay": ("steps_dropped",), "run": ("steps_dropped",)}
+ERROR_KINDS = ("timeout", "crash", "output_limit", "load_error", "protocol", "bad_request",
+               "state_missing")
+_ERROR = {"kind": lambda v: v in ERROR_KINDS, "message": _is_str, "where": _opt_str}
+
+
+def check_reply(op: str, message: Any, with_cpu: bool = True,
+                nonce: Optional[int] = None, walk: bool = True) -> dict[str, Any]:
+    """``message`` if it is exactly the reply ``op`` may give (see the module docstring), with its
+    strings sanitised; else ``FrameError("garbled")`` saying what is wrong. ``with_cpu``: a
+    reply to the host carries the worker's CPU seconds; ``nonce``: a reply from an episode
+    process echoes its request's nonce as ``n``; ``walk=False`` skips the sanitising walk (the
+    caller proved it would change nothing: ``needs_clean``)."""
+    if not isinstance(message, dict) or not isinstance(message.get("ok"), bool):
+        raise FrameError("garbled", f"reply to {op!r} is not an object with a bool 'ok'")
+    spec = dict(REPLY_FIELDS.get(op, {}) if message["ok"] else _ERROR)
+    optional = set(OPTIONAL.get(op, ()) if message["ok"] else ("where",))
+    spec["ok"] = lambda v: True
+    if with_cpu:
+        spec["cpu"] = _is_num
+    if nonce is not None:
+        spec["n"] = lambda v: v == nonce
+    if op not in REPLY_FIELDS:
+        raise FrameError("garbled", f"reply to unknown op {op!r}")
+    missing = set(spec) - optional - set(message)
+    extra = set(message) - set(spec)
+    if missing or extra:
+        raise FrameError("garbled", f"reply to {op!r}: missing {sorted(missing)}, "
+                                    f"unexpected {sorted(extra)[:8]}")
+    bad = [k for k, v in message.items() if not spec[k](v)]
+    if bad:
+        raise FrameError("garbled", f"reply to {op!r}: wrong type or value in {sorted(bad)}")
+    if not walk:
+        return message
+    try:
+        return clean(message)
     except ValueError as e:
-        raise FrameError("garbled", f"reply is not JSON: {e}") from None
-    if not isinstance(message, dict) or "ok" not in message:
-        raise FrameError("garbled", f"reply lacks 'ok': {payload[:80]!r}")
-    return message
+        raise FrameError("garbled", f"reply to {op!r}: {e}") from None

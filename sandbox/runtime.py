@@ -73,11 +73,20 @@ def describe(exc: BaseException, filename_prefix: str) -> str:
     return f"{type(exc).__name__}: {exc}{where}"
 
 
-def _load_class(env: Environment, table: dict[str, Any], filename: str) -> type:
+def compile_source(env: Environment) -> Any:
+    """The environment's code object (compiling runs none of it); ``EnvLoadError`` if it does not
+    compile."""
     try:
-        code = compile(env.source, filename, "exec")
-    except SyntaxError as e:
-        raise EnvLoadError(env.env_id, f"SyntaxError at line {e.lineno}: {e.msg}") from None
+        return compile(env.source, f"<env {env.env_id}>", "exec")
+    except (SyntaxError, ValueError) as e:
+        line = getattr(e, "lineno", None)
+        raise EnvLoadError(env.env_id, f"{type(e).__name__} at line {line}: "
+                                       f"{getattr(e, 'msg', e)}") from None
+
+
+def _load_class(env: Environment, table: dict[str, Any], filename: str,
+                code: Optional[Any] = None) -> type:
+    code = code if code is not None else compile_source(env)
     namespace: dict[str, Any] = {"__builtins__": table, "__name__": f"envsched_env_{env.env_id}"}
     try:
         exec(code, namespace)
@@ -95,12 +104,15 @@ def _load_class(env: Environment, table: dict[str, Any], filename: str) -> type:
 class EpisodeRuntime:
     """One environment, many episodes; not thread-safe (one per sandbox worker)."""
 
-    def __init__(self, env: Environment):
+    def __init__(self, env: Environment, code: Optional[Any] = None,
+                  clock: Optional[EpisodeClock] = None):
+        """``code``: the source already compiled (``compile_source``), to skip compiling it;
+        ``clock``: a fresh ``EpisodeClock`` made ahead of time (a spare process prepares one)."""
         self.env = env
-        self.clock = EpisodeClock()
+        self.clock = clock or EpisodeClock()
         self._builtins = episode_builtins(self.clock)
         self._file = f"<env {env.env_id}>"
-        self.cls = _load_class(env, self._builtins, self._file)
+        self.cls = _load_class(env, self._builtins, self._file, code)
         self._tools = set(env.tool_names)
         self._signatures: dict[str, inspect.Signature] = {}
         self._check_code: dict[str, Any] = {}
@@ -225,19 +237,9 @@ class EpisodeRuntime:
         return fast_copy(self._initial)
 
     # ----------------------------------------------------------------- verify
-    def _check_func(self, check: Check, initial: Optional[dict[str, Any]]):
-        code = self._check_code.get(check.code)
-        if code is None:
-            code = compile(check.code, f"<check {check.check_id}>", "exec")
-            if len(self._check_code) > 4096:
-                self._check_code.clear()
-            self._check_code[check.code] = code
-        namespace = {"__builtins__": self._builtins, "initial_state": initial}
-        exec(code, namespace)
-        return namespace["check_func"]
-
     def verify(self, checks: Iterable[Check], timeout_s: Optional[float] = None) -> VerifyResult:
-        """Reward = fraction of checks passed.
+        """Reward = fraction of checks passed (in this interpreter: trusted pools and tests; the
+        sandbox runs checks in a separate verifier process, ``sandbox.verifier``).
 
         Checks share the *live* final state (no copy: a 2 MB state would cost tens of ms) and one
         fresh copy of the initial snapshot, made only when some check names ``initial_state`` and
@@ -249,30 +251,13 @@ class EpisodeRuntime:
         final = state_view(self.instance)
         if self._pristine:
             initial = final  # nothing ran since reset: the live state *is* the initial state
-        elif any("initial_state" in c.code for c in checks):
+        elif needs_initial(checks):
             initial = self.initial_snapshot()
         else:
             initial = None
         self._pristine = False
-        results = [self._run_check(c, final, initial, timeout_s) for c in checks]
-        return VerifyResult.from_checks(results)
-
-    def _run_check(self, check: Check, final: dict, initial: Optional[dict],
-                   timeout_s: Optional[float]) -> CheckResult:
-        try:
-            with deadline(timeout_s):
-                result = self._check_func(check, initial)(final)
-        except _Deadline:
-            return CheckResult(check.check_id, False,
-                               f"timeout: check ran longer than {timeout_s} s")
-        except SyntaxError as e:
-            return CheckResult(check.check_id, False, f"SyntaxError at line {e.lineno}: {e.msg}")
-        except (Exception, SystemExit) as e:  # noqa: BLE001 - a raising check counts 0
-            return CheckResult(check.check_id, False, describe(e, "<check "))
-        if isinstance(result, bool) or type(result).__name__ == "bool_":
-            return CheckResult(check.check_id, bool(result))
-        return CheckResult(check.check_id, False,
-                           f"check_func returned {type(result).__name__}, not bool")
+        return VerifyResult.from_checks(run_checks(checks, final, initial, self._builtins,
+                                                   timeout_s, self._check_code))
 
     # ----------------------------------------------------------------- replay
     def replay(self, initial_state: dict[str, Any], checks: list[Check],
@@ -282,6 +267,14 @@ class EpisodeRuntime:
         """Reset, run ``actions`` in order, verify. Actions that carry a recorded observation
         (``ActionStep`` or a dict with ``observation``) get ids minted in the recording mapped to
         those minted now (``sandbox.idmap``), so traces recorded without a seed replay too."""
+        steps = self.run_actions(initial_state, actions, seed, state_blob, timeout_s)
+        return self.verify(checks, timeout_s), steps
+
+    def run_actions(self, initial_state: dict[str, Any],
+                    actions: list[Union[ToolCall, ActionStep, dict]], seed: Optional[int] = None,
+                    state_blob: Optional[bytes] = None, timeout_s: Optional[float] = None,
+                    ) -> list[ActionStep]:
+        """``replay`` without the verify: reset, then ``actions`` with id mapping."""
         self.reset(initial_state, 0 if seed is None else seed, state_blob)
         mapper = IdMapper(self.initial_snapshot)
         steps = []
@@ -291,10 +284,53 @@ class EpisodeRuntime:
             if recorded is not _MISSING:
                 mapper.learn(recorded, step.observation)
             steps.append(step)
-        return self.verify(checks, timeout_s), steps
+        return steps
 
 
 _MISSING = object()
+
+
+def needs_initial(checks: list[Check]) -> bool:
+    return any("initial_state" in c.code for c in checks)
+
+
+def run_checks(checks: list[Check], final: dict, initial: Optional[dict],
+               builtins_table: dict[str, Any], timeout_s: Optional[float],
+               code_cache: Optional[dict[str, Any]] = None) -> list[CheckResult]:
+    """Run each check's ``check_func(final)`` with ``initial_state`` as a global; a check that
+    raises, returns a non-bool or runs past ``timeout_s`` fails with its ``error`` set."""
+    cache = code_cache if code_cache is not None else {}
+    return [_run_check(c, final, initial, builtins_table, timeout_s, cache) for c in checks]
+
+
+def _check_func(check: Check, initial: Optional[dict], builtins_table: dict[str, Any],
+                cache: dict[str, Any]):
+    code = cache.get(check.code)
+    if code is None:
+        code = compile(check.code, f"<check {check.check_id}>", "exec")
+        if len(cache) > 4096:
+            cache.clear()
+        cache[check.code] = code
+    namespace = {"__builtins__": builtins_table, "initial_state": initial}
+    exec(code, namespace)
+    return namespace["check_func"]
+
+
+def _run_check(check: Check, final: dict, initial: Optional[dict], builtins_table: dict[str, Any],
+               timeout_s: Optional[float], cache: dict[str, Any]) -> CheckResult:
+    try:
+        with deadline(timeout_s):
+            result = _check_func(check, initial, builtins_table, cache)(final)
+    except _Deadline:
+        return CheckResult(check.check_id, False, f"timeout: check ran longer than {timeout_s} s")
+    except SyntaxError as e:
+        return CheckResult(check.check_id, False, f"SyntaxError at line {e.lineno}: {e.msg}")
+    except (Exception, SystemExit) as e:  # noqa: BLE001 - a raising check counts 0
+        return CheckResult(check.check_id, False, describe(e, "<check "))
+    if isinstance(result, bool) or type(result).__name__ == "bool_":
+        return CheckResult(check.check_id, bool(result))
+    return CheckResult(check.check_id, False,
+                       f"check_func returned {type(result).__name__}, not bool")
 
 
 def _unpack(action: Union[ToolCall, ActionStep, dict]) -> tuple[str, dict, Any]:

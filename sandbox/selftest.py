@@ -7,7 +7,14 @@ check, or a typed ``SandboxError``), (2) its containment probe holds on the host
 not leak, the file was not written, the host's listener got no connection, the host process and a
 bystander worker are alive), and (3) the benign episode afterwards was served with reward 1.0.
 
-Used by ``envsched sandbox selftest`` and by tests/sandbox/test_selftest.py.
+Most cases are one tool call or one check; the integrity cases (``sandbox.selftest_integrity``:
+state leaking between episodes, an environment tampering with the verifier, forged protocol
+frames, processes outliving their episode, scratch surviving it) and the limit cases
+(``sandbox.selftest_limits``: IPC objects surviving an episode, /dev/shm, SysV memory, the
+sandbox's own root, capabilities) play several episodes through ``HostileCase.run`` or attack
+one limit each.
+
+Used by ``envsched sandbox selftest`` and by tests/sandbox/test_sandbox_selftest.py.
 
 May import: envs.spec, sandbox.*, the standard library.
 """
@@ -27,7 +34,10 @@ from envs.spec import Check, Environment
 from sandbox.backends import PROJECT_ROOT
 from sandbox.config import SandboxConfig
 from sandbox.errors import SandboxError
+from sandbox.sanitize import escape_text
 from sandbox.examples import ORDER_DESK, ORDER_DESK_CHECKS, ORDER_DESK_STATE, ORDER_DESK_TASK
+from sandbox.selftest_integrity import INTEGRITY_CASES
+from sandbox.selftest_limits import LIMIT_CASES
 from sandbox.worker import SandboxWorker
 
 IMPORTS = "import os, sys, signal, socket, subprocess, ctypes, time, resource\n"
@@ -45,6 +55,7 @@ class HostileCase:
     source: Optional[str] = None             # whole environment source (load attacks)
     expect: tuple[str, ...] = ("error_step",)
     contained: Callable[["Probe", str], bool] = lambda probe, detail: True
+    run: Optional[Callable[[SandboxWorker, "HostileCase", "Probe"], tuple[str, str]]] = None
 
 
 @dataclass
@@ -62,6 +73,10 @@ class Probe:
     @property
     def forbidden_path(self) -> str:
         return str(PROJECT_ROOT / f"selftest-pwned-{self.token[:8]}")
+
+    @property
+    def host_lock_path(self) -> str:
+        return f"/run/lock/envsched-selftest-{self.token[:8]}"
 
     @property
     def port(self) -> int:
@@ -156,6 +171,9 @@ CASES: list[HostileCase] = [
 ]
 
 
+CASES += [HostileCase(**spec) for spec in INTEGRITY_CASES + LIMIT_CASES]
+
+
 def hostile_env(case: HostileCase) -> Environment:
     if case.source is not None:
         source = case.source
@@ -172,6 +190,8 @@ def _attack(worker: SandboxWorker, case: HostileCase, probe: Probe) -> tuple[str
     """(outcome, detail) where outcome is ok / error_step / check_failed / a SandboxError kind."""
     env = hostile_env(case)
     try:
+        if case.run is not None:
+            return case.run(worker, case, probe)
         worker.reset(env, {}, seed=0)
         if case.check is not None:
             code = IMPORTS + "def check_func(final_state):\n" + textwrap.indent(case.check, "    ")
@@ -238,13 +258,16 @@ def run_selftest(config: Optional[SandboxConfig] = None,
                 outcome, detail = _attack(worker, case, probe)
                 contained = (case.contained(probe, detail) and _no_secret(probe, detail)
                              and bystander.ping()["ok"])
+                if os.path.exists(probe.host_lock_path):
+                    contained = False
+                    os.unlink(probe.host_lock_path)
                 try:
                     served = _benign_episode(worker) == 1.0
                 except SandboxError as e:
                     served, detail = False, f"{detail} | next call: {e}"
                 reports.append(CaseReport(case.name, case.attack, outcome, outcome in case.expect,
                                           contained, served, time.monotonic() - t0,
-                                          " ".join(detail.split())[:160]))
+                                          escape_text(" ".join(detail.split())[:160])))
     finally:
         os.environ.pop(SECRET_ENV, None)
         probe.listener.close()

@@ -8,11 +8,16 @@ replays, replaced automatically when it crashes or hangs.
     result, steps = worker.replay(env, state, checks, actions, seed=None)
     worker.close()
 
-Every call waits at most ``config.hard_timeout(...)`` seconds. A call that times out, a child
-that dies, sends more than ``max_output_bytes`` or garbles the protocol: the child is killed (its
-whole pid namespace / process group), the call raises ``SandboxError`` with ``kind`` timeout /
-crash / output_limit / protocol naming the worker and env, and the next call starts a fresh child
-(the episode in flight is lost: further steps raise ``bad_request`` until the next reset).
+Every call waits at most ``config.hard_timeout(...)`` seconds. Every reply is checked against the
+exact shape of its op's answer and its strings sanitised (``protocol.check_reply``). A call that
+times out, a child that dies, sends more than ``max_output_bytes`` or any malformed reply (wrong
+types, extra or missing keys, deep nesting): the child is killed (its whole pid namespace /
+process group), the call raises ``SandboxError`` with ``kind`` timeout / crash / output_limit /
+protocol naming the worker and env, and the next call starts a fresh child. An episode process
+that dies (``crash``) or garbles its replies (``protocol``) inside a healthy child ends that
+episode the same way, and a ``protocol`` error replaces the child too. Either way the episode in
+flight is lost: further steps raise ``bad_request`` until the next reset. ``end_episode()`` kills
+the episode's processes at once (threads and children included) instead of at the next reset.
 Environments are re-sent to a fresh child on demand; initial states are sent once per child per
 ``state_key`` (the child caches them), so a 2 MB shared state is not re-sent per episode.
 
@@ -28,7 +33,6 @@ import itertools
 import os
 import pickle
 import shutil
-import signal
 import tempfile
 import threading
 import time
@@ -40,6 +44,7 @@ from envs.trajectory import ActionStep, CheckResult, VerifyResult
 from sandbox.backends import is_root, resolve_backend, start_child
 from sandbox.config import SandboxConfig
 from sandbox.errors import EnvLoadError, SandboxError
+from sandbox.episode import status_text
 from sandbox.protocol import FrameError, read_reply, send_request
 
 _UIDS = itertools.count()
@@ -66,26 +71,13 @@ def _verify_result(d: dict[str, Any]) -> VerifyResult:
     return VerifyResult(reward=d["reward"], checks=[CheckResult(**c) for c in d["checks"]])
 
 
-def _status_text(status: Optional[int]) -> str:
-    """Exit status in words; bwrap and unshare report a child's fatal signal as 128 + signo."""
-    if status is None:
-        return "still running"
-    signo = -status if status < 0 else status - 128 if status > 128 else 0
-    if signo:
-        try:
-            return f"killed by {signal.Signals(signo).name}"
-        except ValueError:
-            pass
-    return f"exit status {status}"
-
-
 class SandboxWorker:
     """One isolated child process; see the module docstring."""
 
     def __init__(self, config: Optional[SandboxConfig] = None, **overrides: Any):
         base = config or SandboxConfig()
         self.config = SandboxConfig(**{**base.model_dump(), **overrides}) if overrides else base
-        self.backend = resolve_backend(self.config.backend)
+        self.backend = resolve_backend(self.config.backend, self.config.python)
         self._lock = threading.Lock()
         self._child: Any = None  # backends.ProcessChild | docker_backend.DockerChild
         self._loaded: dict[str, str] = {}  # env_id -> sha1 of the source loaded in the child
@@ -123,13 +115,14 @@ class SandboxWorker:
         child = start_child(self.config, self.backend, scratch, self.uid,
                             os.path.join(self._workdir, "stderr.log"))
         try:
-            ready = read_reply(child.read_fd, _REPLY_SLACK, t0 + self.config.start_timeout_s)
+            ready = read_reply(child.read_fd, _REPLY_SLACK, t0 + self.config.start_timeout_s,
+                               "ready")
         except FrameError as e:
             child.kill()
             raise SandboxError("unavailable", f"the {self.backend} worker did not start ({e}): "
                                               f"{child.stderr_tail() or 'no stderr'}") from None
         self._child, self._loaded, self._sent_states = child, {}, set()
-        self._cpu = float(ready.get("cpu") or 0.0)
+        self._cpu = float(ready["cpu"])
         elapsed = time.monotonic() - t0
         self.starts.append(elapsed)
         return elapsed
@@ -176,19 +169,26 @@ class SandboxWorker:
         try:
             send_request(child.write_fd, request)
             reply = read_reply(child.read_fd, self.config.max_output_bytes + _REPLY_SLACK,
-                               time.monotonic() + limit)
+                               time.monotonic() + limit, request["op"])
         except (FrameError, OSError) as e:
             raise self._failure(e, request["op"], where, limit) from None
-        self._cpu = float(reply.get("cpu") or 0.0)
+        self._cpu = reply["cpu"]
         if reply["ok"]:
             return reply
-        kind, message = reply.get("kind"), str(reply.get("message"))
+        kind, message = reply["kind"], reply["message"]
         if kind == "load_error":
-            raise EnvLoadError(str(reply.get("where", "")).removeprefix("env ") or env_id, message)
+            raise EnvLoadError(str(reply.get("where") or "").removeprefix("env ") or env_id,
+                               message)
         if kind == "state_missing":
             return reply
-        raise SandboxError(kind if kind in ("bad_request", "output_limit") else "protocol",
-                           message, where)
+        if kind in ("crash", "protocol", "timeout", "output_limit"):
+            # the child ended the episode; a protocol error replaces the child as well
+            if kind == "protocol":
+                self._replace(f"{kind} during {request['op']}")
+            elif self._episode_env is not None:
+                self._lost, self._episode_env = f"{kind} during {request['op']}", None
+            message += "; replaced" if kind == "protocol" else ""
+        raise SandboxError(kind, message, where)
 
     def _failure(self, e: Exception, op: str, where: str, limit: float) -> SandboxError:
         child = self._child
@@ -206,7 +206,7 @@ class SandboxWorker:
             child.wait(2.0)
             status, tail = child.exit_status(), child.stderr_tail().splitlines()[-1:]
             kind = "crash"
-            msg = f"worker died during {op} ({_status_text(status)})" + \
+            msg = f"worker died during {op} ({status_text(status)})" + \
                   (f": {tail[0]}" if tail else "") + "; replaced"
         self._replace(f"{kind} during {op}")
         return SandboxError(kind, msg, where)
@@ -309,6 +309,13 @@ class SandboxWorker:
             steps = reply.get("steps")
             return (_verify_result(reply["result"]),
                     None if steps is None else [ActionStep(**s) for s in steps])
+
+    def end_episode(self) -> None:
+        """Kill the episode's processes now (threads, children); a no-op without an episode."""
+        with self._lock:
+            if self._child is not None and self._episode_env is not None:
+                self._episode_env = None
+                self._call({"op": "end"})
 
     def ping(self) -> dict[str, Any]:
         with self._lock:

@@ -8,41 +8,46 @@ One batch of B tasks is built greedily over a shared selected set:
 - then B_exp = B - B_cov exploitation picks: Eq. 5 with q * omega, omega = (1 + c/c0)^(-1/2),
   c = cumulative selections of the task before this step.
 - Eq. 5: i* = argmax_i [score_i - lambda_sim max_{j in batch} S_full(i, j)] (penalty 0 on an empty
-  batch). Ties go to the higher score, then to the lower task index (deterministic).
-  Because the penalty is non-negative, the argmax is found exactly by evaluating the penalty for a
-  growing prefix of the score-sorted candidates (64, 256, ...) until the best penalised value is
-  at least the next unevaluated score: O(prefix * |batch|) sparse products, never O(n |batch|).
+  batch). Ties go to the higher score, then to the earlier task in a permutation of the pool
+  seeded by ``run.seed`` (``tiebreak_rank``), so neither the pool's line order nor the task index
+  decides them and the same seed repeats the same selections.
+  The penalty and its exact lazy argmax are ``scheduling.penalty``'s.
 - Hard constraints: C1 (tasks of one environment in this batch), C3 (tasks of one environment in
   steps t-2, t-1 and t together), C_task (a task already selected at the C_task previous steps in a
   row is not selected now).
 
-Relaxation (the paper is silent): when no candidate satisfies the constraints, the pick is retried
-with, in this order, C3 dropped, then C1 too, then C_task too, then (exploitation only) the
-progress filter too; each relaxation adds a line to ``Batch.notes``. Identifier-filtered and
-excluded tasks are never relaxed in; with fewer eligible tasks than B a ``SchedulerError`` says so.
+Relaxation (the paper is silent on the order): when no candidate satisfies the constraints, the
+pick is retried with, in this order, the progress filter dropped (exploitation only: Appendix C
+calls it a temporary exclusion, the soft constraint), then C3, then C1, then C_task (the hard
+caps, only when nothing else fits). Each relaxed pick adds a line to ``Batch.notes`` and counts
+once per relaxed kind in ``PickContext.relaxed``. Identifier-filtered and excluded tasks are never
+relaxed in; with fewer eligible tasks than B a ``SchedulerError`` says so.
 
-Cold start (Appendix C, first batch only): one representative per environment, the task with the
-highest mean within-environment S_full (more environments than B: the B representatives chosen
-greedily by global novelty 1 - max S_full to those already chosen); the remaining slots by
-novelty = 0.5 (1 - max S_full to the batch) + 0.5 (1 - max S_full to the batch's tasks of the same
-environment), at most ``cold_start_env_cap`` (2) tasks per environment (relaxed, with a note, if the
-pool cannot fill B that way). The equal 0.5 / 0.5 mix is our choice.
+Cold start (Appendix C, the first batch) is ``scheduling.cold_start``.
 
-May import: numpy, scipy, the standard library, scheduling.config / scheduling.base.
+May import: numpy, scipy, the standard library, scheduling.config / scheduling.base /
+scheduling.penalty.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from types import SimpleNamespace
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import numpy as np
 
 from scheduling.base import SchedulerError, Selection
 from scheduling.config import EnvSchedConfig
+from scheduling.penalty import BatchPenalty, penalised_argmax, sort_desc
 
-RELAXATIONS = ("C3", "C1", "C_task", "progress")
+RELAXATIONS = ("progress", "C3", "C1", "C_task")
+
+
+def tiebreak_rank(n: int, seed: int) -> np.ndarray:
+    """Each task's position in a permutation of range(n) seeded by ``seed`` (lower wins ties)."""
+    rank = np.empty(n, dtype=np.int64)
+    rank[np.random.default_rng([seed, 0x7E5]).permutation(n)] = np.arange(n)
+    return rank
 
 
 @dataclass
@@ -96,122 +101,6 @@ class ExposureState:
         self.last_step = int(s["last_step"])
 
 
-class BatchPenalty:
-    """max_{j in batch} S_full(i, j), cached per task for one batch under construction.
-
-    The batch only grows, so a task's cached maximum stays valid and is brought up to date with
-    the members added since it was last evaluated. Members are kept as dense columns (F x B,
-    float32, one batch at a time) so an update is a gather over the candidate's stored features
-    only; scipy's sparse product costs ~1 ms per call whatever its size (too slow for 64 picks).
-    Each similarity is one ``np.add.reduceat`` segment over the candidate's stored entries in
-    storage order, so its value does not depend on how candidates and members are grouped (nor
-    on the layout: narrow updates gather from a member-major copy, bit-identical).
-    """
-
-    CHUNK = 1 << 22          # gathered products per temporary (16 MiB of float32)
-    NARROW = 8               # up to this many members per update: per-member row gathers
-
-    def __init__(self, graph: Any, capacity: int = 64) -> None:
-        self.X = graph.X_full
-        self.batch: list[int] = []
-        # feature-major so a candidate's features gather contiguous runs of batch members
-        self.dense = np.zeros((self.X.shape[1], capacity), dtype=np.float32)
-        self.rows = np.zeros((capacity, self.X.shape[1]), dtype=np.float32)   # member-major copy
-        self.val = np.zeros(graph.n)
-        self.upto = np.zeros(graph.n, dtype=np.int64)
-        self.row_nnz = max(1, int(np.ceil(self.X.nnz / max(self.X.shape[0], 1))))
-
-    def add(self, j: int) -> None:
-        k = len(self.batch)
-        if k == self.dense.shape[1]:
-            self.dense = np.hstack([self.dense, np.zeros_like(self.dense)])
-            self.rows = np.vstack([self.rows, np.zeros_like(self.rows)])
-        lo, hi = self.X.indptr[j], self.X.indptr[j + 1]
-        self.dense[self.X.indices[lo:hi], k] = self.X.data[lo:hi]
-        self.rows[k, self.X.indices[lo:hi]] = self.X.data[lo:hi]
-        self.batch.append(j)
-
-    def get(self, rows: np.ndarray) -> np.ndarray:
-        k = len(self.batch)
-        stale = rows[self.upto[rows] < k]
-        if stale.size:
-            ups = self.upto[stale]
-            lo = int(ups.min())
-            for u in ([lo] if lo == int(ups.max()) else np.unique(ups).tolist()):
-                grp = stale if lo == int(ups.max()) else stale[ups == u]
-                step = max(1, self.CHUNK // ((k - u) * self.row_nnz))   # bounds the temporary
-                for c in range(0, grp.size, step):
-                    part = grp[c:c + step]
-                    sims = self._sims(part, u, k)
-                    self.val[part] = np.maximum(self.val[part], sims.max(axis=0))
-                self.upto[grp] = k
-        return self.val[rows]
-
-    def _sims(self, rows: np.ndarray, lo: int, hi: int) -> np.ndarray:
-        """S_full(batch[lo:hi], rows): (hi - lo, len(rows))."""
-        pos, lens = _segments(self.X, rows)
-        out = np.zeros((rows.size, hi - lo))
-        nonempty = lens > 0
-        if not nonempty.any():
-            return out.T
-        starts = (np.cumsum(lens) - lens)[nonempty]
-        cols, data = self.X.indices[pos], self.X.data[pos]
-        if hi - lo <= self.NARROW:     # one contiguous member row each: cache-friendly gathers
-            for m in range(lo, hi):
-                prod = self.rows[m].take(cols)
-                prod *= data
-                out[nonempty, m - lo] = np.add.reduceat(prod, starts)
-            return out.T
-        prod = self.dense[cols, lo:hi]
-        prod *= data[:, None]
-        out[nonempty] = np.add.reduceat(prod, starts, axis=0)
-        return out.T
-
-
-def _segments(X: Any, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Positions in X.data / X.indices of the stored entries of ``rows``, and each row's length."""
-    starts, lens = X.indptr[rows], X.indptr[rows + 1] - X.indptr[rows]
-    first = np.cumsum(lens) - lens
-    return np.repeat(starts - first, lens) + np.arange(int(lens.sum())), lens
-
-
-def penalised_argmax(cands: np.ndarray, score: np.ndarray, penalty: BatchPenalty,
-                     lam: float) -> tuple[int, float]:
-    """Eq. 5 over ``cands`` (sorted by score desc, index asc): (task index, its penalty).
-
-    Lazy evaluation, same result as evaluating every candidate of the prefix: the penalty only
-    grows as the batch grows, so a stale cached value gives an upper bound score - lam * cached
-    on the penalised value. Only candidates whose bound reaches the best exact value so far are
-    brought up to date (most promising first); the rest cannot win or tie.
-    """
-    m = 16
-    while True:
-        top = cands[:m]
-        sc = score[top]
-        val = sc - lam * penalty.val[top]          # exact where fresh, an upper bound where stale
-        stale = penalty.upto[top] < len(penalty.batch)
-        chunk = 2
-        while stale.any():
-            best = np.max(val, where=~stale, initial=-np.inf)
-            need = np.flatnonzero(stale & (val >= best))
-            if need.size == 0:
-                break
-            if need.size > chunk:
-                need = need[np.argsort(-val[need], kind="stable")[:chunk]]
-                chunk *= 2
-            val[need] = sc[need] - lam * penalty.get(top[need])
-            stale[need] = False
-        k = int(np.argmax(np.where(stale, -np.inf, val)))
-        if m >= cands.size or val[k] >= score[cands[m]]:
-            return int(top[k]), float(lam * penalty.val[top[k]])
-        m *= 2
-
-
-def sort_desc(idx: np.ndarray, score: np.ndarray) -> np.ndarray:
-    """idx ordered by score descending, ties by task index ascending."""
-    return idx[np.lexsort((idx, -score[idx]))]
-
-
 @dataclass
 class PickContext:
     step: int
@@ -223,6 +112,7 @@ class PickContext:
     env_window: np.ndarray
     streak: np.ndarray
     notes: list[str]
+    relaxed: dict[str, int] = field(default_factory=dict)   # picks that needed each relaxation
 
 
 def allowed(ctx: PickContext, base: np.ndarray, cfg: EnvSchedConfig, dropped: set[str]
@@ -242,16 +132,21 @@ def pick_one(ctx: PickContext, phase: str, masks: dict[str, np.ndarray], cfg: En
              choose: Callable[[np.ndarray], tuple[int, dict[str, float]]]) -> tuple[int, dict]:
     """Apply the constraints, relaxing in RELAXATIONS order until a candidate exists."""
     dropped: set[str] = set()
-    for level in range(len(RELAXATIONS) + 1):
+    soft = masks["strict"] is not masks["relaxed"]     # the progress filter applies here
+    for kind in (None,) + RELAXATIONS:
+        if kind == "progress" and not soft:
+            continue
+        if kind is not None:
+            dropped.add(kind)
         base = masks["strict"] if "progress" not in dropped else masks["relaxed"]
         ok = allowed(ctx, base, cfg, dropped)
         if ok.any():
             if dropped:
                 ctx.notes.append(f"step {ctx.step}: {phase} pick {len(ctx.batch) + 1}: no "
                                  f"candidate met all constraints; relaxed {sorted(dropped)}")
+                for d in dropped:
+                    ctx.relaxed[d] = ctx.relaxed.get(d, 0) + 1
             return choose(ok)
-        if level < len(RELAXATIONS):
-            dropped.add(RELAXATIONS[level])
     raise SchedulerError(f"step {ctx.step}: only {len(ctx.batch)} eligible tasks can be selected "
                          f"but B = {cfg.batch_size}; lower batch_size or re-include tasks")
 
@@ -265,19 +160,28 @@ def add(ctx: PickContext, i: int) -> None:
 
 def build_batch(step: int, q: np.ndarray, obs_count: np.ndarray, graph: Any,
                 exposure: ExposureState, eligible: np.ndarray, exploit_eligible: np.ndarray,
-                cfg: EnvSchedConfig) -> tuple[list[Selection], list[str]]:
-    """Eq. 5 coverage then exploitation picks, with C1 / C3 / C_task (module docstring)."""
+                cfg: EnvSchedConfig, tiebreak: Optional[np.ndarray] = None,
+                relaxed: Optional[dict[str, int]] = None,
+                penalty: Optional[BatchPenalty] = None) -> tuple[list[Selection], list[str]]:
+    """Eq. 5 coverage then exploitation picks, with C1 / C3 / C_task (module docstring).
+    ``tiebreak``: ``tiebreak_rank`` of every task; ``relaxed``, when given, receives the number
+    of picks that needed each relaxation; ``penalty``, a ``BatchPenalty`` over ``graph`` to reuse
+    (it is reset here)."""
     env_of = graph.env_of
-    ctx = PickContext(step=step, env_of=env_of, batch=[],
-                      penalty=BatchPenalty(graph, cfg.batch_size),
+    if penalty is None:
+        penalty = BatchPenalty(graph, cfg.batch_size)
+    else:
+        penalty.reset()
+    ctx = PickContext(step=step, env_of=env_of, batch=[], penalty=penalty,
                       in_batch=np.zeros(graph.n, bool),
                       env_batch=np.zeros(exposure.n_env, np.int64),
                       env_window=exposure.prior_env_window(step),
-                      streak=exposure.prior_streak(step), notes=[])
+                      streak=exposure.prior_streak(step), notes=[],
+                      relaxed=relaxed if relaxed is not None else {})
     out: list[Selection] = []
     cum_env = exposure.env_cum[env_of]
 
-    q_order = sort_desc(np.arange(graph.n), q)               # fixed within the step
+    q_order = sort_desc(np.arange(graph.n), q, tiebreak)     # fixed within the step
 
     def cover(ok: np.ndarray) -> tuple[int, dict]:
         keys = (ctx.env_batch[env_of], cum_env, obs_count)
@@ -292,7 +196,7 @@ def build_batch(step: int, q: np.ndarray, obs_count: np.ndarray, graph: Any,
 
     omega = (1.0 + exposure.selected / cfg.c0) ** -0.5
     exploit = q * omega
-    exploit_order = sort_desc(np.arange(graph.n), exploit)     # fixed within the step
+    exploit_order = sort_desc(np.arange(graph.n), exploit, tiebreak)   # fixed within the step
 
     def exploit_pick(ok: np.ndarray) -> tuple[int, dict]:
         i, pen = penalised_argmax(exploit_order[ok[exploit_order]], exploit, ctx.penalty,
@@ -301,7 +205,10 @@ def build_batch(step: int, q: np.ndarray, obs_count: np.ndarray, graph: Any,
                    "score": float(exploit[i]) - pen}
 
     masks_cov = {"strict": eligible, "relaxed": eligible}
-    masks_exp = {"strict": eligible & exploit_eligible, "relaxed": eligible}
+    strict = eligible & exploit_eligible
+    # the same object when the filter blocks nothing eligible: pick_one skips its relaxation
+    masks_exp = {"strict": eligible if np.array_equal(strict, eligible) else strict,
+                 "relaxed": eligible}
     for phase, count, masks, choose in (("coverage", cfg.b_cov, masks_cov, cover),
                                         ("exploitation", cfg.b_exp, masks_exp, exploit_pick)):
         for _ in range(count):
@@ -310,76 +217,3 @@ def build_batch(step: int, q: np.ndarray, obs_count: np.ndarray, graph: Any,
             out.append(Selection(task_id=graph.task_ids[i], phase=phase, rank=len(out),
                                  scores=scores))
     return out, ctx.notes
-
-
-def cold_start_batch(graph: Any, eligible: np.ndarray, cfg: EnvSchedConfig
-                     ) -> tuple[list[Selection], list[str]]:
-    """Appendix C initialisation from static structure only (module docstring)."""
-    notes: list[str] = []
-    mean_sim = graph.mean_within_similarity()
-    reps = []
-    for members in graph.env_members:
-        members = members[eligible[members]]
-        if members.size:
-            reps.append(int(members[np.lexsort((members, -mean_sim[members]))[0]]))
-    reps_arr = np.array(reps, dtype=np.int64)
-    B = cfg.batch_size
-    if reps_arr.size >= B:
-        batch: list[int] = []
-        novelty = np.ones(reps_arr.size)
-        sub = SimpleNamespace(X_full=graph.X_full[reps_arr], n=reps_arr.size)   # local indices
-        penalty = BatchPenalty(sub, B)
-        for _ in range(B):
-            cands = sort_desc(np.flatnonzero(novelty > -np.inf), novelty)
-            k, _ = penalised_argmax(cands, novelty, penalty, 1.0)
-            batch.append(k)
-            penalty.add(k)
-            novelty[k] = -np.inf
-        chosen = [int(reps_arr[k]) for k in batch]
-        return [_cold(graph, i, r, {"representative": 1.0}) for r, i in enumerate(chosen)], notes
-    return _cold_fill(graph, reps, eligible, mean_sim, cfg, notes), notes
-
-
-def _cold(graph: Any, i: int, rank: int, scores: dict[str, float]) -> Selection:
-    return Selection(task_id=graph.task_ids[i], phase="cold-start", rank=rank, scores=scores)
-
-
-def _cold_fill(graph: Any, reps: list[int], eligible: np.ndarray, mean_sim: np.ndarray,
-               cfg: EnvSchedConfig, notes: list[str]) -> list[Selection]:
-    out = [_cold(graph, i, r, {"representative": 1.0, "mean_within_similarity":
-                               float(mean_sim[i])}) for r, i in enumerate(reps)]
-    taken = np.zeros(graph.n, dtype=bool)
-    taken[reps] = True
-    env_count = np.bincount(graph.env_of[reps], minlength=len(graph.env_members))
-    gmax = np.zeros(graph.n)
-    emax = np.zeros(graph.n)
-    for j in reps:
-        _absorb(graph, j, gmax, emax)
-    cap = cfg.cold_start_env_cap
-    while len(out) < cfg.batch_size:
-        ok = eligible & ~taken & (env_count[graph.env_of] < cap)
-        if not ok.any():
-            if not (eligible & ~taken).any():
-                raise SchedulerError(f"cold start: only {len(out)} eligible tasks, B = "
-                                     f"{cfg.batch_size}")
-            cap += 1
-            notes.append(f"cold start: environment cap raised to {cap} to fill B")
-            continue
-        nov = 0.5 * (1.0 - gmax) + 0.5 * (1.0 - emax)
-        i = int(sort_desc(np.flatnonzero(ok), nov)[0])
-        out.append(_cold(graph, i, len(out), {"novelty": float(nov[i]),
-                                               "global_novelty": float(1.0 - gmax[i]),
-                                               "within_novelty": float(1.0 - emax[i])}))
-        taken[i] = True
-        env_count[graph.env_of[i]] += 1
-        _absorb(graph, i, gmax, emax)
-    return out
-
-
-def _absorb(graph: Any, j: int, gmax: np.ndarray, emax: np.ndarray) -> None:
-    """Update max-similarity-to-batch (global and same-environment) after adding task j."""
-    s = np.asarray((graph.X_full @ graph.X_full[j].T).todense()).ravel()
-    np.maximum(gmax, s, out=gmax)
-    members = graph.env_members[graph.env_of[j]]
-    emax[members] = np.maximum(emax[members], s[members])
-

@@ -11,8 +11,8 @@ Constants the paper leaves open (our choices, documented in docs/scheduler.md):
 ``progress_ridge_alpha`` (1.0), ``progress_min_transitions`` (3, from Appendix C),
 ``progress_min_fit`` (5 earlier transitions before a transition is scorable),
 ``progress_max_categories`` (64 hashed environment-category buckets), ``identifier_min_reward``
-(0.5: a "high-reward" trajectory), ``seed`` (tie-free determinism does not need it; kept for
-baselines sharing the config shape).
+(0.5: a "high-reward" trajectory), ``identifier_max_checks`` (16 suspicious actions replayed per
+group), ``seed`` (``run.seed``: the seeded permutation that breaks score ties).
 
 May import: pydantic and the standard library.
 """
@@ -22,12 +22,12 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
-class EnvSchedConfig(BaseModel):
-    """Runtime configuration of the EnvSched scheduler (Appendix D defaults)."""
+class EnvSchedParams(BaseModel):
+    """EnvSched's own parameters (``scheduler.params``): everything but B and the seed, which a
+    run sets once (``run.batch_size``, ``run.seed``) for every scheduler."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    batch_size: int = Field(64, ge=1, description="B, tasks per batch")
     rho: float = Field(0.5, ge=0.0, le=1.0, description="coverage fraction; B_cov = floor(rho B)")
     k_within: int = Field(6, ge=0, description="K_within observed neighbours (S_full)")
     k_cross: int = Field(12, ge=0, description="K_cross observed neighbours (S_abs)")
@@ -55,11 +55,12 @@ class EnvSchedConfig(BaseModel):
     progress_max_categories: int = Field(64, ge=1)
     identifier_filter: bool = True
     identifier_min_reward: float = Field(0.5, ge=0.0, le=1.0)
+    identifier_max_checks: int = Field(16, ge=1, description="suspicious actions examined per "
+                                       "group (each costs one ablated replay)")
     replay_tolerance: float = Field(1e-4, gt=0.0)
-    seed: int = 0
 
     @model_validator(mode="after")
-    def _consistent(self) -> "EnvSchedConfig":
+    def _consistent(self) -> "EnvSchedParams":
         if self.h_short > self.h_long:
             raise ValueError(f"h_short ({self.h_short}) must not exceed h_long ({self.h_long}); "
                              "swap them or set h_short <= h_long")
@@ -71,6 +72,14 @@ class EnvSchedConfig(BaseModel):
             raise ValueError(f"c3 ({self.c3}) is a three-step cap and must be >= c1 ({self.c1}); "
                              f"raise c3 to at least {self.c1}")
         return self
+
+
+class EnvSchedConfig(EnvSchedParams):
+    """Runtime configuration of the EnvSched scheduler (Appendix D defaults): its parameters plus
+    the run's B and seed."""
+
+    batch_size: int = Field(64, ge=1, description="B, tasks per batch")
+    seed: int = Field(0, description="run.seed: the tie-breaking permutation")
 
     @property
     def b_cov(self) -> int:

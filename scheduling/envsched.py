@@ -1,7 +1,7 @@
 """``EnvSched``: the paper's scheduler (Section 2, Appendices B-D) behind ``Scheduler``.
 
-- ``select(step)``: the first batch is the Appendix C cold start; every later one runs the
-  estimator (scheduling/estimator.py, Eqs. 3-13) for step t, the progress filter
+- ``select(step)``: the first batch is the Appendix C cold start (scheduling/cold_start.py); every
+  later one runs the estimator (scheduling/estimator.py, Eqs. 3-13) for step t, the progress filter
   (scheduling/filters.py) and the coverage-then-exploitation builder (scheduling/batch.py, Eq. 5,
   C1 / C3 / C_task). Steps must increase; skipped steps are allowed.
 - ``observe(step, group)``: Eqs. 2 / 9 statistics of the K rewards, credited to the step the task
@@ -14,7 +14,12 @@
   neighbour tables, with each neighbour's weight a / (sum a + lambda_g) as in the paper's "Weight"
   column; both half-lives' fused predictions), plus q, phase and batch rank.
 - ``state_dict()`` / ``load_state_dict()``: all state is integer / float arrays and plain
-  containers; no randomness is used, so a restored scheduler selects exactly the same batches.
+  containers; the only randomness is the tie-breaking permutation, a pure function of
+  ``cfg.seed`` (``run.seed``), so a restored scheduler selects exactly the same batches.
+- ``metrics()``: per step, the share of the eligible pool the progress filter blocks
+  (``progress_blocked_share``) and the picks that needed each relaxation (``relaxed_progress``,
+  ``relaxed_C3``, ``relaxed_C1``, ``relaxed_C_task``; progress is relaxed first, the hard caps only
+  when nothing else fits).
 
 May import: numpy, the standard library, scheduling.*, envs.spec / envs.trajectory.
 """
@@ -28,12 +33,14 @@ import numpy as np
 
 from envs.spec import Environment, TaskSpec
 from scheduling.base import Batch, GroupResult, Scheduler, SchedulerError, TaskInfo
-from scheduling.batch import ExposureState, build_batch, cold_start_batch
+from scheduling.batch import RELAXATIONS, ExposureState, build_batch, tiebreak_rank
 from scheduling.candidates import one_blas_thread
+from scheduling.cold_start import cold_start_batch
 from scheduling.config import EnvSchedConfig
 from scheduling.estimator import History, Prediction, group_stats, predict
-from scheduling.filters import (IdentifierFilter, Replay, RidgeCache, progress_blocked,
-                                progress_estimates)
+from scheduling.filters import RidgeCache, progress_blocked, progress_estimates
+from scheduling.identifier_filter import IdentifierFilter, Replay, permitted_context
+from scheduling.penalty import BatchPenalty
 
 
 class EnvSched(Scheduler):
@@ -62,6 +69,9 @@ class EnvSched(Scheduler):
         self._identifier_log: list[dict[str, Any]] = []
         self._last: Optional[tuple[Batch, Prediction | None, np.ndarray]] = None
         self._timing: dict[str, float] = {}
+        self._relaxed: dict[str, int] = {}
+        self._tiebreak = tiebreak_rank(graph.n, self.cfg.seed)
+        self._penalty: Optional[BatchPenalty] = None  # Eq. 5's buffers, reused across steps
 
     # ------------------------------------------------------------------ construction helpers
     def _check_tasks(self, tasks: Sequence[Union[TaskSpec, TaskInfo]]) -> None:
@@ -84,12 +94,8 @@ class EnvSched(Scheduler):
     @staticmethod
     def _contexts(tasks: Sequence[Union[TaskSpec, TaskInfo]],
                   envs: dict[str, Environment]) -> dict[str, str]:
-        out = {}
-        for t in tasks:
-            text = t.instruction if isinstance(t, TaskSpec) else t.text
-            env = envs.get(t.env_id)
-            out[t.task_id] = text + ("\n" + env.system_prompt() if env is not None else "")
-        return out
+        return {t.task_id: permitted_context(t.instruction if isinstance(t, TaskSpec) else t.text,
+                                             envs.get(t.env_id)) for t in tasks}
 
     # -------------------------------------------------------------------------- selection
     def _eligible_mask(self) -> np.ndarray:
@@ -106,8 +112,9 @@ class EnvSched(Scheduler):
         eligible = self._eligible_mask()
         pred: Optional[Prediction] = None
         blocked = np.zeros(self.graph.n, dtype=bool)
+        self._relaxed = {}
         if self.exposure.last_step < 0 and self.history.size == 0:
-            sels, notes = cold_start_batch(self.graph, eligible, self.cfg)
+            sels, notes = cold_start_batch(self.graph, eligible, self.cfg, self._tiebreak)
         else:
             pred = predict(self.history, self.graph, step, self.cfg)
             if self.cfg.progress_filter:
@@ -116,8 +123,11 @@ class EnvSched(Scheduler):
                         self.history, step, self.graph.env_of, self._env_category,
                         [pred.long.within.idx, pred.long.cross.idx], self.cfg, self._ridge)
                 blocked = progress_blocked(est, cnt, self.cfg)
+            if self._penalty is None:
+                self._penalty = BatchPenalty(self.graph, self.cfg.batch_size)
             sels, notes = build_batch(step, pred.q, self.history.counts(self.graph.n),
-                                      self.graph, self.exposure, eligible, ~blocked, self.cfg)
+                                      self.graph, self.exposure, eligible, ~blocked, self.cfg,
+                                      self._tiebreak, self._relaxed, self._penalty)
         idx = np.array([self.graph.index[s.task_id] for s in sels], dtype=np.int64)
         self.exposure.record(step, idx, self.graph.env_of)
         for i in idx:
@@ -180,6 +190,7 @@ class EnvSched(Scheduler):
             raise SchedulerError("EnvSched.load_state_dict: the state was saved for another "
                                  "scheduler or pool (scheduler name, task count or ids differ)")
         self.cfg = EnvSchedConfig(**state["config"])
+        self._tiebreak = tiebreak_rank(self.graph.n, self.cfg.seed)
         self.history = History.from_state(state["history"])
         self._ridge = RidgeCache()
         self.exposure.load_state_dict(state["exposure"])
@@ -202,7 +213,12 @@ class EnvSched(Scheduler):
             idx = [self.graph.index[t] for t in batch.task_ids]
             out["batch_environments"] = float(len(set(self.graph.env_of[idx].tolist())))
             out["relaxations"] = float(len(batch.notes))
+            out.update({f"relaxed_{kind}": float(self._relaxed.get(kind, 0))
+                        for kind in RELAXATIONS})
             out["progress_blocked"] = float(blocked.sum())
+            eligible = self._eligible_mask()
+            out["progress_blocked_share"] = float(blocked[eligible].mean()) if eligible.any() \
+                else 0.0
             if pred is not None:
                 out["batch_mean_q"] = float(pred.q[idx].mean())
                 out["reference_v"] = float(pred.long.b[0])

@@ -1,4 +1,4 @@
-"""Candidate-eligibility filters of EnvSched (Appendix C): the progress and identifier filters.
+"""EnvSched's progress filter (Appendix C); the identifier filter is scheduling/identifier_filter.py.
 
 Progress filter. Training transitions are adjacent observations (s -> s') of the same task. A
 ridge predictor estimates the later mean reward m' from x = (1, m, m^2, v, s, n_obs up to s,
@@ -15,33 +15,20 @@ intercept (alpha = ``progress_ridge_alpha``, raw feature scales), categories are
 categories (default: the environment id) folded into ``progress_max_categories`` buckets by
 sorted index, lambda_s doubles as the residual shrinkage.
 
-Identifier filter. Pure logic; the replay is injected: ``replay(task_id, actions, seed) -> reward``.
-For each trajectory with reward >= ``identifier_min_reward``, an action is suspicious when an
-argument holds an identifier-like string (no spaces, >= 3 characters, containing a digit, or >= 4
-digits) that appears nowhere in the permitted context (instruction, system prompt, observations of
-earlier actions), or when its state diff adds a record equal (ignoring id-like fields) to an
-existing record of the same collection. Then: (1) replay the saved actions; |replayed - stored|
-> 1e-4 makes the check inconclusive (logged, task kept); (2) remove the suspicious action and
-every later action that uses an identifier it used or created (transitively) and replay; the task
-is filtered from both phases only when that reward is lower than the stored one.
+The filter is soft (Appendix C: it "temporarily excludes"): when exploitation runs out of
+candidates, scheduling/batch.py relaxes it before any hard cap.
 
-May import: numpy, the standard library, envs.spec / envs.trajectory, scheduling.config.
+May import: numpy, the standard library, scheduling.config, scheduling.estimator.
 """
 
 from __future__ import annotations
 
-import json
-import re
-from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Iterable, Optional, Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 
-from envs.spec import ToolCall
 from scheduling.config import EnvSchedConfig
 from scheduling.estimator import History
-
-Replay = Callable[[str, list[ToolCall], Optional[int]], float]
 
 
 # ----------------------------------------------------------------------------- progress filter
@@ -165,162 +152,3 @@ def progress_estimates(history: History, t: int, env_of: np.ndarray, category_of
 def progress_blocked(est: np.ndarray, cnt: np.ndarray, cfg: EnvSchedConfig) -> np.ndarray:
     """Tasks removed from exploitation: >= min_transitions scorable and estimate <= 0."""
     return (cnt >= cfg.progress_min_transitions) & (est <= 0.0)
-
-
-# --------------------------------------------------------------------------- identifier filter
-_ID = re.compile(r"^(?=[^\s]*\d)[^\s]{3,}$")
-_ID_FIELD = re.compile(r"(^id$|_id$|Id$|^uuid$)")
-
-
-def identifiers(value: Any) -> set[str]:
-    """Identifier-like strings inside an argument value (recursively)."""
-    out: set[str] = set()
-    if isinstance(value, str):
-        if _ID.match(value) and not _is_number(value) or (value.isdigit() and len(value) >= 4):
-            out.add(value)
-    elif isinstance(value, dict):
-        for v in value.values():
-            out |= identifiers(v)
-    elif isinstance(value, (list, tuple)):
-        for v in value:
-            out |= identifiers(v)
-    return out
-
-
-def strings(value: Any) -> set[str]:
-    """Every string (and integer, as text) inside an argument value."""
-    if isinstance(value, dict):
-        return set().union(*(strings(v) for v in value.values())) if value else set()
-    if isinstance(value, (list, tuple)):
-        return set().union(*(strings(v) for v in value)) if value else set()
-    return {str(value)} if isinstance(value, (str, int)) and not isinstance(value, bool) else set()
-
-
-def _is_number(s: str) -> bool:
-    try:
-        float(s.replace(",", ""))
-        return True
-    except ValueError:
-        return False
-
-
-def _text(value: Any) -> str:
-    return value if isinstance(value, str) else json.dumps(value, default=str, sort_keys=True)
-
-
-def _strip_ids(record: Any) -> Any:
-    if not isinstance(record, dict):
-        return record
-    return {k: v for k, v in record.items() if not _ID_FIELD.search(str(k))}
-
-
-def _collection(state: dict[str, Any], ptr: str) -> Optional[dict[str, Any]]:
-    """The dict holding the record at JSON pointer ``ptr`` in ``state`` (None if absent)."""
-    parts = [p.replace("~1", "/").replace("~0", "~") for p in ptr.split("/")[1:-1]]
-    node: Any = state
-    for p in parts:
-        if not isinstance(node, dict) or p not in node:
-            return None
-        node = node[p]
-    return node if isinstance(node, dict) else None
-
-
-def duplicate_record(diff: dict[str, Any], state: dict[str, Any]) -> Optional[str]:
-    """A pointer added by ``diff`` whose record duplicates an existing one (ids ignored)."""
-    for ptr, new in (diff.get("added") or {}).items():
-        coll = _collection(state, ptr)
-        if not isinstance(new, dict) or coll is None:
-            continue
-        key = ptr.rsplit("/", 1)[-1]
-        if any(_strip_ids(rec) == _strip_ids(new) for k, rec in coll.items() if k != key):
-            return ptr
-    return None
-
-
-@dataclass
-class Suspicion:
-    action: int
-    reason: str
-    identifier: str
-
-
-def find_suspicious(actions: Sequence[Any], context: str, state: Optional[dict[str, Any]]
-                    ) -> Optional[Suspicion]:
-    """The first action using an unobtainable identifier or creating a duplicate record."""
-    seen = context.lower()
-    for k, act in enumerate(actions):
-        for ident in sorted(identifiers(act.arguments)):
-            if ident.lower() not in seen:
-                return Suspicion(k, "identifier not in permitted context", ident)
-        if state is not None:
-            dup = duplicate_record(act.state_diff or {}, state)
-            if dup is not None:
-                return Suspicion(k, "record duplicates an existing one", dup)
-        seen += "\n" + _text(act.observation).lower()
-    return None
-
-
-def dependent_actions(actions: Sequence[Any], k: int, ident: str) -> list[int]:
-    """k and every later action using an identifier that k (or a dependant) used or created."""
-    tainted = {ident} | identifiers(actions[k].arguments)
-    tainted |= {p.rsplit("/", 1)[-1] for p in (actions[k].state_diff or {}).get("added", {})}
-    out = [k]
-    for m in range(k + 1, len(actions)):
-        if strings(actions[m].arguments) & tainted:
-            out.append(m)
-            tainted |= {p.rsplit("/", 1)[-1]
-                        for p in (actions[m].state_diff or {}).get("added", {})}
-    return out
-
-
-@dataclass
-class IdentifierFinding:
-    task_id: str
-    trajectory: int
-    action: int
-    reason: str
-    identifier: str
-    stored_reward: float
-    replay_reward: Optional[float] = None
-    ablated_reward: Optional[float] = None
-    removed: list[int] = field(default_factory=list)
-    verdict: str = "pending"          # filtered | kept | inconclusive
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-class IdentifierFilter:
-    """Appendix C identifier filter over one group's trajectories (replay injected)."""
-
-    def __init__(self, replay: Replay, cfg: EnvSchedConfig) -> None:
-        self.replay = replay
-        self.cfg = cfg
-
-    def check(self, task_id: str, trajectories: Iterable[Any], context: str,
-              state: Optional[dict[str, Any]] = None) -> list[IdentifierFinding]:
-        out = []
-        for n, traj in enumerate(trajectories):
-            if traj.reward < self.cfg.identifier_min_reward or not traj.actions:
-                continue
-            sus = find_suspicious(traj.actions, context, state)
-            if sus is None:
-                continue
-            out.append(self._confirm(task_id, n, traj, sus))
-            if out[-1].verdict == "filtered":
-                break
-        return out
-
-    def _confirm(self, task_id: str, n: int, traj: Any, sus: Suspicion) -> IdentifierFinding:
-        f = IdentifierFinding(task_id, n, sus.action, sus.reason, sus.identifier, traj.reward)
-        calls = [ToolCall(name=a.tool, arguments=a.arguments) for a in traj.actions]
-        f.replay_reward = float(self.replay(task_id, calls, traj.seed))
-        if abs(f.replay_reward - traj.reward) > self.cfg.replay_tolerance:
-            f.verdict = "inconclusive"
-            return f
-        f.removed = dependent_actions(traj.actions, sus.action, sus.identifier)
-        kept = [c for m, c in enumerate(calls) if m not in set(f.removed)]
-        f.ablated_reward = float(self.replay(task_id, kept, traj.seed))
-        f.verdict = "filtered" if f.ablated_reward < traj.reward - self.cfg.replay_tolerance \
-            else "kept"
-        return f

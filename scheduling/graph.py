@@ -22,20 +22,21 @@ Representation (never a dense N x N matrix):
 Decisions where the paper is silent: the weights are used as given (they sum to 1); a view whose
 text is empty for a task contributes 0 to that task's similarities; op descriptions passed in
 ``op_descriptions`` win over the pool's, and tasks missing from it go through
-``envs.opdesc.describe_task``; the cache records a SHA-256 of the config, the environments, the
+``envs.describe.describe_task``; the cache records a SHA-256 of the config, the environments, the
 tasks and the descriptions passed in, so ``load(path, expected_hash)`` detects a stale cache.
 
-May import: numpy, scipy, scikit-learn, the standard library, envs.spec, envs.opdesc and the other
-scheduling modules (never Ray or torch).
+``GraphConfig``, ``GraphError`` and ``content_hash`` live in ``scheduling.graph_config`` (so that
+``scheduling.graph_io`` reads them without importing this module) and are re-exported here.
+
+May import: numpy, scipy, scikit-learn, pydantic, the standard library, envs.spec, envs.opdesc,
+envs.describe and the other scheduling modules (never Ray or torch).
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
@@ -44,48 +45,20 @@ import scipy.sparse as sp
 
 from pydantic import ValidationError
 
+from envs.describe import describe_task
 from envs.opdesc import (Extractor, OpDescription, OpDescriptionError, check_against_task,
-                         describe_task)
+                         pool_descriptions)
 from envs.spec import Environment, TaskSpec
 from scheduling.abstraction import abstract_text
 from scheduling.candidates import (one_blas_thread, merge_topk, rank_cross, rank_within,
                                    topk_cross_vectorised)
-from scheduling.views import (VIEW_NAMES, VIEW_WEIGHTS, StateOf, encode, make_vectorizer,
-                              view_texts)
+from scheduling.graph_config import GraphConfig, GraphError, content_hash
+from scheduling.graph_io import load_graph, save_graph
+from scheduling.views import VIEW_NAMES, StateOf, encode, make_vectorizer, view_texts
 
-FORMAT_VERSION = 1
 MERGE_LIMIT = 1024  # newly observed nodes answered incrementally (else from the lists)
 DENSE_ABS_LIMIT = 1 << 26  # entries (256 MiB float32) of the distinct abstract vectors
 log = logging.getLogger(__name__)
-
-
-class GraphError(ValueError):
-    """Bad graph input, or a cache that does not match the pool."""
-
-
-@dataclass(frozen=True)
-class GraphConfig:
-    """Appendix D's static-representation constants plus the candidate-list sizes."""
-
-    weights: tuple[float, ...] = VIEW_WEIGHTS
-    max_features: int = 35000
-    min_df: int = 1
-    sublinear_tf: bool = True
-    within_candidates: int = 64
-    cross_candidates: int = 96
-
-    def __post_init__(self) -> None:
-        w = tuple(float(x) for x in self.weights)
-        if len(w) != len(VIEW_NAMES) or min(w) < 0 or sum(w) <= 0:
-            raise GraphError(f"the weights parameter of GraphConfig must be {len(VIEW_NAMES)} "
-                             f"non-negative numbers with a positive sum (views {VIEW_NAMES}), "
-                             f"got {self.weights!r}")
-        object.__setattr__(self, "weights", w)
-        for name in ("max_features", "min_df", "within_candidates", "cross_candidates"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise GraphError(f"the {name} parameter of GraphConfig must be an int >= 1, "
-                                 f"got {v!r}")
 
 
 @dataclass
@@ -173,8 +146,6 @@ class DualGraph:
         LLM pre-pass in ``POOL/op_descriptions.jsonl`` used when present), or load ``cache`` when
         it was built from the same content, descriptions and config; a fresh build is written
         there."""
-        from envs.opdesc import pool_descriptions
-
         config = config or GraphConfig()
         tasks = list(pool.tasks)
         descs = pool_descriptions(pool)
@@ -368,14 +339,10 @@ class DualGraph:
     # --- persistence ----------------------------------------------------------------------
 
     def save(self, path: str | Path) -> Path:
-        from scheduling.graph_io import save_graph
-
         return save_graph(self, Path(path))
 
     @classmethod
     def load(cls, path: str | Path, expected_hash: Optional[str] = None) -> "DualGraph":
-        from scheduling.graph_io import load_graph
-
         return load_graph(cls, Path(path), expected_hash)
 
 
@@ -428,18 +395,3 @@ def _count_sources(descs: dict[str, dict]) -> dict[str, int]:
     for d in descs.values():
         out[d.get("source", "?")] = out.get(d.get("source", "?"), 0) + 1
     return out
-
-
-def content_hash(tasks: list[TaskSpec], environments: dict[str, Environment],
-                 config: GraphConfig, op_descriptions: Optional[dict[str, dict]] = None) -> str:
-    """SHA-256 over everything the graph depends on (format version, config, pool content)."""
-    h = hashlib.sha256(f"envsched-graph-v{FORMAT_VERSION}".encode())
-    h.update(json.dumps(asdict(config), sort_keys=True).encode())
-    for env_id in sorted({t.env_id for t in tasks}):
-        env = environments[env_id]
-        h.update(env.model_dump_json(include={"env_id", "tools", "introduction", "rules"}).encode())
-    for t in tasks:
-        h.update(t.model_dump_json().encode())
-        if op_descriptions and t.task_id in op_descriptions:
-            h.update(json.dumps(op_descriptions[t.task_id], sort_keys=True, default=str).encode())
-    return h.hexdigest()

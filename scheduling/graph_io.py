@@ -6,7 +6,8 @@ arrays, and ``meta``: a JSON string with the format version, config, content has
 ``load_graph(..., expected_hash)`` raises ``GraphError`` when the cache was built from other
 content (a stale cache) or by another format version.
 
-May import: numpy, scipy, the standard library, scheduling.graph.
+May import: numpy, scipy, the standard library, scheduling.graph_config (never scheduling.graph:
+the graph class is passed in).
 """
 
 from __future__ import annotations
@@ -19,13 +20,13 @@ from typing import Optional
 import numpy as np
 import scipy.sparse as sp
 
+from scheduling.graph_config import FORMAT_VERSION, GraphConfig, GraphError
+
 ARRAYS = ("env_of", "abs_group", "within_idx", "within_sim", "within_complete", "cross_idx",
           "cross_sim", "cross_complete")
 
 
 def save_graph(graph, path: Path) -> Path:
-    from scheduling.graph import FORMAT_VERSION
-
     path.parent.mkdir(parents=True, exist_ok=True)
     out = {k: getattr(graph, k) for k in ARRAYS}
     for name in ("X_full", "X_abs"):
@@ -44,8 +45,6 @@ def save_graph(graph, path: Path) -> Path:
 
 
 def load_graph(cls, path: Path, expected_hash: Optional[str] = None):
-    from scheduling.graph import FORMAT_VERSION, GraphConfig, GraphError
-
     if not path.is_file():
         raise GraphError(f"{path}: no graph cache there (build one with `envsched graph build`)")
     try:

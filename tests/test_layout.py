@@ -1,37 +1,210 @@
-"""The layout rules of DESIGN.md hold: the scheduler library and plain modules import no Ray/torch."""
+"""The import rules the module docstrings state hold, at module level and inside functions.
+
+- ``scheduling/`` (the scheduler library), ``envs/`` and ``sandbox/`` import no Ray or torch;
+  ``scheduling/`` imports no ``sandbox`` or ``launch`` either.
+- From ``envs``, the scheduler library imports only typed data and operation descriptions
+  (``envs.spec``, ``envs.trajectory``, ``envs.opdesc``, ``envs.opdesc_static``, ``envs.describe``);
+  the simulator (``scheduling/simulate/``) also ``envs.pool`` (``scheduling/__init__.py``).
+- ``sandbox`` imports ``envs``, so ``envs`` imports ``sandbox`` only inside functions, and only
+  where the docstrings say: ``envs/validate.py`` and ``envs/adapters/taubench.py``
+  (``envs/__init__.py``).
+- Ray in ``actors/`` is at the edge (``actors/__init__.py``): the Ray shells and actor drivers
+  import it at module level, ``scheduler_actor.py`` and ``replay_port.py`` only inside
+  functions, and every other module not at all: the agent loop, the group runner and the
+  sessions, the GRPO loss and the learner's step, the executors' slot policy, protocol and plain
+  executor, and the ticket.
+- The driver and the plain side of its roles (``launch/controller.py``, the ticket
+  ``actors/ticket.py``, the tracker ``launch/tracker.py``, the contract
+  ``launch/roles_contract.py``, the decisions of ``Roles`` in ``launch/roles_core.py``) import no
+  Ray: only ``launch/roles.py`` does.
+- Nothing below ``launch/`` (``actors``, ``envs``, ``sandbox``, ``scheduling``) imports ``launch``.
+
+Imports are read with ``ast`` from every ``import`` / ``from ... import`` anywhere in a file (a
+function body included; "module level" is anything outside a function, so class bodies and
+top-level ``if``/``try`` blocks count) and every ``importlib.import_module("...")`` /
+``__import__("...")`` with a literal name; ``test_scanner_sees_every_kind_of_import`` proves the
+scanner catches each form.
+"""
 
 import ast
 from pathlib import Path
+from typing import NamedTuple
+
+import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-FORBIDDEN = {"ray", "torch", "deepspeed", "vllm", "transformers"}
+HEAVY = {"ray", "torch", "deepspeed", "vllm", "transformers"}
+BELOW_LAUNCH = ("actors", "envs", "sandbox", "scheduling")
+ENVS_FOR_SCHEDULING = ("envs.spec", "envs.trajectory", "envs.opdesc", "envs.opdesc_static",
+                       "envs.describe")
+ENVS_FOR_THE_SIMULATOR = ENVS_FOR_SCHEDULING + ("envs.pool",)
+ENVS_USING_THE_SANDBOX = ("envs/validate.py", "envs/adapters/taubench.py")
+RAY_AT_MODULE_LEVEL = ("actors/rollout_worker.py", "actors/executor_pool.py",
+                       "actors/learner/learner_actor.py", "actors/learner/weight_sync.py")
+RAY_IN_FUNCTIONS = ("actors/scheduler_actor.py", "actors/replay_port.py")
+PLAIN_ACTOR_FILES = ("actors/rollout/agent_loop.py", "actors/rollout/runner.py",
+                     "actors/rollout/session.py", "actors/rollout/sandbox_session.py",
+                     "actors/learner/grpo.py", "actors/learner/step.py",
+                     "actors/executor_slots.py", "actors/executors.py", "actors/env_executor.py",
+                     "actors/ticket.py")
+PLAIN_DRIVER_FILES = ("launch/controller.py", "actors/ticket.py", "launch/tracker.py",
+                      "launch/roles_contract.py", "launch/roles_core.py")
 
 
-def _imports(path: Path) -> set[str]:
-    tree = ast.parse(path.read_text())
-    names = set()
-    for node in ast.walk(tree):
+class Import(NamedTuple):
+    module: str          # dotted; ``from pkg import mod`` of a top-level package reads pkg.mod
+    module_level: bool   # runs when the file is imported (not inside a function)
+
+
+def imports(source: str, package: str = "") -> list[Import]:
+    """Every module ``source`` imports (``package``: the file's own package, for relative
+    imports), with whether the import runs at module level."""
+    out: list[Import] = []
+
+    def visit(node: ast.AST, top: bool) -> None:
         if isinstance(node, ast.Import):
-            names.update(a.name.split(".")[0] for a in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names.add(node.module.split(".")[0])
-    return names
+            out.extend(Import(a.name, top) for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                if package:
+                    out.append(Import(package, top))
+            elif node.module and "." not in node.module:
+                out.extend(Import(f"{node.module}.{a.name}", top) for a in node.names)
+            elif node.module:
+                out.append(Import(node.module, top))
+        elif isinstance(node, ast.Call) and node.args and _is_dynamic_import(node.func):
+            arg = node.args[0]
+            if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+                out.append(Import(arg.value, top))
+        inner = top and not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+        for child in ast.iter_child_nodes(node):
+            visit(child, inner)
+
+    visit(ast.parse(source), True)
+    return out
 
 
-def test_scheduling_imports_no_ray_or_torch():
-    for path in (REPO / "scheduling").rglob("*.py"):
-        bad = _imports(path) & FORBIDDEN
-        assert not bad, f"{path.relative_to(REPO)} imports {sorted(bad)}"
+def imported(source: str, package: str = "") -> set[str]:
+    """Top-level names of every module ``source`` imports, anywhere in the file."""
+    return {i.module.split(".")[0] for i in imports(source, package)}
 
 
-def test_envs_and_sandbox_import_no_ray_or_torch():
-    for folder in ("envs", "sandbox"):
-        for path in (REPO / folder).rglob("*.py"):
-            bad = _imports(path) & FORBIDDEN
-            assert not bad, f"{path.relative_to(REPO)} imports {sorted(bad)}"
+def _is_dynamic_import(func: ast.expr) -> bool:
+    return ((isinstance(func, ast.Attribute) and func.attr == "import_module")
+            or (isinstance(func, ast.Name) and func.id in ("import_module", "__import__")))
+
+
+def _imports_of(path: Path) -> list[Import]:
+    rel = path.relative_to(REPO)
+    return imports(path.read_text(encoding="utf-8"), ".".join(rel.parent.parts))
+
+
+def _violations(files, forbidden: set[str]) -> list[str]:
+    out = []
+    for path in files:
+        bad = {i.module.split(".")[0] for i in _imports_of(path)} & forbidden
+        if bad:
+            out.append(f"{path.relative_to(REPO)} imports {sorted(bad)}")
+    return out
+
+
+def _within(module: str, allowed: tuple[str, ...]) -> bool:
+    return any(module == a or module.startswith(a + ".") for a in allowed)
+
+
+def _from_package(files, package: str, allowed: tuple[str, ...]) -> list[str]:
+    """Imports of ``package`` modules outside ``allowed``, as 'file:module'."""
+    return [f"{path.relative_to(REPO)}: {i.module}" for path in files
+            for i in _imports_of(path)
+            if i.module.split(".")[0] == package and not _within(i.module, allowed)]
+
+
+def _py(folder: str):
+    return sorted((REPO / folder).rglob("*.py"))
+
+
+def _rel(paths) -> set[str]:
+    return {str(p.relative_to(REPO)) for p in paths}
+
+
+def test_scanner_sees_every_kind_of_import():
+    snippet = '''
+import os
+def f():
+    import ray.util
+    from torch import nn
+    import importlib
+    importlib.import_module("launch.metrics")
+    __import__("vllm")
+class C:
+    from envs import pool
+    def g(self):
+        from . import sibling
+if True:
+    from sandbox.errors import SandboxError
+'''
+    assert imported(snippet, "actors.rollout") == {"os", "ray", "torch", "importlib", "launch",
+                                                    "vllm", "actors", "envs", "sandbox"}
+    assert imported("from launch.cli import main\n") == {"launch"}
+    found = imports(snippet, "actors.rollout")
+    assert {i.module for i in found if i.module_level} == {"os", "envs.pool", "sandbox.errors"}
+    assert {i.module for i in found if not i.module_level} == {
+        "ray.util", "torch.nn", "importlib", "launch.metrics", "vllm", "actors.rollout"}
+
+
+def test_scheduling_imports_no_ray_torch_sandbox_or_launch():
+    assert _violations(_py("scheduling"), HEAVY | {"sandbox", "launch"}) == []
+
+
+def test_the_scheduler_library_imports_only_typed_data_and_descriptions_from_envs():
+    library = [p for p in _py("scheduling") if "simulate" not in p.relative_to(REPO).parts]
+    assert _from_package(library, "envs", ENVS_FOR_SCHEDULING) == []
+
+
+def test_the_simulator_also_reads_pools_and_nothing_else_from_envs():
+    assert _from_package(_py("scheduling/simulate"), "envs", ENVS_FOR_THE_SIMULATOR) == []
+
+
+@pytest.mark.parametrize("folder", ["envs", "sandbox"])
+def test_envs_and_sandbox_import_no_ray_or_torch(folder):
+    assert _violations(_py(folder), HEAVY) == []
+
+
+def test_envs_imports_the_sandbox_only_inside_the_functions_that_run_pool_code():
+    uses = {p for p in _py("envs") if "sandbox" in imported(p.read_text(encoding="utf-8"))}
+    assert _rel(uses) <= set(ENVS_USING_THE_SANDBOX)
+    at_module_level = [f"{p.relative_to(REPO)}: {i.module}" for p in uses for i in _imports_of(p)
+                       if i.module_level and i.module.split(".")[0] == "sandbox"]
+    assert at_module_level == [], "sandbox imports envs: import it inside the function"
+
+
+def test_ray_in_actors_is_imported_only_at_the_edge():
+    def ray_imports(path: Path) -> list[Import]:
+        return [i for i in _imports_of(path) if i.module.split(".")[0] == "ray"]
+
+    files = _py("actors")
+    anywhere = _rel(p for p in files if ray_imports(p))
+    at_module_level = _rel(p for p in files if any(i.module_level for i in ray_imports(p)))
+    assert at_module_level <= set(RAY_AT_MODULE_LEVEL), sorted(at_module_level)
+    assert anywhere <= set(RAY_AT_MODULE_LEVEL + RAY_IN_FUNCTIONS), sorted(anywhere)
+
+
+@pytest.mark.parametrize("path", PLAIN_ACTOR_FILES)
+def test_the_agent_loop_grpo_loss_and_other_plain_actor_modules_import_no_ray(path):
+    assert _violations([REPO / path], {"ray"}) == []
+
+
+@pytest.mark.parametrize("path", PLAIN_DRIVER_FILES)
+def test_the_driver_and_the_plain_side_of_its_roles_import_no_ray(path):
+    assert _violations([REPO / path], HEAVY) == []
+
+
+@pytest.mark.parametrize("folder", BELOW_LAUNCH)
+def test_nothing_below_launch_imports_launch(folder):
+    assert _violations(_py(folder), {"launch"}) == []
 
 
 def test_every_package_says_what_it_may_import():
     for folder in ("actors", "envs", "sandbox", "scheduling", "launch"):
         doc = ast.get_docstring(ast.parse((REPO / folder / "__init__.py").read_text()))
-        assert doc, f"{folder}/__init__.py needs a docstring"
+        assert doc and "May import" in doc, f"{folder}/__init__.py needs a 'May import' line"

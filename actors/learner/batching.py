@@ -55,6 +55,31 @@ class PackedBatch:
         return PackedBatch(**{f.name: getattr(self, f.name).to(device) for f in fields(self)})
 
 
+def scored_positions(loss_mask: torch.Tensor) -> torch.Tensor:
+    """Positions t (of the [B, L-1] alignment) where some row scores a model token: the only
+    places the loss reads, so the only ones the LM head needs to run at."""
+    return loss_mask.any(0).nonzero().squeeze(-1)
+
+
+def scored_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                    loss_mask: torch.Tensor) -> torch.Tensor:
+    """[B, L-1] log-probs like ``grpo.token_logprobs(model(...).logits, input_ids)`` at every
+    ``scored_positions`` column and 0 elsewhere, computing logits only there
+    (``logits_to_keep``): in an agentic batch most positions are prompt and tool output, and the
+    [B, L, V] logits, their log-sum-exp and its backward were most of a step
+    (docs/benchmarks.md)."""
+    keep = scored_positions(loss_mask)
+    if keep.numel() == 0:
+        keep = torch.zeros(1, dtype=torch.long, device=input_ids.device)
+    out = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False,
+                logits_to_keep=keep)
+    logits = out.logits.float()
+    picked = logits.gather(-1, input_ids[:, keep + 1].unsqueeze(-1)).squeeze(-1)
+    scored = picked - torch.logsumexp(logits, dim=-1)
+    full = scored.new_zeros(loss_mask.shape)
+    return full.index_copy(1, keep, scored)
+
+
 def _aligned_logprobs(traj: Trajectory, where: str) -> list[float]:
     n, lp, mask = len(traj.token_ids), list(traj.logprobs), traj.loss_mask
     if len(lp) == n:

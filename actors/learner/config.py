@@ -18,6 +18,13 @@ from typing import Literal, Optional
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
+def ds_accelerator(num_gpus: float) -> str:
+    """DeepSpeed's accelerator (``DS_ACCELERATOR``) for an actor given ``num_gpus`` by Ray: 'cuda'
+    when it holds a GPU (or a share of one), else 'cpu'. Decided from the request, never from the
+    driver's environment: a CPU-only driver must not push its 'cpu' onto GPU ranks."""
+    return "cuda" if num_gpus > 0 else "cpu"
+
+
 class GRPOConfig(BaseModel):
     """Switches of the GRPO objective (equations in ``actors/learner/grpo.py``)."""
 
@@ -81,6 +88,11 @@ class LearnerConfig(BaseModel):
             raise ValueError("the dtype parameter of LearnerConfig is 'bf16' but num_gpus_per_rank "
                              "is 0: CPU ranks train in fp32; use dtype: auto or fp32")
         return self
+
+    @property
+    def accelerator(self) -> str:
+        """DeepSpeed's accelerator for these ranks (``DS_ACCELERATOR``)."""
+        return ds_accelerator(self.num_gpus_per_rank)
 
     def torch_dtype_name(self, cuda: bool) -> str:
         """'bfloat16' on GPUs and 'float32' on CPUs unless ``dtype`` forces one."""

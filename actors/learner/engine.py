@@ -24,18 +24,15 @@ from __future__ import annotations
 
 import math
 import os
-import shutil
 import time
 from datetime import timedelta
 from pathlib import Path
 from typing import Iterator, Optional
 
 from actors.learner import grpo
-from actors.learner.batching import PackedBatch
+from actors.learner.batching import PackedBatch, scored_logprobs
 from actors.learner.config import LearnerConfig
-
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-                   "vocab.json", "merges.txt", "chat_template.jinja", "generation_config.json")
+from actors.learner.export import record_source, save_hf
 
 
 def lr_factor(step: int, warmup: int, total: int, min_ratio: float = 0.0) -> float:
@@ -147,7 +144,7 @@ class LearnerEngine:
             mb = batch.slice(rows.start, rows.stop).to(self.device)
             width = mb.loss_mask.shape[1]
             self.engine.set_gradient_accumulation_boundary(k == n_micro - 1)
-            logp = self._forward_logprobs(self.engine, mb)
+            logp = scored_logprobs(self.engine, mb.input_ids, mb.attention_mask, mb.loss_mask)
             loss, st = grpo.policy_loss(
                 logp, old[rows, :width].to(self.device), mb.advantages, mb.loss_mask,
                 ratio_clip=lc.ratio_clip,
@@ -216,6 +213,8 @@ class LearnerEngine:
         """Model, optimiser, scheduler and step counter of every rank under ``directory``."""
         tag = f"step{self.step}"
         self.engine.save_checkpoint(directory, tag=tag, client_state={"step": self.step})
+        if self.rank == 0:  # what ``envsched export`` rebuilds the architecture from
+            record_source(directory, self.cfg.model_path)
         return tag
 
     def load_checkpoint(self, directory: str, tag: Optional[str] = None) -> int:
@@ -232,9 +231,5 @@ class LearnerEngine:
             return None
         out = Path(directory)
         out.mkdir(parents=True, exist_ok=True)
-        self.engine.module.save_pretrained(out, state_dict=sd)
-        for name in TOKENIZER_FILES:
-            src = Path(self.cfg.model_path) / name
-            if src.exists():
-                shutil.copy(src, out / name)
+        save_hf(self.engine.module, sd, self.cfg.model_path, out)
         return str(out)

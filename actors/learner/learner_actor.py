@@ -7,11 +7,11 @@ sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT and builds its en
 (the process-group rendezvous needs all of them). LOCAL_RANK is 0 on CPU (ranks share the node's
 only "device"); on GPUs Ray gives each actor its own GPU, which is device 0 inside the actor.
 
-A step: the driver computes advantages for the whole step (``grpo.compute_advantages``, so batch
-whitening sees every trajectory), shards the trajectories (``batching.shard``), puts each shard into
-the object store and calls ``train_step`` on every rank; it returns rank 0's metrics plus
-``loss_per_rank``. Every remote call waits at most ``LearnerConfig.timeout_s``; a failing rank raises
-``LearnerError`` naming the rank.
+A step: the driver builds the step's per-rank batches with ``actors.learner.step.step_shards``
+(advantages over the whole step, so batch whitening sees every trajectory, then
+``batching.shard``), puts each shard into the object store and calls ``train_step`` on every
+rank; it returns rank 0's metrics plus ``loss_per_rank``. Every remote call waits at most
+``LearnerConfig.timeout_s``; a failing rank raises ``LearnerError`` naming the rank.
 
 May import: ray, the learner's plain modules, envs.trajectory (torch/deepspeed only inside actors).
 """
@@ -25,9 +25,9 @@ from typing import Any, Optional, Sequence
 
 import ray
 
-from actors.learner import grpo
-from actors.learner.batching import pack, shard
+from actors.learner.batching import pack
 from actors.learner.config import LearnerConfig
+from actors.learner.step import step_advantages, step_shards
 from envs.trajectory import Group, Trajectory
 
 REPO = Path(__file__).resolve().parents[2]
@@ -45,8 +45,9 @@ class LearnerActor:
         self.cfg = LearnerConfig.model_validate(cfg)
         self.rank, self.world = rank, world_size
         self.engine = None
-        if self.cfg.num_gpus_per_rank == 0:
-            os.environ["DS_ACCELERATOR"] = "cpu"
+        # also set by the actor's runtime env (``learner_actor_options``); set here too so that a
+        # process-wide DS_ACCELERATOR (a CPU driver's, a node's) never wins over this rank's GPU
+        os.environ["DS_ACCELERATOR"] = self.cfg.accelerator
         os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(REPO / ".cache" / "torch_extensions"))
 
     def address(self, configured_port: bool = True) -> tuple[str, int]:
@@ -97,16 +98,28 @@ class LearnerActor:
         learner_sync_broadcast(self.engine)
 
 
+def learner_actor_options(cfg: LearnerConfig) -> dict[str, Any]:
+    """Ray options of one rank: its CPUs and GPUs, and DeepSpeed's accelerator for them."""
+    return {"num_cpus": cfg.num_cpus_per_rank, "num_gpus": cfg.num_gpus_per_rank,
+            "runtime_env": {"env_vars": {"DS_ACCELERATOR": cfg.accelerator}}}
+
+
 class LearnerGroup:
     """N ``LearnerActor`` ranks forming one DeepSpeed world; the trainer's handle on the learner."""
 
     def __init__(self, cfg: LearnerConfig):
-        if not cfg.model_path or not Path(cfg.model_path, "config.json").is_file():
+        from actors.policy import resolve_model
+
+        try:  # resolved once, here: every rank loads the same directory
+            if not cfg.model_path:
+                raise FileNotFoundError("no model path")
+            cfg = cfg.model_copy(update={"model_path": resolve_model(cfg.model_path)})
+        except FileNotFoundError as e:
             raise LearnerError(f"the model_path parameter of LearnerConfig must be a Hugging Face "
-                               f"model directory (with config.json), got {cfg.model_path!r}")
+                               f"model directory (with config.json) or a hub id in the local "
+                               f"cache, got {cfg.model_path!r}: {e}") from None
         self.cfg = cfg
-        remote = ray.remote(LearnerActor).options(num_cpus=cfg.num_cpus_per_rank,
-                                                  num_gpus=cfg.num_gpus_per_rank)
+        remote = ray.remote(LearnerActor).options(**learner_actor_options(cfg))
         data = cfg.model_dump()
         self.actors = [remote.remote(data, r, cfg.ranks) for r in range(cfg.ranks)]
         addr, port = self._get([self.actors[0].address.remote()], "address")[0]
@@ -127,17 +140,20 @@ class LearnerGroup:
             raise LearnerError(f"learner {what} failed: {e}") from e
 
     def advantages(self, groups: Sequence[Group]) -> list[list[float]]:
-        lc = self.cfg.loss
-        adv = grpo.compute_advantages([g.rewards for g in groups], group_std_norm=lc.group_std_norm,
-                                      whiten_batch=lc.whiten, clip=lc.adv_clip, eps=lc.eps)
-        return [a.tolist() for a in adv]
+        return step_advantages(groups, self.cfg.loss)
 
     def train_step(self, groups: Sequence[Group]) -> dict[str, Any]:
         """One optimiser step on the groups; returns rank 0's metrics plus ``loss_per_rank``."""
-        trajs = [t for g in groups for t in g.trajectories]
-        adv = [a for per_group in self.advantages(groups) for a in per_group]
-        shards = shard(trajs, adv, self.cfg.ranks, self.cfg.micro_batch_size)
-        refs = [a.train_step.remote(ray.put(s)) for a, s in zip(self.actors, shards)]
+        return self.finish_train_step(self.start_train_step(groups))
+
+    def start_train_step(self, groups: Sequence[Group]) -> list:
+        """Start one optimiser step and return at once: one ObjectRef per rank, to be passed
+        to ``finish_train_step`` (the driver keeps working while the ranks train)."""
+        shards = step_shards(groups, self.cfg)
+        return [a.train_step.remote(ray.put(s)) for a, s in zip(self.actors, shards)]
+
+    def finish_train_step(self, refs: list) -> dict[str, Any]:
+        """The metrics of the step ``refs`` (from ``start_train_step``) ran."""
         per_rank = self._get(refs, f"train_step {self.step + 1}")
         self.step = self.version = int(per_rank[0]["step"])
         metrics = dict(per_rank[0])

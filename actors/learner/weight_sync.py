@@ -20,7 +20,7 @@ engine reports it (``engine.version``) for every generation that follows.
 Not covered here: NCCL needs one GPU per rank; learner rank 0 must not share its GPU with a vLLM
 worker (a known NCCL failure; put them on separate GPUs).
 
-May import: ray, torch (inside functions), the learner's plain modules.
+May import: ray, torch and vllm (inside functions), the learner's plain modules.
 """
 
 from __future__ import annotations

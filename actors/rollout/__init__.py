@@ -4,10 +4,16 @@
 - ``toolcall``    parsing one model turn: tool call, final reply or a classified error
 - ``agent_loop``  one episode, token-in/token-out, loss mask on generated tokens only
 - ``engines/``    one ``Engine`` interface: ``hf_engine``, ``vllm_engine``, ``scripted_engine``
-- ``runner``      K concurrent episodes -> one ``Group``; retries; metrics (no Ray)
-- ``session``     ``InProcessSession``: the session protocol over an in-process EpisodeRuntime
+- ``runner``      one ticket -> K concurrent episodes -> one ``Group``; retries; metrics (no Ray)
+- ``session``     ``InProcessSessions``: the ``actors.executors.Executors`` protocol over
+                  in-process EpisodeRuntimes (no isolation: tests of the loop only)
+- ``sandbox_session`` ``SandboxSessions``: the session protocol over local sandbox workers, no Ray
+                  (the warm start's episodes)
 - ``summary``     group summaries (Eq. 2 variance, statuses, timing shares)
 
-May import: envs, sandbox (errors, runtime), the standard library; torch/transformers/vllm only in
-the engine modules. No Ray (``actors/rollout_worker.py`` is the Ray shell).
+May import: envs, sandbox (errors, config, worker; runtime in ``session`` only, inside
+functions), ``actors.executors`` and ``actors.ticket`` (the plain protocol and message),
+``scheduling.variance`` (in ``summary``), the standard library; torch/transformers/vllm only in
+the engine modules (the vLLM engine also ``actors.learner.weight_sync``, its worker extension).
+No Ray (``actors/rollout_worker.py`` is the Ray shell).
 """

@@ -1,20 +1,22 @@
 """The multi-turn agent loop: one episode of one task, token-in/token-out.
 
-Sequence layout (Qwen3 chat format; ``m`` = loss mask)::
+Sequence layout (``m`` = loss mask; segments rendered by the tokenizer's own chat template,
+``actors.rollout.chat``; Qwen3's ChatML shown)::
 
     prompt (system + tools + user, rendered once by the chat template)           m = 0
-    turn 1 tokens as generated, ending with <|im_end|> (or cut at the limit)     m = 1
-    "\n<|im_start|>user\n<tool_response>\n{observation}\n</tool_response><|im_end|>\n
-     <|im_start|>assistant\n"  -- tokenised alone and appended                    m = 0
+    turn 1 tokens as sampled, ending with <|im_end|> (or cut at the limit)       m = 1
+    the template's tool-result segment, e.g. "\n<|im_start|>user\n<tool_response>\n{observation}
+     \n</tool_response><|im_end|>\n<|im_start|>assistant\n" -- tokenised alone      m = 0
     turn 2 ...
 
 Only new segments are tokenised; the conversation is never re-rendered, because re-rendering
 drifts (Qwen3's template drops earlier ``<think>`` blocks, and BPE merges across a boundary can
 differ). ``token_ids``, ``logprobs`` (0 on non-generated tokens) and ``loss_mask`` always have the
-same length. A turn cut at the token limit gets a masked ``<|im_end|>`` before the next segment so
-the sequence stays well formed.
+same length. A turn cut at the token limit gets the template's end-of-turn token (masked) before
+the next segment so the sequence stays well formed. Tool calls are parsed by the parser of
+``config.tool_parser`` (``actors.rollout.toolcall``: hermes/Qwen, Llama 3 JSON, Mistral).
 
-Termination: a plain reply (no ``<tool_call>``) ends the episode with status ``ok``; a tool call
+Termination: a plain reply (no tool call) ends the episode with status ``ok``; a tool call
 when ``max_turns`` calls were already made, a sequence that reached ``max_tokens_per_sequence``,
 or a next segment that would not fit, ends it ``truncated`` (the final state is still verified:
 EnvScaler's reward is a property of the state). Malformed turns follow ``config.malformed`` (see
@@ -24,8 +26,8 @@ retry it on a fresh session.
 
 Sessions implement ``EnvSession`` (the executor pool's sticky session, or ``InProcessSession``).
 
-May import: actors.rollout (config, toolcall, engines.base), envs, sandbox.errors, the standard
-library. No Ray, no torch.
+May import: actors.rollout (config, chat, toolcall, engines.base), envs, sandbox.errors, the
+standard library. No Ray, no torch.
 """
 
 from __future__ import annotations
@@ -36,9 +38,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Optional, Protocol
 
+from actors.rollout.chat import ChatFormat
 from actors.rollout.config import RolloutConfig
 from actors.rollout.engines.base import Engine, SamplingParams
-from actors.rollout.toolcall import parse_turn, tool_parameters
+from actors.rollout.toolcall import get_parser, tool_parameters
 from envs.spec import Environment, TaskSpec
 from envs.trajectory import ActionStep, Trajectory, VerifyResult
 from sandbox.errors import SandboxError
@@ -52,12 +55,8 @@ class EnvSession(Protocol):
 
 def render_prompt(tokenizer, env: Environment, task: TaskSpec, enable_thinking: bool = True
                   ) -> list[int]:
-    messages = [{"role": "system", "content": env.system_prompt()},
-                {"role": "user", "content": task.instruction}]
-    text = tokenizer.apply_chat_template(messages, tools=env.tools, tokenize=False,
-                                         add_generation_prompt=True,
-                                         enable_thinking=enable_thinking)
-    return tokenizer.encode(text, add_special_tokens=False)
+    return ChatFormat(tokenizer, enable_thinking=enable_thinking).prompt(
+        env.system_prompt(), task.instruction, env.tools)
 
 
 def format_observation(observation: Any, max_chars: Optional[int] = None) -> str:
@@ -104,20 +103,18 @@ class AgentLoop:
 
     def __init__(self, engine: Engine, tokenizer, config: RolloutConfig):
         self.engine, self.tokenizer, self.config = engine, tokenizer, config
-        self.end_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
-        self._think_prefix = "" if config.enable_thinking else "<think>\n\n</think>\n\n"
+        self.chat = ChatFormat(tokenizer, enable_thinking=config.enable_thinking)
+        self.parser = get_parser(config.tool_parser, tokenizer.chat_template)
+        self.stop_ids = tuple(dict.fromkeys(self.chat.stop_ids + tuple(engine.stop_ids)))
 
     def segment(self, observation: str, cut: bool) -> list[int]:
         """Tokens of one tool response, from the end of a model turn to the next turn's start."""
-        text = ("\n<|im_start|>user\n<tool_response>\n" + observation
-                + "\n</tool_response><|im_end|>\n<|im_start|>assistant\n" + self._think_prefix)
-        ids = self.tokenizer.encode(text, add_special_tokens=False)
-        return ([self.end_id] if cut else []) + ids
+        return self.chat.tool_segment(observation, stopped=not cut)
 
     async def run(self, env: Environment, task: TaskSpec, session: EnvSession,
                   seed: Optional[int] = None) -> Trajectory:
         start = time.perf_counter()
-        ep = _Episode(render_prompt(self.tokenizer, env, task, self.config.enable_thinking))
+        ep = _Episode(self.chat.prompt(env.system_prompt(), task.instruction, env.tools))
         prompt_len = len(ep.token_ids)
         reward, checks = 0.0, []
         try:
@@ -153,7 +150,8 @@ class AgentLoop:
                 return
             budget = min(cfg.max_tokens_per_turn, room)
             sampling = SamplingParams(max_tokens=budget, temperature=cfg.temperature,
-                                      top_p=cfg.top_p, top_k=cfg.top_k, seed=turn_seed(seed, turn))
+                                      top_p=cfg.top_p, top_k=cfg.top_k, seed=turn_seed(seed, turn),
+                                      stop_token_ids=self.stop_ids)
             ep.versions.append(self.engine.version)
             t0 = time.perf_counter()
             gen = await asyncio.wait_for(self.engine.generate(list(ep.token_ids), sampling,
@@ -180,7 +178,7 @@ class AgentLoop:
             ep.status = "truncated"  # the sequence limit, not the turn limit, cut this turn
             return None
         text = self.tokenizer.decode(gen.token_ids, skip_special_tokens=False)
-        parsed = parse_turn(text, params)
+        parsed = self.parser.parse(text, params)
         if gen.finish_reason == "length":
             parsed.kind, parsed.error_kind = "malformed", "runaway_length"
             parsed.error = f"the turn reached the {cfg.max_tokens_per_turn}-token limit"

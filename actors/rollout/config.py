@@ -10,6 +10,8 @@ Decisions where the paper is silent:
   ``max_turns``); ``"end_zero"`` ends the episode with reward 0 and status ``malformed``
   (EnvScaler's rule for a tool call that raises).
 - ``max_turns`` counts model turns that asked for a tool; the final plain reply is not a turn.
+- ``tool_parser``: how a turn's tool call is written (``actors.rollout.toolcall``); ``auto`` picks
+  it from the chat template, whose own rendering is used for prompts and tool results.
 - Timeouts (seconds) bound every awaited call: one generation, one tool step, one verify, and
   opening a sandbox session. ``episode_retries`` re-runs an episode that ended ``env_error`` or
   ``timeout`` on a fresh session; when retries are spent the trajectory is kept with its status.
@@ -19,11 +21,12 @@ May import: pydantic and the standard library only.
 
 from __future__ import annotations
 
-from typing import Literal, Optional
+from typing import Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 MalformedPolicy = Literal["error_observation", "end_zero"]
+ToolParserName = Literal["auto", "hermes", "llama3_json", "mistral"]
 
 
 class RolloutConfig(BaseModel):
@@ -39,6 +42,9 @@ class RolloutConfig(BaseModel):
     top_k: int = Field(100, ge=-1, description="-1 or 0 disables top-k")
     malformed: MalformedPolicy = "error_observation"
     enable_thinking: bool = Field(True, description="passed to the chat template")
+    tool_parser: ToolParserName = Field(
+        "auto", description="tool-call format of the policy: hermes (Qwen), llama3_json, mistral; "
+        "auto detects it from the tokenizer's chat template")
     k: int = Field(8, ge=1, description="trajectories per group")
     max_concurrent_episodes: int = Field(64, ge=1, description="per RolloutWorker")
     generate_timeout_s: float = Field(600.0, gt=0)
@@ -48,6 +54,10 @@ class RolloutConfig(BaseModel):
     episode_retries: int = Field(1, ge=0)
     observation_max_chars: Optional[int] = Field(
         None, ge=16, description="truncate long tool observations (None keeps them whole)")
+    engine_kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="keyword arguments of the rollout engine (vLLM: "
+        "tensor_parallel_size, gpu_memory_utilization, max_model_len, dtype, enforce_eager, "
+        "enable_prefix_caching, ...); checked against policy.engine when the config loads")
 
     @model_validator(mode="after")
     def _turn_fits_sequence(self) -> "RolloutConfig":

@@ -1,11 +1,16 @@
-"""``GroupRunner``: K concurrent episodes of one task -> one complete ``Group``; the logic of the
-RolloutWorker actor, without Ray.
+"""``GroupRunner``: one ticket (``actors.ticket.Ticket``) -> K concurrent episodes of its task ->
+one complete ``Group``; the logic of the RolloutWorker actor, without Ray.
 
+- Input: ``run_group(ticket)`` reads the task id, selection step, group seed and ``k`` (None:
+  ``config.k``) from the ticket; the ``Group`` it returns carries the ticket's id.
+- Sessions: from an ``actors.executors.Executors`` (the executor pool, ``SandboxSessions``, or
+  ``InProcessSessions`` in tests), always through ``aopen_session``.
 - Concurrency: all episodes of all groups in flight share one asyncio loop; a semaphore caps live
-  episodes at ``config.max_concurrent_episodes``, and at ``capacity`` (the sandboxes this runner
-  can hold) when given: an episode holds its sandbox while it waits for the engine, so more live
-  episodes than sandboxes would only queue on ``open_session`` and time out there.
-- Stickiness: an episode opens one session (``open_session(task, seed)``, awaited with
+  episodes at ``config.max_concurrent_episodes`` and at the executors' ``capacity`` (the
+  sandboxes this runner can hold; ``set_capacity`` after a resize): an episode holds its sandbox
+  while it waits for the engine, so more live episodes than sandboxes would only queue on
+  ``aopen_session`` and time out there.
+- Stickiness: an episode opens one session (``aopen_session(task, seed)``, awaited with
   ``session_timeout_s``) and uses it for every tool call and the verifier, then closes it.
 - Failures: an episode that ends ``env_error`` or ``timeout`` (including a session that could not
   be opened) is retried on a fresh session up to ``config.episode_retries`` times with the same
@@ -15,24 +20,25 @@ RolloutWorker actor, without Ray.
 - ``metrics()`` aggregates statuses, malformed kinds, and time spent generating, waiting on the
   executors (open + steps + verify + close) and in total.
 
-May import: actors.rollout, envs, sandbox.errors, the standard library. No Ray.
+May import: actors.rollout, actors.executors, actors.ticket, envs, sandbox.errors, the standard
+library. No Ray.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
-import inspect
 import time
 from collections import Counter
-from typing import Any, Awaitable, Callable, Optional, Union
+from typing import Any, Optional
 
+from actors.executors import Executors
 from actors.rollout.agent_loop import AgentLoop, EnvSession
+from actors.ticket import Ticket
 from envs.spec import Environment, TaskSpec
 from envs.trajectory import Group, Trajectory
 from sandbox.errors import SandboxError
 
-Opener = Callable[[TaskSpec, int], Union[EnvSession, Awaitable[EnvSession]]]
 RETRYABLE = ("env_error", "timeout")
 
 
@@ -47,21 +53,22 @@ def episode_seed(group_seed: int, task_id: str, step: int, index: int) -> int:
 
 
 class GroupRunner:
-    def __init__(self, loop: AgentLoop, pool, open_session: Opener,
-                 capacity: Optional[int] = None):
-        self.loop, self.pool, self.open_session = loop, pool, open_session
+    def __init__(self, loop: AgentLoop, pool, executors: Executors):
+        self.loop, self.pool, self.executors = loop, pool, executors
         self.config = loop.config
-        self.concurrency = min(self.config.max_concurrent_episodes, capacity or 1 << 30)
+        # executors that start empty (grown later by resize) leave episodes uncapped: they wait
+        # in aopen_session, whose own timeout fails them, not on a permit that has no deadline
+        self.concurrency = min(self.config.max_concurrent_episodes, executors.capacity or 1 << 30)
         self._sem: Optional[asyncio.Semaphore] = None
         self._stats: Counter = Counter()
         self._malformed: Counter = Counter()
         self._time: Counter = Counter()
 
-    def set_capacity(self, capacity: Optional[int]) -> int:
+    def set_capacity(self, capacity: int) -> int:
         """Change how many episodes may hold a sandbox at once (the executor pool was resized).
         Call on the event loop that runs the episodes. Shrinking withholds permits as running
         episodes finish; nothing running is interrupted."""
-        new = min(self.config.max_concurrent_episodes, 1 << 30 if capacity is None else capacity)
+        new = min(self.config.max_concurrent_episodes, capacity)
         delta, self.concurrency = new - self.concurrency, new
         if self._sem is not None:
             for _ in range(max(delta, 0)):
@@ -70,16 +77,15 @@ class GroupRunner:
                 asyncio.ensure_future(self._sem.acquire())
         return self.concurrency
 
-    async def run_group(self, task_id: str, step: int, seed: int = 0,
-                        k: Optional[int] = None) -> Group:
-        task = self.pool.task(task_id)
+    async def run_group(self, ticket: Ticket) -> Group:
+        task = self.pool.task(ticket.task_id)
         env = self.pool.environment(task.env_id)
-        k = k or self.config.k
-        seeds = [episode_seed(seed, task_id, step, i) for i in range(k)]
+        seeds = [episode_seed(ticket.seed, ticket.task_id, ticket.step, i)
+                 for i in range(ticket.k or self.config.k)]
         trajectories = await asyncio.gather(*(self._episode(env, task, s) for s in seeds))
         self._stats["groups"] += 1
-        return Group(task_id=task_id, step=step, trajectories=list(trajectories),
-                     env_id=env.env_id)
+        return Group(task_id=ticket.task_id, step=ticket.step, trajectories=list(trajectories),
+                     env_id=env.env_id, ticket_id=ticket.id)
 
     async def _episode(self, env: Environment, task: TaskSpec, seed: int) -> Trajectory:
         if self._sem is None:
@@ -121,13 +127,10 @@ class GroupRunner:
         return traj
 
     async def _open(self, task: TaskSpec, seed: int) -> EnvSession:
-        """Open with ``session_timeout_s``. A blocking opener runs in a thread that a timeout
-        cannot stop, so a session that opens after we gave up is closed when it arrives rather
-        than holding its sandbox forever."""
-        opening = self.open_session(task, seed)
-        if not inspect.isawaitable(opening):
-            return opening
-        pending = asyncio.ensure_future(opening)
+        """Open with ``session_timeout_s``. An opener may run in a thread that a timeout cannot
+        stop, so a session that opens after we gave up is closed when it arrives rather than
+        holding its sandbox forever."""
+        pending = asyncio.ensure_future(self.executors.aopen_session(task, seed))
         done, _ = await asyncio.wait({pending}, timeout=self.config.session_timeout_s)
         if pending in done:
             return pending.result()

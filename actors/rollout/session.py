@@ -1,19 +1,29 @@
-"""``InProcessSession``: the ``EnvSession`` protocol over an in-process ``EpisodeRuntime``.
+"""``InProcessSessions``: the ``actors.executors.Executors`` protocol over in-process
+``EpisodeRuntime``s.
 
-No isolation: environment code runs in the calling process. Used by unit tests of the agent loop
-and by ``envsched rollout --executors inprocess`` on trusted pools; training goes through the
-sandboxed executor pool. Calls run inline (no thread): the runtime's SIGALRM timeouts only work on
-the main thread, and a tool call on a generated pool takes microseconds.
+No isolation: environment code runs in the calling process. Used only by unit tests of the agent
+loop and the controller (``tests/test_untrusted_paths.py`` keeps every other module from
+importing it); every command runs episodes in the sandbox (the executor pool, or
+``actors.rollout.sandbox_session``). Calls run inline (no thread): the runtime's SIGALRM timeouts
+only work on the main thread, and a tool call on a generated pool takes microseconds.
 
-May import: sandbox.runtime, envs, the standard library.
+``workers`` is how many sessions may be open at once (``capacity``; one runtime each, loaded when
+first needed and kept per environment for the next episode); opening one more raises
+``SandboxError("bad_request")``, as ``SandboxSessions`` does. A closed session refuses calls
+(``SandboxError("closed")``): its runtime may already serve another episode.
+
+May import: sandbox.runtime (inside functions), sandbox.errors, envs, actors.executors, the
+standard library.
 """
 
 from __future__ import annotations
 
 from typing import Any, Callable, Optional
 
+from actors.executors import Actions
 from envs.spec import Environment, TaskSpec
 from envs.trajectory import ActionStep, VerifyResult
+from sandbox.errors import SandboxError
 
 
 class InProcessSession:
@@ -24,19 +34,26 @@ class InProcessSession:
 
         self.task = task
         self._on_close = on_close
+        self._closed = False
         self.timeout_s = timeout_s
         self.runtime = runtime if runtime is not None else EpisodeRuntime(env)
         self.runtime.reset(initial_state, seed)
 
+    def _live(self) -> Any:
+        if self._closed:
+            raise SandboxError("closed", "the session was closed", f"task {self.task.task_id}")
+        return self.runtime
+
     def step(self, tool: str, arguments: dict[str, Any]) -> ActionStep:
-        return self.runtime.step(tool, arguments, self.timeout_s)
+        return self._live().step(tool, arguments, self.timeout_s)
 
     def verify(self) -> VerifyResult:
-        return self.runtime.verify(self.task.checks, self.timeout_s)
+        return self._live().verify(self.task.checks, self.timeout_s)
 
     def close(self) -> None:
-        if self.runtime.instance is None:
+        if self._closed:
             return
+        self._closed = True
         self.runtime.instance = None
         if self._on_close is not None:
             self._on_close(self.runtime)
@@ -52,18 +69,81 @@ class InProcessSession:
 
 
 class InProcessSessions:
-    """An opener of in-process sessions for one pool: one loaded runtime per environment is
-    reused across sequential episodes; concurrent episodes get their own runtime."""
+    """In-process sessions for one pool, at most ``workers`` open at once (the
+    ``actors.executors.Executors`` protocol)."""
 
-    def __init__(self, pool):
+    def __init__(self, pool: Any, workers: int = 1):
+        if workers < 1:
+            raise ValueError(f"the workers parameter of InProcessSessions must be >= 1, "
+                             f"got {workers}")
         self.pool = pool
-        self._idle: dict[str, list] = {}
+        self._target = workers
+        self._open = 0
+        self._opened = 0
+        self._idle: dict[str, list] = {}   # env_id -> loaded runtimes with no open session
 
-    async def open_session(self, task: TaskSpec, seed: int) -> InProcessSession:
+    @property
+    def size(self) -> int:
+        return self._target
+
+    @property
+    def capacity(self) -> int:
+        return self._target
+
+    def _runtime(self, env: Environment) -> Any:
         from sandbox.runtime import EpisodeRuntime
 
-        env = self.pool.environment(task.env_id)
         idle = self._idle.setdefault(env.env_id, [])
-        runtime = idle.pop() if idle else EpisodeRuntime(env)
-        return InProcessSession(env, task, self.pool.initial_state(task), seed, runtime,
-                                on_close=idle.append)
+        return idle.pop() if idle else EpisodeRuntime(env)
+
+    def open_session(self, task: TaskSpec, seed: int) -> InProcessSession:
+        if self._open >= self._target:
+            raise SandboxError("bad_request", f"all {self._target} in-process sessions are open; "
+                                              "close one first", f"task {task.task_id}")
+        env = self.pool.environment(task.env_id)
+        session = InProcessSession(env, task, self.pool.initial_state(task), seed,
+                                   self._runtime(env), on_close=self._give_back)
+        self._open += 1
+        self._opened += 1
+        return session
+
+    async def aopen_session(self, task: TaskSpec, seed: int) -> InProcessSession:
+        return self.open_session(task, seed)
+
+    def _give_back(self, runtime: Any) -> None:
+        self._open -= 1
+        self._idle.setdefault(runtime.env.env_id, []).append(runtime)
+
+    def replay(self, task_id: str, actions: Actions, seed: Optional[int] = None
+               ) -> VerifyResult:
+        """Replay ``actions`` from ``task_id``'s initial state on an idle runtime."""
+        task = self.pool.task(task_id)
+        env = self.pool.environment(task.env_id)
+        runtime = self._runtime(env)
+        try:
+            result, _ = runtime.replay(self.pool.initial_state(task), task.checks, list(actions),
+                                       seed)
+            return result
+        finally:
+            runtime.instance = None
+            self._idle[env.env_id].append(runtime)
+
+    async def areplay(self, task_id: str, actions: Actions, seed: Optional[int] = None
+                      ) -> VerifyResult:
+        return self.replay(task_id, actions, seed)
+
+    def resize(self, n: int) -> int:
+        """Allow ``n`` open sessions; sessions open beyond it run on until closed."""
+        if n < 0:
+            raise ValueError(f"InProcessSessions.resize: n must be >= 0, got {n}")
+        self._target = n
+        return self.size
+
+    def wait_time_stats(self) -> dict[str, float]:
+        """Openers never wait here (``open_session`` raises when every session is open)."""
+        return {"count": self._opened, "mean_s": 0.0, "p50_s": 0.0, "p95_s": 0.0, "max_s": 0.0,
+                "total_s": 0.0, "waiting_now": 0,
+                "free_sandboxes": max(self._target - self._open, 0)}
+
+    def shutdown(self) -> None:
+        self._idle.clear()

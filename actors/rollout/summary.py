@@ -1,10 +1,11 @@
 """Summaries of rollout groups, shared by ``envsched rollout`` and ``envsched bench rollout``.
 
 Within-group reward variance is the paper's Eq. 2, ``v = 1/K * sum_k (r_k - m)^2`` (population
-variance); a group is non-trivial when ``v > 0``. The executor share is the time episodes spent
-waiting on their sandbox (open + tool steps + verify + close) over their total time.
+variance, its one definition ``scheduling.variance.group_variance``); a group is non-trivial when
+``v > 0``. The executor share is the time episodes spent waiting on their sandbox (open + tool
+steps + verify + close) over their total time.
 
-May import: envs.trajectory, the standard library.
+May import: envs.trajectory, scheduling.variance, the standard library.
 """
 
 from __future__ import annotations
@@ -13,11 +14,7 @@ from collections import Counter
 from typing import Any, Iterable
 
 from envs.trajectory import Group
-
-
-def group_variance(rewards: list[float]) -> float:
-    m = sum(rewards) / len(rewards)
-    return sum((r - m) ** 2 for r in rewards) / len(rewards)
+from scheduling.variance import group_variance
 
 
 def summarize(groups: Iterable[Group], wall_s: float) -> dict[str, Any]:

@@ -1,13 +1,19 @@
-"""Parse one model turn in the Qwen3/Hermes format into a tool call, a final reply, or an error.
+"""Parse one model turn into a tool call, a final reply, or an error: one parser per tool-call
+format, in a registry chosen by ``rollout.tool_parser`` (``auto``: detected from the chat template).
 
-A turn is the decoded text of the tokens the policy generated for it. Accepted shape::
+A turn is the decoded text of the tokens the policy generated for it. Formats::
 
-    [<think> ... </think>] [text] <tool_call>{"name": NAME, "arguments": {...}}</tool_call>
+    hermes (Qwen2.5, Qwen3, Hermes)  [<think>...</think>] [text] <tool_call>{"name": N,
+                                     "arguments": {...}}</tool_call>
+    llama3_json (Llama 3.1-3.3)      [<|python_tag|>]{"name": N, "parameters": {...}}
+    mistral (v3 tokenizer, Nemo)     [text] [TOOL_CALLS][{"name": N, "arguments": {...}}]
 
-Anything inside ``<think>...</think>`` is ignored (reasoning may mention tags). A turn with no
-``<tool_call>`` is a final reply. Exactly one call per turn (the issue's rule; EnvScaler used the
-first call, we refuse several so the policy learns the format). ``arguments`` may be a JSON object
-or a JSON string holding one (some models emit the OpenAI string form).
+Anything inside ``<think>...</think>`` is ignored (reasoning may mention tags) and end-of-turn
+markers are dropped. A turn without the format's call marker is a final reply (Llama: a turn whose
+visible text does not start with ``{``). Exactly one call per turn (the issue's rule; EnvScaler used
+the first call, we refuse several so the policy learns the format). Arguments may be a JSON object
+or a JSON string holding one (the OpenAI string form); Llama's ``parameters`` and ``arguments``
+are both accepted.
 
 Errors are classified (``MALFORMED_KINDS``) so the loop can count them per kind:
 ``invalid_json``, ``unknown_tool``, ``wrong_arguments`` (not an object, a required parameter
@@ -26,9 +32,11 @@ from typing import Any, Optional
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 THINK_RE = re.compile(r"<think>.*?(</think>|$)", re.DOTALL)
-END_MARKERS = ("<|im_end|>", "<|endoftext|>")
+END_MARKERS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|eom_id|>", "<|end_of_text|>",
+               "</s>")
 MALFORMED_KINDS = ("invalid_json", "unknown_tool", "wrong_arguments", "several_calls",
                    "no_closing_tag", "runaway_length")
+Tools = dict[str, dict[str, Any]]
 
 
 @dataclass
@@ -55,29 +63,131 @@ def strip_turn(text: str) -> str:
     return THINK_RE.sub("", text).strip()
 
 
-def parse_turn(text: str, tools: dict[str, dict[str, Any]]) -> ParsedTurn:
-    """``tools`` maps tool name to its JSON-schema ``parameters`` (``{}`` means unchecked)."""
-    visible = strip_turn(text)
-    n_open = visible.count(OPEN)
-    if n_open == 0:
-        return ParsedTurn(kind="final", content=visible)
-    if n_open > 1:
-        return _malformed("several_calls", f"one tool call per turn, got {n_open}")
-    start = visible.index(OPEN) + len(OPEN)
-    end = visible.find(CLOSE, start)
-    if end < 0:
-        return _malformed("no_closing_tag", f"{OPEN} without {CLOSE}")
-    body = visible[start:end].strip()
+class HermesParser:
+    """``<tool_call>{json}</tool_call>``: Qwen2.5, Qwen3, Hermes 2/3 templates."""
+
+    name, marker = "hermes", OPEN
+
+    def parse(self, text: str, tools: Tools) -> ParsedTurn:
+        visible = strip_turn(text)
+        n_open = visible.count(OPEN)
+        if n_open == 0:
+            return ParsedTurn(kind="final", content=visible)
+        if n_open > 1:
+            return _malformed("several_calls", f"one tool call per turn, got {n_open}")
+        start = visible.index(OPEN) + len(OPEN)
+        end = visible.find(CLOSE, start)
+        if end < 0:
+            return _malformed("no_closing_tag", f"{OPEN} without {CLOSE}")
+        return _call_from_json(visible[start:end], tools, "arguments")
+
+    def render_call(self, name: str, arguments: dict[str, Any]) -> str:
+        body = json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False)
+        return f"{OPEN}\n{body}\n{CLOSE}"
+
+
+class Llama3JsonParser:
+    """Llama 3.1-3.3 JSON tool calling: the whole turn is one ``{"name", "parameters"}`` object,
+    optionally after ``<|python_tag|>``; several calls would be separated by ``;``."""
+
+    name, marker = "llama3_json", "<|python_tag|>"
+
+    def parse(self, text: str, tools: Tools) -> ParsedTurn:
+        visible = strip_turn(text)
+        body = visible[len(self.marker):].strip() if visible.startswith(self.marker) else visible
+        if not body.startswith(("{", "[")):
+            return ParsedTurn(kind="final", content=visible)
+        try:
+            call, end = json.JSONDecoder().raw_decode(body)
+        except json.JSONDecodeError as e:
+            return _malformed("invalid_json",
+                              f"tool call is not valid JSON: {e.msg} at char {e.pos}")
+        rest = body[end:].strip()
+        if isinstance(call, list) or rest.startswith(";"):
+            n = len(call) if isinstance(call, list) else 1 + rest.count(";")
+            return _malformed("several_calls", f"one tool call per turn, got {n}")
+        if rest:
+            return _malformed("invalid_json", f"text after the tool call's JSON: {rest[:40]!r}")
+        key = "parameters" if isinstance(call, dict) and "parameters" in call else "arguments"
+        return _checked_object(call, tools, key)
+
+    def render_call(self, name: str, arguments: dict[str, Any]) -> str:
+        return json.dumps({"name": name, "parameters": arguments}, ensure_ascii=False)
+
+
+class MistralParser:
+    """Mistral v3 / Nemo: ``[TOOL_CALLS]`` then a JSON list of ``{"name", "arguments"}``."""
+
+    name, marker = "mistral", "[TOOL_CALLS]"
+
+    def parse(self, text: str, tools: Tools) -> ParsedTurn:
+        visible = strip_turn(text)
+        n_markers = visible.count(self.marker)
+        if n_markers == 0:
+            return ParsedTurn(kind="final", content=visible)
+        if n_markers > 1:
+            return _malformed("several_calls", f"one tool call per turn, got {n_markers}")
+        body = visible[visible.index(self.marker) + len(self.marker):].strip()
+        try:
+            calls = json.loads(body)
+        except json.JSONDecodeError as e:
+            return _malformed("invalid_json",
+                              f"tool call is not valid JSON: {e.msg} at char {e.pos}")
+        if isinstance(calls, list):
+            if len(calls) != 1:
+                return _malformed("several_calls", f"one tool call per turn, got {len(calls)}")
+            calls = calls[0]
+        return _checked_object(calls, tools, "arguments")
+
+    def render_call(self, name: str, arguments: dict[str, Any]) -> str:
+        body = json.dumps([{"name": name, "arguments": arguments}], ensure_ascii=False)
+        return f"{self.marker}{body}"
+
+
+PARSERS = {p.name: p for p in (HermesParser(), Llama3JsonParser(), MistralParser())}
+# The template text that identifies each format, checked in this order.
+_SIGNATURES = (("mistral", ("[TOOL_CALLS]",)), ("hermes", ("<tool_call>",)),
+               ("llama3_json", ("<|python_tag|>", "<|eom_id|>", '"parameters"')))
+
+
+def detect_parser(chat_template: Optional[str]) -> str:
+    """The registry name whose call syntax the chat template mentions."""
+    for name, needles in _SIGNATURES:
+        if chat_template and any(n in chat_template for n in needles):
+            return name
+    raise ValueError("the tool_parser parameter of RolloutConfig is 'auto' but the chat template "
+                     f"matches none of {sorted(PARSERS)}; set rollout.tool_parser to one of them")
+
+
+def get_parser(name: str, chat_template: Optional[str] = None):
+    """The parser called ``name`` (``"auto"``: detected from ``chat_template``)."""
+    key = detect_parser(chat_template) if name == "auto" else name
+    if key not in PARSERS:
+        raise ValueError(f"the tool_parser parameter of RolloutConfig must be 'auto' or one of "
+                         f"{sorted(PARSERS)}, got {name!r}")
+    return PARSERS[key]
+
+
+def parse_turn(text: str, tools: Tools) -> ParsedTurn:
+    """Parse a hermes/Qwen turn; ``tools`` maps tool name to its JSON-schema ``parameters``."""
+    return PARSERS["hermes"].parse(text, tools)
+
+
+def _call_from_json(body: str, tools: Tools, key: str) -> ParsedTurn:
     try:
-        call = json.loads(body)
+        call = json.loads(body.strip())
     except json.JSONDecodeError as e:
         return _malformed("invalid_json", f"tool call is not valid JSON: {e.msg} at char {e.pos}")
+    return _checked_object(call, tools, key)
+
+
+def _checked_object(call: Any, tools: Tools, key: str) -> ParsedTurn:
     if not isinstance(call, dict) or not isinstance(call.get("name"), str):
-        return _malformed("invalid_json", 'tool call must be {"name": ..., "arguments": {...}}')
-    return _check_call(call["name"], call.get("arguments", {}), tools)
+        return _malformed("invalid_json", f'tool call must be {{"name": ..., "{key}": {{...}}}}')
+    return _check_call(call["name"], call.get(key, {}), tools)
 
 
-def _check_call(name: str, arguments: Any, tools: dict[str, dict[str, Any]]) -> ParsedTurn:
+def _check_call(name: str, arguments: Any, tools: Tools) -> ParsedTurn:
     if name not in tools:
         return _malformed("unknown_tool", f"unknown tool {name!r}; available: {sorted(tools)}")
     if isinstance(arguments, str):
@@ -107,12 +217,11 @@ def argument_problem(arguments: dict[str, Any], parameters: dict[str, Any]) -> s
     return ""
 
 
-def tool_parameters(tools: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+def tool_parameters(tools: list[dict[str, Any]]) -> Tools:
     """OpenAI function schemas -> {name: parameters schema}."""
     return {t["function"]["name"]: t["function"].get("parameters") or {} for t in tools}
 
 
 def render_call(name: str, arguments: dict[str, Any]) -> str:
     """The text a Qwen3 model emits for one call (used by the scripted engine and SFT data)."""
-    body = json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False)
-    return f"{OPEN}\n{body}\n{CLOSE}"
+    return PARSERS["hermes"].render_call(name, arguments)

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
-from envs.pool import PoolError, PoolProblem
+from envs.pool import PoolError, PoolProblem, read_pool_text
 
 
 @dataclass
@@ -48,25 +48,25 @@ def records_in(src: Path, keyed_by: Optional[str] = None
 
     A ``.json`` file may hold one record, a list of records, or a dict of records keyed by
     ``keyed_by`` (the key is put back into the record when absent). A ``.jsonl`` file holds one
-    record per line. Invalid JSON raises ``PoolError`` naming the file and line.
+    record per line. Invalid JSON or a file that is not UTF-8 raises ``PoolError`` naming the file
+    and line (and byte offset).
     """
     for path in _files(src):
         rel = str(path)
         if path.suffix == ".jsonl":
-            with open(path) as f:
-                for lineno, line in enumerate(f, start=1):
-                    if not line.strip():
-                        continue
-                    try:
-                        rec = json.loads(line)
-                    except json.JSONDecodeError as e:
-                        raise PoolError([PoolProblem(rel, f"invalid JSON: {e.msg}",
-                                                     line=lineno)]) from None
-                    if isinstance(rec, dict):
-                        yield rel, f"line {lineno}", rec
+            for lineno, line in enumerate(read_pool_text(path, rel).split("\n"), start=1):
+                if not line.strip():
+                    continue
+                try:
+                    rec = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise PoolError([PoolProblem(rel, f"invalid JSON: {e.msg}",
+                                                 line=lineno)]) from None
+                if isinstance(rec, dict):
+                    yield rel, f"line {lineno}", rec
             continue
         try:
-            data = json.loads(path.read_text())
+            data = json.loads(read_pool_text(path, rel))
         except json.JSONDecodeError as e:
             raise PoolError([PoolProblem(rel, f"invalid JSON: {e.msg}", line=e.lineno)]) from None
         yield from _records_of(rel, data, keyed_by)

@@ -19,7 +19,7 @@ kept as published. EnvScaler ships no reference solutions; validation then only 
 Errors name the file, the record (index or line) and the task/env id; with ``strict=False`` bad
 records are skipped and listed in the returned ``ImportSummary``.
 
-May import: envs.*, the standard library.
+May import: envs.*, pydantic (its validation error), the standard library.
 """
 
 from __future__ import annotations

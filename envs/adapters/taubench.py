@@ -26,7 +26,8 @@ The pool built from them:
 Decision: the instruction is tau-bench's user persona + goal, used as the task instruction (the
 non-conversational mode of EnvScaler); a simulated-user mode is out of scope here.
 
-May import: envs.*, sandbox.* (for the gold replay), the standard library.
+May import: envs.*, the standard library; ``sandbox.worker`` and ``sandbox.errors`` inside the
+functions of the gold replay only (``sandbox`` imports ``envs``, so never at module level).
 """
 
 from __future__ import annotations
@@ -39,9 +40,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 from envs.adapters.common import ImportSummary
-from envs.pool import PoolError, PoolProblem, write_pool
+from envs.pool import PoolError, PoolProblem, read_pool_text, write_pool
 from envs.spec import Check, Environment, PoolMeta, TaskSpec, ToolCall
-from sandbox.errors import SandboxError
 
 RESPOND_SCHEMA = {
     "type": "function",
@@ -79,7 +79,7 @@ def _domain_dir(src: Path, domain: str) -> Path:
 
 def _parse(path: Path) -> ast.Module:
     try:
-        return ast.parse(path.read_text(), filename=str(path))
+        return ast.parse(read_pool_text(path, str(path)), filename=str(path))
     except SyntaxError as e:
         raise PoolError([PoolProblem(str(path), f"syntax error: {e.msg}", line=e.lineno)]) from None
 
@@ -108,7 +108,7 @@ def _read_tools(tools_dir: Path) -> tuple[list[str], list[tuple[str, dict]]]:
                 raise PoolError([PoolProblem(str(path), f"{node.name}.get_info() must return a "
                                              "literal function schema", line=node.lineno)])
             tools.append((node.name, schema))
-        text = "\n".join(line for line in path.read_text().splitlines()
+        text = "\n".join(line for line in read_pool_text(path, str(path)).splitlines()
                          if not re.match(r"\s*(from|import)\s+tau_bench\b", line))
         sources.append(f"# --- {path.name}\n{text}")
     if not tools:
@@ -158,7 +158,7 @@ def _read_database(data_dir: Path) -> dict[str, Any]:
     data = {}
     for path in sorted(data_dir.glob("*.json")):
         try:
-            data[path.stem] = json.loads(path.read_text())
+            data[path.stem] = json.loads(read_pool_text(path, str(path)))
         except json.JSONDecodeError as e:
             raise PoolError([PoolProblem(str(path), f"invalid JSON: {e.msg}",
                                          line=e.lineno)]) from None
@@ -190,7 +190,8 @@ def import_taubench(src: str | Path, domain: str, split: str, out: str | Path,
     if not task_file.is_file():
         raise PoolError([PoolProblem(str(task_file), f"missing: no {split!r} split for {domain}")])
     sources, tools = _read_tools(dom / "tools")
-    wiki = (dom / "wiki.md").read_text() if (dom / "wiki.md").is_file() else ""
+    wiki_path = dom / "wiki.md"
+    wiki = read_pool_text(wiki_path, str(wiki_path)) if wiki_path.is_file() else ""
     class_name = f"TauBench{domain.title()}"
     env = Environment(env_id=f"taubench_{domain}", class_name=class_name,
                       source=_env_source(class_name, sources, tools),
@@ -219,6 +220,8 @@ def import_taubench(src: str | Path, domain: str, split: str, out: str | Path,
 def _convert_tasks(task_file: Path, env: Environment, state: dict[str, Any], state_ref: str,
                    domain: str, split: str, replay: Any, strict: bool
                    ) -> tuple[list[TaskSpec], ImportSummary]:
+    from sandbox.errors import SandboxError
+
     summary = ImportSummary(source=str(task_file))
     specs = []
     for k, (lineno, raw) in enumerate(_read_tasks(task_file)):

@@ -28,7 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import logging
 
-    from launch.cli import UserError
+    from launch.errors import UserError
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     if args.tasks < 2 or args.tasks_per_env < 1:

@@ -1,4 +1,4 @@
-"""Learner benchmark: GRPO steps of a Ray learner group and weight-sync time, on tiny-model rollouts.
+"""Learner benchmark: GRPO steps of a Ray learner group, and weight-sync time, on tiny rollouts.
 
 Samples ``--groups`` x ``--k`` completions from the policy (the transformers engine), scores each by
 a verifiable rule (the fraction of generated tokens with an even id; only the differences inside a
@@ -6,12 +6,14 @@ group matter), then runs ``--steps`` GRPO steps on those fixed groups, publishin
 engine after each step through the object store (versioned). Rollout log-probs are refreshed from
 the learner before each step, as fresh samples of the same sequences would carry.
 
-Reports step time (first step apart: it includes warm-up), sync time, tokens per second, and
+Reports step time (first step apart: it includes warm-up), sync time, tokens per second (model
+tokens, the loss's; and ``processed_tokens_per_s``, every token the step runs over: an agentic
+step is mostly prompt and tool output, ``--prompt-len 2900`` is the demo's shape), and
 ``learned``: true when the mean log-probability of the model tokens of positive-advantage
 trajectories rose and that of negative-advantage ones fell. The learning rate defaults to 1e-3 (not
 the paper's 1e-6) so that a few steps on a tiny random model move measurably.
 
-    envsched bench learner [--ranks 2] [--zero 2] [--steps N] [--json]
+    envsched bench learner [--ranks 2] [--zero 2] [--steps N] [--prompt-len P] [--json]
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--groups", type=int, default=4, help="tasks per step")
     parser.add_argument("--k", type=int, default=4, help="samples per task")
     parser.add_argument("--gen-len", type=int, default=32, help="tokens generated per sample")
+    parser.add_argument("--prompt-len", type=int, default=16,
+                        help="prompt tokens per sample (the demo's prompts are ~2,900)")
     parser.add_argument("--micro-batch", type=int, default=4, help="micro-batch size per rank")
     parser.add_argument("--lr", type=float, default=1e-3, help="peak learning rate")
     parser.add_argument("--model", default=None, help="HF model dir (default: the tiny policy)")
@@ -42,7 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 
-def _rollouts(engine, groups: int, k: int, gen_len: int, seed: int):
+def _rollouts(engine, groups: int, k: int, gen_len: int, seed: int, prompt_len: int = 16):
     from actors.rollout.engines.base import SamplingParams
     from envs.trajectory import Group, Trajectory
 
@@ -50,7 +54,7 @@ def _rollouts(engine, groups: int, k: int, gen_len: int, seed: int):
     vocab = engine.model.config.vocab_size
     out = []
     for g in range(groups):
-        prompt = [rng.randrange(10, vocab) for _ in range(16)]
+        prompt = [rng.randrange(10, vocab) for _ in range(prompt_len)]
         trajs = []
         for i in range(k):
             sp = SamplingParams(max_tokens=gen_len, temperature=1.0, top_p=1.0, top_k=0,
@@ -77,6 +81,7 @@ def _measure(args, learner, engine, groups) -> dict:
     from actors.learner.weight_sync import ObjectStoreSync
 
     trajs = [t for g in groups for t in g.trajectories]
+    processed = sum(len(t.token_ids) for t in trajs)  # prompt + model tokens the step runs over
     adv = [a for per in learner.advantages(groups) for a in per]
     before = _mean_logprobs(learner, trajs)
     sync = ObjectStoreSync([engine])
@@ -99,6 +104,8 @@ def _measure(args, learner, engine, groups) -> dict:
         "sync_time_s": round(statistics.median(syncs), 4),
         "tokens_per_step": tokens,
         "tokens_per_s": round(tokens / statistics.median(steady), 1),
+        "processed_tokens_per_step": processed,
+        "processed_tokens_per_s": round(processed / statistics.median(steady), 1),
         "engine_version": engine.version,
         "high_adv_logprob_delta": round(statistics.mean(up), 5) if up else None,
         "low_adv_logprob_delta": round(statistics.mean(down), 5) if down else None,
@@ -107,27 +114,23 @@ def _measure(args, learner, engine, groups) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
-    import os
-
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    import ray
-
+    from launch.cluster import connect
+    from launch.config import ClusterConfig
     from actors.learner.config import LearnerConfig
     from actors.learner.learner_actor import LearnerGroup
     from actors.policy import build_tiny_policy
     from actors.rollout.engines.hf_engine import HFEngine
-    from launch.cli import UserError
+    from launch.errors import UserError
 
     if args.steps < 1 or args.ranks < 1 or args.k < 2:
         raise UserError(f"--steps and --ranks must be >= 1 and --k >= 2 "
                         f"(got {args.steps}, {args.ranks}, {args.k})")
     path = str(args.model or build_tiny_policy(seed=args.seed))
-    if not ray.is_initialized():
-        local = args.address == "local"
-        ray.init(address=args.address, include_dashboard=False if local else None,
-                 num_cpus=max(4, args.ranks + 1) if local else None, log_to_driver=False)
+    local = args.address == "local"
+    connect(ClusterConfig(num_cpus=max(4, args.ranks + 1) if local else None),
+            None if local else args.address)
     engine = HFEngine(path)
-    groups = _rollouts(engine, args.groups, args.k, args.gen_len, args.seed)
+    groups = _rollouts(engine, args.groups, args.k, args.gen_len, args.seed, args.prompt_len)
     cfg = LearnerConfig(model_path=path, ranks=args.ranks, zero_stage=args.zero, lr=args.lr,
                         warmup_steps=0, total_steps=max(args.steps, 2), seed=args.seed,
                         micro_batch_size=args.micro_batch, num_gpus_per_rank=args.gpus_per_rank,

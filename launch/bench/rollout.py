@@ -1,8 +1,9 @@
 """Rollout throughput: episodes/s, generated tokens/s and the share of episode time spent
 waiting on the executors (CPU, tiny local policy by default).
 
+    envsched bench rollout --engine-only 16 [--prompt-len 64]   # the HF engine's batching alone
     envsched bench rollout [--pool DIR | --envs 2 --tasks-per-env 4] [--engine hf|scripted]
-                           [--k 4] [--workers 1] [--executors pool|inprocess] [--set k=v] [--json]
+                           [--k 4] [--workers 1] [--set k=v] [--executor-set k=v] [--json]
 
 Without --pool a pool is generated into a temporary directory (``envs.generator``). The run is
 ``envsched rollout``'s (same actors, same summary); the first group per worker is not excluded,
@@ -27,33 +28,69 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", help="model directory (default: the tiny local policy)")
     p.add_argument("--k", type=int, default=4)
     p.add_argument("--workers", type=int, default=1)
-    p.add_argument("--executors", choices=("pool", "inprocess"), default="pool")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="RolloutConfig overrides, applied after HF_DEFAULTS for --engine hf")
     p.add_argument("--executor-set", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--engine-only", type=int, default=0, metavar="N",
+                   help="skip Ray and sandboxes: N concurrent requests straight into the HF "
+                        "engine (--prompt-len tokens each, 32 generated), tokens/s")
+    p.add_argument("--prompt-len", type=int, default=64)
     p.add_argument("--json", action="store_true")
 
 
+def engine_only(requests: int, prompt_len: int, model: str | None) -> dict:
+    """Batching in isolation: ``requests`` seeded requests at once, no stop token."""
+    import asyncio
+    import time
+
+    import torch
+
+    from actors.rollout.engines.base import SamplingParams
+    from actors.rollout.engines.hf_engine import HFEngine
+
+    torch.set_num_threads(1)  # as in a Ray actor with num_cpus < 2
+    engine = HFEngine(model)
+    never = (len(engine.tokenizer) + 5,)
+    batch = [([5 + (i * 7 + j) % 1000 for j in range(prompt_len)],
+              SamplingParams(max_tokens=32, seed=i, stop_token_ids=never)) for i in range(requests)]
+
+    async def once():
+        return await asyncio.gather(*(engine.generate(p, s) for p, s in batch))
+
+    asyncio.run(once())  # warm-up
+    t0 = time.perf_counter()
+    out = asyncio.run(once())
+    wall = time.perf_counter() - t0
+    engine.close()
+    tokens = sum(len(g.token_ids) for g in out)
+    return {"requests": requests, "prompt_len": prompt_len, "tokens": tokens,
+            "wall_s": round(wall, 3), "tokens_per_s": round(tokens / wall, 1)}
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.engine_only:
+        print(json.dumps(engine_only(args.engine_only, args.prompt_len, args.model)))
+        return 0
     from actors.rollout.summary import format_summary, summarize
     from envs.generator import generate_pool
     from envs.pool import load_pool
-    from launch.commands.rollout import (ensure_ray, executor_config, parse_overrides,
-                                         rollout_config, run_groups)
+    from launch.cluster import connect
+    from launch.config import ClusterConfig
+    from launch.rollout import executor_config, override_tree, rollout_config, run_groups
 
     root = args.pool or generate_pool(tempfile.mkdtemp(prefix="envsched-bench-"), args.envs,
                                       args.tasks_per_env, seed=0)
     pool = load_pool(root)
-    overrides = {**(HF_DEFAULTS if args.engine == "hf" else {}), **parse_overrides(args.set)}
+    overrides = {**(HF_DEFAULTS if args.engine == "hf" else {}), **override_tree(args.set)}
     config = rollout_config(overrides, args.k)
-    ex_cfg = executor_config(parse_overrides(args.executor_set))
-    ensure_ray(None)
+    ex_cfg = executor_config(override_tree(args.executor_set))
+    connect(ClusterConfig())
     groups, wall = run_groups(str(pool.root), [t.task_id for t in pool.tasks], args.engine,
-                              args.model, config, args.workers, args.executors, 0, 3600.0, ex_cfg)
+                              args.model, config, args.workers, 0, 3600.0, ex_cfg)
     s = summarize(groups, wall)
     s["tokens_per_s"] = s["generated_tokens"] / wall if wall > 0 else 0.0
     s["setup"] = {"engine": args.engine, "k": config.k, "workers": args.workers,
-                  "executors": args.executors, "tasks": len(pool.tasks), **ex_cfg}
+                  "tasks": len(pool.tasks), **ex_cfg}
     s["setup"].pop("sandbox", None)
     if args.json:
         print(json.dumps(s, indent=1))

@@ -6,6 +6,9 @@ Uses the order desk (``sandbox.examples``: 4 tools, uuid ids, clock reads, 4 che
 - ``cold_start_s``          median wall time to start a worker until it answers (3 starts)
 - ``calls_per_s``           ``find_customer`` calls through one warm worker, serially
 - ``reset_verify_ms``       median reset (cached state) + 4-check verify, per episode
+- ``reset_verify_cpu_ms``   CPU seconds the worker spent per reset + verify (all its processes)
+- ``reset_step_verify_ms``  median reset + one tool call + verify (each episode is a fresh fork
+                            of the worker's clean parent, its checks run in another)
 - ``episode_ms``            reset + the 3-call reference solution + verify
 - ``big_state_*``           the same reset + verify with a ~2 MB initial state (the size of
                             tau-bench's shared database), sent once and cached in the worker;
@@ -84,7 +87,16 @@ def _worker_figures(backend: str, calls: int, episodes: int) -> dict[str, Any]:
                 w.step(c.name, c.arguments)
             assert w.verify(ORDER_DESK_CHECKS).reward == 1.0
 
+        def reset_step_verify(i):
+            w.reset(ORDER_DESK, None, seed=i, state_key="bench")
+            w.step("find_customer", {"name": "Bo Chen"})
+            w.verify(ORDER_DESK_CHECKS)
+
+        cpu0 = w.ping()["cpu"]
         out["reset_verify_ms"] = _median_ms(reset_verify, episodes)
+        # the worker's CPU (its clean parent, episode and verifier forks): load-independent
+        out["reset_verify_cpu_ms"] = (w.ping()["cpu"] - cpu0) * 1000 / episodes
+        out["reset_step_verify_ms"] = _median_ms(reset_step_verify, episodes)
         out["episode_ms"] = _median_ms(episode, episodes)
         state = big_state()
         out["big_state_bytes"] = len(json.dumps(state))
@@ -111,13 +123,12 @@ def _actor_figures(backend: str, calls: int) -> dict[str, Any]:
     from actors.env_executor import EnvExecutor
     from envs.pool import Pool
     from envs.spec import PoolMeta
+    from launch.cluster import connect, shutdown
+    from launch.config import ClusterConfig
     from sandbox.config import SandboxConfig
     from sandbox.examples import ORDER_DESK, ORDER_DESK_TASK
 
-    started = not ray.is_initialized()
-    if started:
-        ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False,
-                 _temp_dir=tempfile.mkdtemp(prefix="envsched-ray-"))
+    info = connect(ClusterConfig(num_cpus=4))
     try:
         pool = Pool(root=tempfile.gettempdir(), meta=PoolMeta(name="bench"),
                     environments={"order_desk": ORDER_DESK}, tasks=[ORDER_DESK_TASK])
@@ -141,8 +152,8 @@ def _actor_figures(backend: str, calls: int) -> dict[str, Any]:
         ray.get(executor.shutdown.remote(), timeout=60)
         return {"actor_calls_per_s": rate}
     finally:
-        if started:
-            ray.shutdown()
+        if info["embedded"]:
+            shutdown(info)
 
 
 def run(args: argparse.Namespace) -> int:

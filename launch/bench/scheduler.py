@@ -1,6 +1,6 @@
-"""Scheduler benchmark: per-step latency of EnvSched select + absorb, and its memory.
+"""Scheduler benchmark: per-step latency of a graph-based scheduler's select + absorb, and memory.
 
-    envsched bench scheduler --tasks N --steps T [--json]
+    envsched bench scheduler --tasks N --steps T [--scheduler envsched|envsched-bayes] [--json]
 
 Generates (or reuses) a pool of N tasks with ``envs.generator.generate_pool`` (50 tasks per
 environment unless ``--tasks-per-env``), builds the static graph once and caches it under
@@ -32,6 +32,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--k", type=int, default=8, help="rollouts per task (K)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--cache", default=".cache/bench", help="pool and graph cache folder")
+    parser.add_argument("--scheduler", default="envsched",
+                        help="registry name of the scheduler to time (envsched, envsched-bayes)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -67,15 +69,19 @@ def _graph(args: argparse.Namespace):
 def run(args: argparse.Namespace) -> int:
     import numpy as np
 
-    from launch.cli import UserError
+    from launch.errors import UserError
+    from scheduling import registry
     from scheduling.base import GroupResult
-    from scheduling.envsched import EnvSched
 
     if args.tasks < 64 or args.steps < 1:
         raise UserError(f"--tasks must be >= 64 (B) and --steps >= 1, got {args.tasks}, "
                         f"{args.steps}")
     pool, graph, info = _graph(args)
-    sched = EnvSched(list(pool.tasks), graph)
+    if not registry.get(args.scheduler).needs_graph:
+        raise UserError(f"--scheduler: {args.scheduler} does not use the graph; this bench "
+                        "times the graph-based schedulers")
+    sched = registry.build(args.scheduler, {}, tasks=list(pool.tasks), batch_size=64, k=args.k,
+                           seed=args.seed, graph=graph)
     rng = np.random.default_rng(args.seed)
     p = rng.beta(0.7, 0.7, graph.n)
 
@@ -98,8 +104,8 @@ def run(args: argparse.Namespace) -> int:
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
     ms = np.array(times)
-    out = {"tasks": graph.n, "environments": len(graph.env_ids), "steps": args.steps,
-           "batch": 64, "k": args.k, "cold_start_ms": round(cold_ms, 2),
+    out = {"scheduler": args.scheduler, "tasks": graph.n, "environments": len(graph.env_ids),
+           "steps": args.steps, "batch": 64, "k": args.k, "cold_start_ms": round(cold_ms, 2),
            "median_ms": round(float(np.median(ms)), 2),
            "p90_ms": round(float(np.percentile(ms, 90)), 2), "max_ms": round(float(ms.max()), 2),
            "cpu_median_ms": round(float(np.median(cpu[:-1])), 2),

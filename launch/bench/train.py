@@ -1,13 +1,17 @@
-"""Benchmark the training loop: steps per minute, learner idle share, scheduler actor overhead
-per step, and the effect of max_staleness on throughput.
+"""Benchmark the training loop: steps per minute, learner and rollout-worker idle shares,
+scheduler actor overhead per step, the selection's information lag, and the effect of
+max_staleness on throughput.
 
 envsched bench train [--config FILE] [--staleness 0 1 2] [--steps N] [--engine scripted|hf]
                      [--out DIR] [--json] [key.sub=value ...]
 
 Runs one short training run per ``max_staleness`` value (same pool, same seed; each run in its own
 directory under --out) and reports, per run: steps/min over the steps after the first (the first
-includes actor start-up), the mean learner idle share, the scheduler actor's time per step
-(select + absorb inside the actor, and the controller's wait on it), and the mean staleness.
+includes actor start-up), the mean learner idle share and rollout idle share (share of wall time
+the rollout workers had no group to run; ``launch/controller.Occupancy``), the scheduler actor's
+time per step (select + absorb inside the actor, and the controller's wait on it), the mean
+staleness and the mean number of groups each selection could not see
+(``selection_unseen_groups``).
 """
 
 from __future__ import annotations
@@ -58,9 +62,12 @@ def run(args: argparse.Namespace) -> int:
         results.append({
             "max_staleness": s, "steps": len(rows), "steps_per_min": 60.0 / step_s,
             "learner_idle_share": _mean(later, "learner_idle_share"),
+            "rollout_idle_share": _mean(later, "rollout_idle_share"),
+            "rollout_occupancy": _mean(later, "rollout_occupancy"),
             "scheduler_actor_s_per_step": sum(sched) / len(sched),
             "controller_wait_on_scheduler_s_per_step": _mean(rows, "time_scheduler_s"),
             "staleness_mean": _mean(rows, "staleness_mean"),
+            "selection_unseen_groups": _mean(rows, "selection_unseen_groups"),
             "reward_mean": _mean(rows, "reward_mean")})
     if args.json:
         print(json.dumps(results, indent=2))

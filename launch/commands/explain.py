@@ -26,18 +26,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def load_run_scheduler(run_dir: Path, step: int | None = None):
     """(scheduler restored from the checkpoint, checkpoint) of a run directory."""
-    import yaml
-
     from envs.pool import load_pool
     from launch.checkpoint import CheckpointError, find_checkpoint, load_checkpoint
-    from launch.cli import UserError
-    from launch.config import build_config
+    from launch.errors import UserError
+    from launch.config import ConfigError, load_config
     from launch.scheduler_factory import build_scheduler
 
     cfg_path = Path(run_dir) / "config.yaml"
     if not cfg_path.is_file():
         raise UserError(f"{cfg_path} not found: is {run_dir} a run directory of envsched train?")
-    cfg = build_config(yaml.safe_load(cfg_path.read_text()), str(cfg_path))
+    try:
+        cfg = load_config(cfg_path)
+    except ConfigError as e:
+        raise UserError(str(e)) from None
     try:
         ckpt = load_checkpoint(find_checkpoint(Path(run_dir), step))
     except CheckpointError as e:
@@ -75,7 +76,8 @@ def _fmt(v: Any) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from launch.cli import UserError
+    from envs.text import printable
+    from launch.errors import UserError
 
     scheduler, ckpt = load_run_scheduler(Path(args.run_dir), args.step)
     try:
@@ -85,6 +87,6 @@ def run(args: argparse.Namespace) -> int:
     record = {"checkpoint_step": ckpt.step, **record}
     if args.json:
         print(json.dumps(record, indent=2, default=str))
-    else:
-        print("\n".join(_lines(record)))
+    else:  # task ids, instructions and tool names come from the pool
+        print("\n".join(printable(line) for line in _lines(record)))
     return 0

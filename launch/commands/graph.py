@@ -42,7 +42,7 @@ def run_build(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from envs.pool import load_pool
-    from launch.cli import UserError
+    from launch.errors import UserError
     from envs.opdesc import OpDescriptionError, pool_descriptions
     from scheduling.graph import DualGraph, GraphConfig, GraphError
 

@@ -21,7 +21,8 @@ import sys
 import time
 from pathlib import Path
 
-from launch.cli import UserError, add_module_command
+from launch.cli import add_module_command
+from launch.errors import UserError
 
 EXTERNAL = {"import": "launch.commands.pool_import"}
 

@@ -70,7 +70,7 @@ def render(run_dir: Path, out: Path) -> list[Path]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from launch.cli import UserError
+    from launch.errors import UserError
     from launch.evaluation import read_eval
     from launch.metrics import read_metrics, summarize
 

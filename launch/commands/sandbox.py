@@ -15,7 +15,7 @@ import argparse
 import json
 from dataclasses import asdict
 
-from launch.cli import UserError
+from launch.errors import UserError
 
 BACKENDS = ("auto", "bwrap", "unshare", "docker", "none")
 

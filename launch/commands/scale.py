@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from launch.cli import UserError
+from launch.errors import UserError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

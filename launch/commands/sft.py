@@ -33,7 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from launch.cli import UserError
+    from launch.errors import UserError
     from launch.sft import run_sft
 
     if not 0 < args.task_fraction <= 1:

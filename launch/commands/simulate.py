@@ -1,12 +1,14 @@
 """Compare task schedulers in the learning-dynamics simulator and write a Table 2/3/4-style report.
 
-    envsched simulate [--pool DIR] [--schedulers envsched,random,dps,mopps,leeps] [--steps 200]
+    envsched simulate [--pool DIR] [--schedulers NAME,...] [--steps 200]
                       [--seeds 3] [--out DIR] [--quick] [--workers 2] [--no-ablations]
-                      [--t4-runs 100]
+                      [--t4-runs 100] [--lag 0]
 
-Without ``--pool`` a pool of 51 environments x 50 tasks is generated (seed 0) under
-``OUT/pool``. Writes ``OUT/report.md``, ``OUT/metrics.json``, ``OUT/curve_*.png`` and
-``OUT/results.pkl`` (the raw run logs; ``--render-only`` rewrites the report from it).
+``--schedulers`` takes any ``scheduling.registry`` name or ``dapo+NAME`` (default: every
+registered scheduler). Without ``--pool`` a pool of 51 environments x 50 tasks is generated
+(seed 0) under ``OUT/pool``. Writes ``OUT/report.md``, ``OUT/metrics.json``, ``OUT/curve_*.png``
+and ``OUT/results.pkl`` (the raw run logs; ``--render-only`` rewrites the report from it), then
+prints each scheduler's headline figures and who is first on each axis (``report.findings``).
 ``--quick`` is a seconds-long smoke run (small generated pool, few steps) for tests.
 """
 
@@ -18,15 +20,14 @@ import pickle
 import time
 from pathlib import Path
 
-from launch.cli import UserError
-
-KNOWN = ("envsched", "random", "dps", "mopps", "leeps")
+from launch.errors import UserError
+from scheduling import registry
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pool", type=Path, help="pool directory (default: generate one)")
-    parser.add_argument("--schedulers", default=",".join(KNOWN),
-                        help="comma-separated: envsched, random, dps, mopps, leeps, dapo+NAME")
+    parser.add_argument("--schedulers", default=",".join(registry.names()),
+                        help=f"comma-separated: {', '.join(registry.names())}, dapo+NAME")
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--batch-size", type=int, default=64)
@@ -36,6 +37,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-ablations", dest="ablations", action="store_false",
                         help="skip the Table 3 EnvSched ablations")
     parser.add_argument("--t4-runs", type=int, default=100, help="Table 4 cold-start runs")
+    parser.add_argument("--lag", type=int, default=0,
+                        help="steps of history the scheduler does not see yet when it selects "
+                        "(the async loop's information lag; 0 = synchronous)")
     parser.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1),
                         help="parallel processes (results do not depend on it)")
     parser.add_argument("--no-progress", dest="progress", action="store_false")
@@ -47,23 +51,31 @@ def _settings(args: argparse.Namespace):
     from scheduling.simulate.experiment import Settings
 
     names = [n.strip() for n in args.schedulers.split(",") if n.strip()]
-    bad = [n for n in names if (n[5:] if n.startswith("dapo+") else n) not in KNOWN
-           or n == "dapo+envsched"]
-    if bad or not names:
-        raise UserError(f"--schedulers: unknown {bad or names}; choose from {', '.join(KNOWN)} "
-                        "or dapo+<baseline>")
+    if not names:
+        raise UserError("--schedulers: give at least one name; choose from "
+                        f"{', '.join(registry.names())} or dapo+<name>")
+    for name in names:
+        try:
+            registry.get(name)
+        except registry.UnknownSchedulerError as e:
+            raise UserError(f"--schedulers: {e}") from None
     for flag, v in (("--steps", args.steps), ("--seeds", args.seeds),
                     ("--batch-size", args.batch_size), ("--workers", args.workers)):
         if v < 1:
             raise UserError(f"{flag} must be >= 1, got {v}")
     if args.t4_runs < 0:
         raise UserError(f"--t4-runs must be >= 0, got {args.t4_runs}")
+    lag = getattr(args, "lag", 0)
+    if lag < 0:
+        raise UserError(f"--lag must be >= 0 (steps of history the scheduler does not see), "
+                        f"got {lag}")
     if args.quick:
         return Settings(schedulers=names, steps=min(args.steps, 6), seeds=1, batch_size=16,
                         eval_every=3, ablations=args.ablations, t4_runs=min(args.t4_runs, 3),
-                        t4_steps=3)
+                        t4_steps=3, lag=lag)
     return Settings(schedulers=names, steps=args.steps, seeds=args.seeds,
-                    batch_size=args.batch_size, ablations=args.ablations, t4_runs=args.t4_runs)
+                    batch_size=args.batch_size, ablations=args.ablations, t4_runs=args.t4_runs,
+                    lag=lag)
 
 
 def _pool(args: argparse.Namespace):
@@ -99,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
 
     from scheduling.base import SchedulerError
     from scheduling.simulate.experiment import run_all
-    from scheduling.simulate.report import write_report
+    from scheduling.simulate.report import findings, write_report
     from scheduling.simulate.world import WorldError
 
     if args.render_only:
@@ -124,6 +136,8 @@ def run(args: argparse.Namespace) -> int:
     m = write_report(res, args.out, elapsed)
     print(f"wrote {args.out / 'report.md'} and metrics.json ({m['elapsed_s']:.0f} s)")
     for name, row in m["summary"].items():
-        print(f"  {name:>10}: mean var {row['mean_reward_variance']:.4f}  envs/batch "
+        print(f"  {name:>14}: mean var {row['mean_reward_variance']:.4f}  envs/batch "
               f"{row['envs_per_batch']:.1f}  held-out {row['heldout_success']:.4f}")
+    for line in findings(m):
+        print(line)
     return 0

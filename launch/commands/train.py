@@ -1,13 +1,16 @@
 """Train a policy with GRPO on batches chosen by the scheduler (no --config: the CPU demo).
 
 envsched train [--config FILE] [--out RUN_DIR] [--address auto|ray://HOST:PORT] [--resume]
-               [key.sub=value ...]
+               [--resume-changed] [key.sub=value ...]
 
 Without ``--config`` the embedded CPU demo (``configs/cpu_demo.yaml``) runs: it generates a pool,
 warm-starts the tiny policy with ``envsched sft`` on reference solutions, then trains through the
 real actors. ``RUN_DIR`` gets config.yaml (resolved), metrics.jsonl, tensorboard/, checkpoints/,
 filter_log.jsonl and summary.json. A ``RUN_DIR`` with a checkpoint is continued from its latest
-checkpoint (so repeating a command is idempotent); ``--resume`` insists on one.
+intact checkpoint (so repeating a command is idempotent); ``--resume`` insists on one. A
+``RUN_DIR`` started with another config is refused with the list of changed keys, except
+``run.steps`` (extend a run) and where Ray runs; ``--resume-changed`` continues it anyway and
+records the change (``config_changes.jsonl``, the old ``config.step_N.yaml``).
 """
 
 from __future__ import annotations
@@ -28,24 +31,44 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--address", default=None,
                         help="Ray address: auto, ray://host:port (default: embedded local Ray)")
     parser.add_argument("--resume", action="store_true", help="fail unless RUN_DIR has a checkpoint to continue from")
+    parser.add_argument("--resume-changed", action="store_true",
+                        help="continue RUN_DIR with a changed config (the change is recorded)")
     parser.add_argument("overrides", nargs="*", metavar="key.sub=value",
                         help="dotted config overrides, e.g. run.steps=5 controller.max_staleness=0")
 
 
+def preflight(cfg, run_dir: Path, address) -> None:
+    """``envsched doctor``'s checks but the cluster's resources (checked once Ray is up):
+    blockers stop here, before a pool is generated or Ray started; warnings are printed."""
+    from launch.errors import UserError
+    from launch.doctor import blockers, static_checks
+
+    checks = static_checks(cfg, run_dir, local=not (address or cfg.cluster.address))
+    failed = blockers(checks)
+    if failed:
+        raise UserError("pre-flight checks failed (`envsched doctor` lists every check):\n"
+                        + "\n".join(c.line() for c in failed))
+    for c in checks:
+        if c.status == "warn":
+            print(c.line(), flush=True)
+
+
 def run(args: argparse.Namespace) -> int:
-    from launch.cli import UserError
+    from launch.errors import UserError
     from launch.config import ConfigError, load_config
 
     try:
         cfg = load_config(args.config, args.overrides)
     except ConfigError as e:
         raise UserError(str(e)) from None
+    preflight(cfg, Path(args.out), args.address)
     from launch.trainer import train
 
     # SIGTERM (ray job stop, a scheduler, kill) unwinds like Ctrl-C: the trainer's finally blocks
     # stop the actors and an embedded Ray; the latest checkpoint stays valid for --resume.
     signal.signal(signal.SIGTERM, _terminate)
-    summary = train(cfg, Path(args.out), address=args.address, resume=args.resume)
+    summary = train(cfg, Path(args.out), address=args.address, resume=args.resume,
+                    resume_changed=args.resume_changed)
     print(json.dumps(summary, indent=2, sort_keys=True))
     from launch.metrics import format_summary
 

@@ -17,7 +17,7 @@ Decisions where the published methods are silent (they assume synchronous traini
   serialisable, float64 round-trips exactly) plus the RNG's bit-generator state, so a restored
   scheduler makes the same next selections.
 
-May import: numpy, scheduling.base, the standard library.
+May import: numpy, scheduling.base, scheduling.variance, the standard library.
 """
 
 from __future__ import annotations
@@ -27,11 +27,12 @@ from typing import Any, Sequence
 import numpy as np
 
 from scheduling.base import Batch, GroupResult, Scheduler, SchedulerError, Selection, TaskInfo
+from scheduling.variance import group_variance
 
 
 def group_stats(rewards: np.ndarray) -> tuple[float, float]:
     """(mean, population variance) of one group's K rewards (Eq. 2)."""
-    return float(rewards.mean()), float(rewards.var())
+    return float(rewards.mean()), group_variance(rewards)
 
 
 def is_nontrivial(rewards: np.ndarray) -> bool:

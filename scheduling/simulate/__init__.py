@@ -7,6 +7,7 @@ be compared on a CPU in minutes (``envsched simulate``; docs/simulator.md).
 - ``experiment`` schedulers x seeds, EnvSched ablations (Table 3), cold-start study (Table 4).
 - ``metrics``    Table 2/3/4 summaries and curves; ``report`` writes report.md, metrics.json, PNGs.
 
-May import: numpy, matplotlib (Agg backend, in ``report`` only), tqdm, scheduling.*, envs.*, the
-standard library. Never Ray or torch.
+May import: numpy, matplotlib (Agg backend, in ``report`` only), scheduling.*, the
+standard library, and from ``envs`` what the library may (``scheduling/__init__.py``) plus
+``envs.pool`` (the pool a run simulates). Never Ray, torch or ``sandbox``.
 """

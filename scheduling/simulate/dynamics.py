@@ -26,7 +26,7 @@ integrated over z by Gauss-Hermite quadrature (``quad_nodes`` nodes):
              + 2 sum_{b<c} R_c n_b n_c q^2,   R_b = prod_{j<=b} a_j,
 where T counts passed dependent checks, a_j the gate probabilities and q the check probability.
 
-May import: numpy, the standard library.
+May import: numpy, scheduling.simulate.world, the standard library.
 """
 
 from __future__ import annotations

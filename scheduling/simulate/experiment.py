@@ -1,21 +1,28 @@
 """The comparison a user runs (``envsched simulate``): schedulers x seeds at matched budgets, the
 Table 3 ablations of EnvSched, and the Table 4 cold-start study.
 
-- Main runs: every named scheduler (``envsched``, ``random``, ``dps``, ``mopps``, ``leeps``,
-  ``dapo+NAME`` for a baseline) for ``steps`` steps and each seed.
+- Main runs: every named scheduler (any ``scheduling.registry`` name, or ``dapo+NAME``) for
+  ``steps`` steps and each seed, built by the registry exactly as training builds it.
 - Ablations (Table 3): EnvSched with one switch changed — within-only (fusion weight of G^in = 1),
   cross-only (fusion weight 0), coverage-only (rho = 1), exploitation-only (rho = 0), and
-  K_within / K_cross halved and doubled — same seeds and budget.
+  K_within / K_cross halved and doubled — same seeds and budget; ``envsched-bayes`` (when run) gets
+  the same switches in its own params plus one per component it adds (``BAYES_ABLATIONS``), and its
+  own Table 4 study (``STUDIES``).
 - Table 4: ``t4_runs`` runs of ``t4_steps`` steps after a RANDOM cold-start batch of B tasks
   (step 0), with the policy's latent offsets fixed (seed 0) and the cold-start draw and rollout
   noise varying per run. The forced first batch uses a subclass of EnvSched that records it
   exactly as ``EnvSched.select`` records its own cold start (exposure and pending groups); it relies
   on those two EnvSched attributes.
 
-Every scheduler excludes the held-out tasks. The graph (EnvSched's, and LEEPS's embedding via
-X_full) is built once and cached next to the report.
+Main runs and ablations see the scheduler's information lag ``Settings.lag`` (``runner.run``;
+0 = synchronous); Table 4 runs are always synchronous.
 
-May import: numpy, tqdm, scheduling.*, envs.*, the standard library.
+Every scheduler excludes the held-out tasks. The graph (for every scheduler whose registry entry
+``needs_graph``: EnvSched's, LEEPS's embedding via X_full) is built once and cached next to the
+report.
+
+May import: numpy, scheduling.*, envs.pool and the envs modules the library may import,
+the standard library.
 """
 
 from __future__ import annotations
@@ -28,8 +35,7 @@ import numpy as np
 
 from envs.pool import Pool
 from scheduling.base import Batch, Scheduler, SchedulerError, Selection
-from scheduling.baselines import make_baseline
-from scheduling.baselines.leeps import text_embedding
+from scheduling import registry
 from scheduling.simulate.dynamics import SimParams
 from scheduling.simulate.runner import RunLog, run
 from scheduling.simulate.world import World, build_world, task_infos
@@ -44,11 +50,33 @@ ABLATIONS: dict[str, dict[str, Any]] = {
     "K_cross=6": {"k_cross": 6},
     "K_cross=24": {"k_cross": 24},
 }
+# envsched-bayes: the same switches in its params, plus one per component it adds
+BAYES_ABLATIONS: dict[str, dict[str, Any]] = {
+    "within-only": {"envsched": {"fusion_within": 1.0}},
+    "cross-only": {"envsched": {"fusion_within": 0.0}},
+    "coverage-only": {"coverage": 1.0},
+    "exploitation-only": {"coverage": 0.0},
+    "K_within=3": {"envsched": {"k_within": 3}},
+    "K_within=12": {"envsched": {"k_within": 12}},
+    "K_cross=6": {"envsched": {"k_cross": 6}},
+    "K_cross=24": {"envsched": {"k_cross": 24}},
+    "no graph prior": {"graph_prior": False},
+    "fixed prior n0=2": {"prior_strength": 2.0},
+    "posterior mean, no Thompson": {"thompson": False},
+    "fixed coverage rho=0.5": {"coverage": 0.5},
+}
+# schedulers with a Table 3 ablation set and a Table 4 study, when they are among the schedulers
+STUDIES: dict[str, dict[str, dict[str, Any]]] = {"envsched": ABLATIONS,
+                                                 "envsched-bayes": BAYES_ABLATIONS}
+
+
+def ablation_label(base: str, name: str) -> str:
+    return name if base == "envsched" else f"{base}: {name}"
 
 
 @dataclass
 class Settings:
-    schedulers: Sequence[str] = ("envsched", "random", "dps", "mopps", "leeps")
+    schedulers: Sequence[str] = field(default_factory=registry.names)
     steps: int = 200
     seeds: int = 3
     batch_size: int = 64
@@ -57,6 +85,7 @@ class Settings:
     t4_runs: int = 100
     t4_steps: int = 7
     params: SimParams = field(default_factory=SimParams)
+    lag: int = 0   # steps of history the schedulers do not see yet (runner.run); 0 = synchronous
 
 
 @dataclass
@@ -83,9 +112,9 @@ def load_graph(pool: Pool, cache: Optional[Path]) -> Any:
     return graph
 
 
-def _with_first_batch(base_cls: type, first: list[str], *args: Any, **kwargs: Any) -> Scheduler:
-    """An EnvSched whose first batch is ``first`` (Table 4's random cold start), recorded the way
-    ``EnvSched.select`` records its own (exposure and pending groups)."""
+def _forced_first_batch(base_cls: type, first: list[str]) -> type:
+    """A subclass of EnvSched whose first batch is ``first`` (Table 4's random cold start),
+    recorded the way ``EnvSched.select`` records its own (exposure and pending groups)."""
     class ForcedColdStart(base_cls):  # type: ignore[misc, valid-type]
         def select(self, step: int) -> Batch:
             nonlocal first
@@ -99,59 +128,26 @@ def _with_first_batch(base_cls: type, first: list[str], *args: Any, **kwargs: An
             return Batch(step=step, selections=tuple(
                 Selection(task_id=t, phase="cold-start", rank=r, scores={"random": 1.0})
                 for r, t in enumerate(ids)), notes=("random cold start (Table 4)",))
-    return ForcedColdStart(*args, **kwargs)
+    return ForcedColdStart
 
 
 class Factory:
-    """Builds any scheduler by name over the pool, with the held-out tasks excluded."""
+    """Builds any registered scheduler by name (``scheduling.registry``) over the pool, with the
+    held-out tasks excluded."""
 
     def __init__(self, pool: Pool, world: World, settings: Settings, graph: Any) -> None:
         self.world, self.settings, self.graph = world, settings, graph
         self.infos = task_infos(pool.tasks, world)
-        self._embedding = None
-        self._lists: Optional[tuple[np.ndarray, np.ndarray, np.ndarray]] = None
+        self.cache: dict[str, Any] = {}   # LEEPS's neighbour lists, shared by every run
 
-    def embedding(self) -> Any:
-        if self._embedding is None and self.graph is not None:
-            rows = [self.graph.index[t] for t in self.world.task_ids]
-            self._embedding = self.graph.X_full[rows]
-        return self._embedding
-
-    def envsched(self, seed: int, overrides: Optional[dict[str, Any]] = None,
-                 first_batch: Optional[list[str]] = None) -> Scheduler:
-        from scheduling.config import EnvSchedConfig
-        from scheduling.envsched import EnvSched
-
-        if self.graph is None:
-            raise SchedulerError("envsched needs the pool's graph")
-        cfg = EnvSchedConfig(batch_size=self.settings.batch_size, seed=seed, **(overrides or {}))
-        if first_batch:
-            s = _with_first_batch(EnvSched, first_batch, self.infos, self.graph, cfg)
-        else:
-            s = EnvSched(self.infos, self.graph, cfg)
-        return self._exclude(s)
-
-    def leeps_lists(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """LEEPS's neighbour lists over the embedding, computed once for every run."""
-        if self._lists is None:
-            from scheduling.baselines.leeps import _normalise, neighbour_lists
-
-            emb = self.embedding()
-            self._lists = neighbour_lists(_normalise(emb if emb is not None else
-                                                     text_embedding(self.infos)))
-        return self._lists
-
-    def make(self, name: str, seed: int) -> Scheduler:
-        if name == "envsched":
-            return self.envsched(seed)
-        extra: dict[str, Any] = {}
-        if name.endswith("leeps"):
-            extra = {"lists": self.leeps_lists()}
-        s = make_baseline(name, self.infos, self.settings.batch_size,
-                          self.settings.params.rollouts, seed, self.embedding(), **extra)
-        return self._exclude(s)
-
-    def _exclude(self, s: Scheduler) -> Scheduler:
+    def make(self, name: str, seed: int, params: Optional[dict[str, Any]] = None,
+             first_batch: Optional[list[str]] = None) -> Scheduler:
+        if registry.get(name).needs_graph and self.graph is None:
+            raise SchedulerError(f"{name} needs the pool's graph")
+        cls = _forced_first_batch(registry.get(name).cls, first_batch) if first_batch else None
+        s = registry.build(name, params or {}, tasks=self.infos,
+                           batch_size=self.settings.batch_size, k=self.settings.params.rollouts,
+                           seed=seed, graph=self.graph, cache=self.cache, cls=cls)
         for i in np.nonzero(~self.world.train)[0]:
             s.exclude(self.world.task_ids[i], "held out for evaluation (simulator)")
         return s
@@ -162,14 +158,16 @@ class Job:
     kind: str                      # "main" | "ablation" | "table4"
     name: str
     seed: int
+    base: str = "envsched"         # ablation / table4: the scheduler studied (a STUDIES key)
 
 
-def _jobs(S: Settings, with_es: bool) -> list[Job]:
+def _jobs(S: Settings) -> list[Job]:
     jobs = [Job("main", n, seed) for n in S.schedulers for seed in range(S.seeds)]
-    if S.ablations and with_es:
-        jobs += [Job("ablation", n, seed) for n in ABLATIONS for seed in range(S.seeds)]
-    if with_es:
-        jobs += [Job("table4", "envsched", r) for r in range(S.t4_runs)]
+    studied = [b for b in STUDIES if b in S.schedulers]
+    if S.ablations:
+        jobs += [Job("ablation", n, seed, b) for b in studied for n in STUDIES[b]
+                 for seed in range(S.seeds)]
+    jobs += [Job("table4", b, r, b) for b in studied for r in range(S.t4_runs)]
     return jobs
 
 
@@ -181,16 +179,17 @@ def _run_job(fac: "Factory", job: Job, tick: Optional[Callable[[], None]] = None
     S, world, P = fac.settings, fac.world, fac.settings.params
     if job.kind == "main":
         return run(fac.make(job.name, job.seed), world, P, job.seed, S.steps, S.eval_every,
-                   on_step=tick, label=job.name)
+                   on_step=tick, label=job.name, lag=S.lag)
     if job.kind == "ablation":
-        return run(fac.envsched(job.seed, ABLATIONS[job.name]), world, P, job.seed, S.steps,
-                   S.eval_every, on_step=tick, label=job.name)
+        return run(fac.make(job.base, job.seed, STUDIES[job.base][job.name]), world, P, job.seed,
+                   S.steps, S.eval_every, on_step=tick, label=ablation_label(job.base, job.name),
+                   lag=S.lag)
     train_ids = [world.task_ids[i] for i in np.nonzero(world.train)[0]]
     first = [str(t) for t in np.random.default_rng([job.seed, 17]).choice(
         train_ids, S.batch_size, replace=False)]
-    return run(fac.envsched(0, first_batch=first), world, P, job.seed, S.t4_steps + 1,
+    return run(fac.make(job.base, 0, first_batch=first), world, P, job.seed, S.t4_steps + 1,
                eval_every=S.t4_steps + 1, policy_seed=0, rollout_seed=[job.seed, 13],
-               on_step=tick, label="envsched")
+               on_step=tick, label=job.base)
 
 
 _FORKED: Optional[tuple["Factory", Any]] = None  # (factory, step counter) inherited by workers
@@ -238,12 +237,12 @@ def run_all(pool: Pool, settings: Settings, graph_cache: Optional[Path] = None,
     ``update(n)`` (e.g. a tqdm bar). ``workers`` > 1 runs jobs in forked processes (results are
     identical: every job seeds its own generators)."""
     world = build_world(pool.tasks, pool.environments)
-    needs_graph = any(n == "envsched" or n.endswith("leeps") for n in settings.schedulers)
+    needs_graph = any(registry.get(n).needs_graph for n in settings.schedulers)
     graph = load_graph(pool, graph_cache) if needs_graph else None
     fac = Factory(pool, world, settings, graph)
-    if any(n.endswith("leeps") for n in settings.schedulers):
-        fac.leeps_lists()
-    jobs = _jobs(settings, "envsched" in settings.schedulers)
+    for name in settings.schedulers:   # fail fast on bad names; fill shared caches before forking
+        fac.make(name, 0)
+    jobs = _jobs(settings)
     bar = progress(sum(_job_steps(j, settings) for j in jobs)) if progress else None
     if workers > 1 and len(jobs) > 1:
         logs = _run_forked(fac, jobs, workers, bar)

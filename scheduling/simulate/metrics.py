@@ -5,9 +5,15 @@ Per run: ``mean_reward_variance`` / ``median_reward_variance`` = mean / median p
 over every trained group of the run (Eq. 2); ``median_reward`` = median group mean reward;
 ``envs_per_batch`` / ``tools_per_batch`` = mean over steps; ``heldout_success`` = expected reward
 on all held-out tasks (held-out tasks of training environments plus held-out environments) after
-the last step; ``rollouts`` = every rollout generated. Across seeds: mean, a 95 % Student-t
-interval (nan for one seed), the ratio to Random's mean, and a 95 % interval of the difference from
-Random paired by seed (every scheduler of seed s meets the same simulated world).
+the last step; ``rollouts`` = every rollout generated. Eligibility (``ELIGIBILITY``, the
+scheduler's own per-step metrics, ``runner.SCHEDULER_STEP_KEYS``): ``progress_blocked_share`` =
+mean share of the eligible pool the progress filter blocks per step; ``relaxed_progress`` /
+``relaxed_C3`` / ``relaxed_C1`` / ``relaxed_C_task`` = mean picks per step that needed that
+relaxation (a pick that relaxed C1 had relaxed the progress filter and C3 first, so it counts in
+all three); nan for a scheduler that never reports the key (Random: all; envsched-bayes: the
+progress filter). ``curves`` keeps the per-step series of each. Across seeds: mean, a 95 %
+Student-t interval (nan for one seed), the ratio to Random's mean, and a 95 % interval of the
+difference from Random paired by seed (every scheduler of seed s meets the same simulated world).
 
 Table 4: per step, the runs' batch-mean realised variance, cumulative mean variance (all groups so
 far, step 0 included) and exploitation hit rate; means with 95 % normal intervals over runs, the
@@ -20,16 +26,18 @@ May import: numpy, scheduling.simulate.runner, the standard library.
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any, Sequence
 
 import numpy as np
 
-from scheduling.simulate.runner import RunLog
+from scheduling.simulate.runner import SCHEDULER_STEP_KEYS, RunLog
 
 METRICS = ("mean_reward_variance", "median_reward_variance", "median_reward", "envs_per_batch",
            "tools_per_batch", "nontrivial_fraction", "heldout_success", "heldout_task_success",
            "heldout_env_success", "heldout_gain", "train_success", "exploit_hit_rate", "rollouts",
-           "learning_signal")
+           "learning_signal", *SCHEDULER_STEP_KEYS)
+ELIGIBILITY = SCHEDULER_STEP_KEYS
 _T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306,
          9: 2.262, 10: 2.228}
 
@@ -68,37 +76,63 @@ def run_summary(log: RunLog) -> dict[str, float]:
         "exploit_hit_rate": float(np.mean(hits)) if hits else float("nan"),
         "rollouts": float(sum(s.rollouts for s in log.steps)),
         "learning_signal": float(log.signal_total),
+        **_eligibility(log),
     }
 
 
+def _eligibility(log: RunLog) -> dict[str, float]:
+    """Mean per step of each eligibility figure, over the steps that report it (module
+    docstring); nan for a key the scheduler never reports."""
+    out = {}
+    for k in ELIGIBILITY:
+        vals = [s.sched[k] for s in log.steps if k in s.sched]
+        out[k] = float(np.mean(vals)) if vals else float("nan")
+    return out
+
+
+def eligibility_series(log: RunLog) -> dict[str, list[float]]:
+    """Per step, each eligibility figure (nan where the scheduler did not report it)."""
+    return {k: [float(s.sched.get(k, float("nan"))) for s in log.steps] for k in ELIGIBILITY}
+
+
 def summarise(logs: Sequence[RunLog], reference: str = "random") -> dict[str, dict[str, Any]]:
-    """``{scheduler: {metric: mean over seeds, metric_ci: [lo, hi], metric_ratio: mean / the
-    reference's mean, metric_diff_ci: [lo, hi] of the per-seed paired difference from the
-    reference}}``. Pairing by seed removes the between-seed spread of the simulated worlds."""
+    """Table 2 rows of simulated runs: ``paired_summary`` of each run's ``run_summary``."""
     by: dict[str, dict[int, dict[str, float]]] = {}
     for log in logs:
         by.setdefault(log.scheduler, {})[log.seed] = run_summary(log)
+    return paired_summary(by, METRICS, reference)
+
+
+def paired_summary(by: dict[str, dict[int, dict[str, float]]], metrics: Sequence[str],
+                   reference: str = "random") -> dict[str, dict[str, Any]]:
+    """``by[scheduler][seed][metric]`` -> ``{scheduler: {metric: mean over seeds, metric_ci:
+    [lo, hi], metric_ratio: mean / the reference's mean, metric_diff_ci: [lo, hi] of the per-seed
+    paired difference from the reference}}``. Pairing by seed removes the between-seed spread
+    (every scheduler of seed s meets the same simulated world, or the same warm start and seeds in
+    real training: ``launch/compare.py``)."""
     ref = by.get(reference)
     out: dict[str, dict[str, Any]] = {}
     for name, runs in by.items():
         row: dict[str, Any] = {"seeds": len(runs)}
-        for k in METRICS:
-            ci = mean_ci([r[k] for r in runs.values()])
+        for k in metrics:
+            ci = mean_ci([r.get(k, float("nan")) for r in runs.values()])
             row[k], row[f"{k}_ci"] = ci["mean"], [ci["lo"], ci["hi"]]
             if ref is not None:
                 common = sorted(set(runs) & set(ref))
-                d = mean_ci([runs[s][k] - ref[s][k] for s in common])
+                d = mean_ci([runs[s].get(k, float("nan")) - ref[s].get(k, float("nan"))
+                             for s in common])
                 row[f"{k}_diff"], row[f"{k}_diff_ci"] = d["mean"], [d["lo"], d["hi"]]
         out[name] = row
     for row in out.values():
-        for k in METRICS:
+        for k in metrics:
             denom = out[reference][k] if reference in out else float("nan")
             row[f"{k}_ratio"] = row[k] / denom if denom and not math.isnan(denom) else float("nan")
     return out
 
 
 def curves(logs: Sequence[RunLog]) -> dict[str, dict[str, list[float]]]:
-    """Per scheduler, seed-averaged per-step batch variance, environments per batch, and held-out
+    """Per scheduler, seed-averaged per-step batch variance, environments per batch, the
+    eligibility figures (``eligibility.<key>``: blocked share, relaxations by kind), and held-out
     success at the evaluation steps."""
     by: dict[str, list[RunLog]] = {}
     for log in logs:
@@ -111,8 +145,13 @@ def curves(logs: Sequence[RunLog]) -> dict[str, dict[str, list[float]]]:
         envs = np.mean([[s.envs for s in r.steps[:n]] for r in runs], axis=0)
         ev_steps = [e["step"] for e in runs[0].evals]
         held = np.mean([[e["heldout"] for e in r.evals] for r in runs], axis=0)
+        series = [eligibility_series(r) for r in runs]
+        with warnings.catch_warnings():          # a key no run reported stays nan, silently
+            warnings.simplefilter("ignore", RuntimeWarning)
+            elig = {k: np.nanmean([sr[k][:n] for sr in series], axis=0).tolist()
+                    for k in ELIGIBILITY}
         out[name] = {"variance": var.tolist(), "envs": envs.tolist(), "eval_steps": ev_steps,
-                     "heldout": held.tolist()}
+                     "heldout": held.tolist(), "eligibility": elig}
     return out
 
 

@@ -2,8 +2,10 @@
 
 ``metrics.json``: ``settings``, ``params`` (every dynamics constant), ``pool`` (sizes, held-out
 split), ``summary.<scheduler>`` (Table 2 metrics averaged over seeds, each with ``_ci`` and
-``_ratio`` to Random), ``ablations.<name>`` (Table 3), ``table4``, ``curves``, ``runs`` (per-run
-summaries). The report states what came out, whichever way it came out.
+``_ratio`` to Random; the eligibility figures, progress-filter blocked share and relaxations by
+kind, among them), ``ablations.<name>`` (Table 3), ``table4``, ``curves`` (per step, the
+eligibility series included), ``runs`` (per-run summaries). The report states what came out,
+whichever way it came out: ``findings`` ranks every scheduler on each headline axis.
 
 May import: numpy, matplotlib (Agg backend), scheduling.simulate.*, the standard library.
 """
@@ -15,8 +17,10 @@ import math
 from pathlib import Path
 from typing import Any
 
-from scheduling.simulate.experiment import ABLATIONS, Results
-from scheduling.simulate.metrics import curves, run_summary, summarise, table4
+import numpy as np
+
+from scheduling.simulate.experiment import ABLATIONS, STUDIES, Results, ablation_label
+from scheduling.simulate.metrics import curves, mean_ci, run_summary, summarise, table4
 
 T2 = (("mean_reward_variance", "Mean reward var.", 5),
       ("median_reward_variance", "Median reward var.", 5), ("median_reward", "Median reward", 3),
@@ -28,13 +32,12 @@ T2 = (("mean_reward_variance", "Mean reward var.", 5),
 def build_metrics(res: Results) -> dict[str, Any]:
     w = res.world
     summary = summarise(res.main)
-    es = summary.get("envsched")
     abl = summarise(res.ablations) if res.ablations else {}
-    if es:
-        for row in abl.values():
-            for k in ("mean_reward_variance", "envs_per_batch", "tools_per_batch",
-                      "heldout_success"):
-                row[f"{k}_delta"] = row[k] - es[k]
+    for label, row in abl.items():       # each ablation against its own full scheduler
+        base = summary.get(label.split(": ")[0] if ": " in label else "envsched")
+        for k in ("mean_reward_variance", "envs_per_batch", "tools_per_batch",
+                  "heldout_success") if base else ():
+            row[f"{k}_delta"] = row[k] - base[k]
     s = res.settings
     return {
         "settings": {"schedulers": list(s.schedulers), "steps": s.steps, "seeds": s.seeds,
@@ -46,9 +49,13 @@ def build_metrics(res: Results) -> dict[str, Any]:
                  "train_tasks": int(w.train.sum()), "heldout_tasks": int(w.heldout_task.sum()),
                  "heldout_env_tasks": int(w.heldout_env.sum()),
                  "heldout_envs": int(len(set(w.env[w.heldout_env].tolist())))},
-        "summary": summary, "ablations": abl, "table4": table4(res.table4),
+        "summary": summary, "ablations": abl,
+        "table4": table4([r for r in res.table4 if r.scheduler == "envsched"]),
+        "table4_by_scheduler": {b: table4([r for r in res.table4 if r.scheduler == b])
+                                for b in STUDIES if any(r.scheduler == b for r in res.table4)},
         "curves": curves(res.main),
         "runs": [{"scheduler": r.scheduler, "seed": r.seed, **run_summary(r)} for r in res.main],
+        "rankings": rankings(summary),
     }
 
 
@@ -75,6 +82,45 @@ def table2_md(summary: dict[str, Any]) -> list[str]:
     return out
 
 
+ELIG_COLS = (("progress_blocked_share", "Blocked share"), ("relaxed_progress", "Relaxed: progress"),
+             ("relaxed_C3", "C3"), ("relaxed_C1", "C1"), ("relaxed_C_task", "C_task"))
+
+
+def _elig(key: str, x: float) -> str:
+    if x is None or math.isnan(x):
+        return "n/a"
+    return f"{x:.1%}" if key == "progress_blocked_share" else f"{x:.2f}"
+
+
+def eligibility_md(m: dict[str, Any], samples: int = 10) -> list[str]:
+    """Per scheduler, mean per step of the progress filter's blocked share and of the picks per
+    relaxation kind; then, per scheduler, the same at ``samples`` evenly spaced steps (every step
+    is in metrics.json ``curves.<scheduler>.eligibility``)."""
+    summary, curves_ = m["summary"], m["curves"]
+    names = [n for n, row in summary.items()
+             if any(not math.isnan(row.get(k, float("nan"))) for k, _ in ELIG_COLS)]
+    if not names:
+        return ["(no scheduler reports a progress filter or relaxations)"]
+    head = "| Scheduler | " + " | ".join(h for _, h in ELIG_COLS) + " |"
+    out = [head, "|---" * (len(ELIG_COLS) + 1) + "|"]
+    for n in names:
+        out.append(f"| {n} | " + " | ".join(_elig(k, summary[n].get(k, float("nan")))
+                                            for k, _ in ELIG_COLS) + " |")
+    for n in names:
+        series = curves_.get(n, {}).get("eligibility", {})
+        steps = len(next(iter(series.values()), []))
+        if not steps:
+            continue
+        at = sorted({int(round(x)) for x in np.linspace(0, steps - 1, min(samples, steps))})
+        out += ["", f"{n}, per step (mean over seeds):", "",
+                "| Step | " + " | ".join(h for _, h in ELIG_COLS) + " |",
+                "|---" * (len(ELIG_COLS) + 1) + "|"]
+        for t in at:
+            out.append(f"| {t} | " + " | ".join(_elig(k, series[k][t]) for k, _ in ELIG_COLS)
+                       + " |")
+    return out
+
+
 def table3_md(m: dict[str, Any]) -> list[str]:
     cols = (("mean_reward_variance", 5), ("envs_per_batch", 2), ("tools_per_batch", 1),
             ("heldout_success", 4))
@@ -91,6 +137,17 @@ def table3_md(m: dict[str, Any]) -> list[str]:
             out.append(f"| {name} | " + " | ".join(
                 f"{_f(row[k], nd)} ({row.get(k + '_delta', float('nan')):+.{nd}f})"
                 for k, nd in cols) + " |")
+    for base, switches in STUDIES.items():
+        labels = [ablation_label(base, n) for n in switches if base != "envsched"]
+        if base in m["summary"] and any(lb in m["ablations"] for lb in labels):
+            out.append(f"| Full {base} | " + " | ".join(_f(m["summary"][base][k], nd)
+                                                      for k, nd in cols) + " |")
+        for label in labels:
+            if label in m["ablations"]:
+                row = m["ablations"][label]
+                out.append(f"| {label} | " + " | ".join(
+                    f"{_f(row[k], nd)} ({row.get(k + '_delta', float('nan')):+.{nd}f})"
+                    for k, nd in cols) + " |")
     return out
 
 
@@ -122,21 +179,55 @@ def table4_md(t4: dict[str, Any]) -> list[str]:
     return out
 
 
+AXES = (("mean_reward_variance", "Mean reward variance", 4),
+        ("heldout_success", "Held-out success", 4),
+        ("envs_per_batch", "Environments per batch", 1))
+
+
+def rankings(summary: dict[str, Any]) -> dict[str, list[str]]:
+    """Per headline axis (``AXES``, higher is better), every scheduler from first to last by its
+    mean over seeds (nan last; equal means by name)."""
+    def key(k: str):
+        return lambda n: (math.isnan(summary[n][k]), -summary[n][k] if not
+                          math.isnan(summary[n][k]) else 0.0, n)
+    return {k: sorted(summary, key=key(k)) for k, _, _ in AXES}
+
+
+def _paired(runs: list[dict[str, Any]], a: str, b: str, k: str) -> dict[str, float]:
+    """Mean and 95 % t-interval of a's minus b's ``k``, paired by seed."""
+    by: dict[str, dict[int, float]] = {}
+    for r in runs:
+        by.setdefault(r["scheduler"], {})[r["seed"]] = r[k]
+    common = sorted(set(by.get(a, {})) & set(by.get(b, {})))
+    return mean_ci([by[a][sd] - by[b][sd] for sd in common])
+
+
 def findings(m: dict[str, Any]) -> list[str]:
-    """Plain statements of what came out, computed, not written in advance."""
+    """Plain statements of what came out, computed, not written in advance: on each headline
+    axis every scheduler in rank order (with its change vs Random), then how far the first is
+    ahead of the second, paired by seed."""
     s = m["summary"]
-    if "envsched" not in s or "random" not in s:
+    if len(s) < 2:
         return []
     out = []
-    es = s["envsched"]
-    for k, label in (("mean_reward_variance", "mean reward variance"),
-                     ("envs_per_batch", "environments per batch"),
-                     ("heldout_success", "held-out success")):
-        others = {n: r[k] for n, r in s.items() if n != "envsched"}
-        best = max(others, key=others.get)
-        rank = 1 + sum(v > es[k] for v in others.values())
-        out.append(f"- EnvSched {label}: {_f(es[k], 4)}, {es[k + '_ratio'] - 1:+.1%} vs Random; "
-                   f"rank {rank} of {len(s)} (best other: {best} {_f(others[best], 4)}).")
+    for k, label, nd in AXES:
+        order = rankings(s)[k]
+        cells = []
+        for r, n in enumerate(order, 1):
+            ratio = s[n].get(f"{k}_ratio", float("nan"))
+            vs = "" if math.isnan(ratio) or n == "random" else f" ({ratio - 1:+.1%} vs Random)"
+            cells.append(f"{r}. {n} {_f(s[n][k], nd)}{vs}")
+        first, second = order[0], order[1]
+        d = _paired(m.get("runs", []), first, second, k)
+        if s[first][k] == s[second][k]:
+            lead = f"{first} and {second} tie"
+        elif d["n"] >= 2 and not math.isnan(d["lo"]):
+            sig = "" if d["lo"] > 0 else "; the interval includes 0: first, not significantly"
+            lead = (f"{first} - {second} = {d['mean']:+.{nd + 1}f} [95 % paired "
+                    f"{d['lo']:+.{nd + 1}f}, {d['hi']:+.{nd + 1}f}] over {d['n']} seeds{sig}")
+        else:
+            lead = f"{first} - {second} = {s[first][k] - s[second][k]:+.{nd + 1}f}"
+        out.append(f"- {label}: first {first}. " + ", ".join(cells) + f"; {lead}.")
     return out
 
 
@@ -161,12 +252,23 @@ def write_report(res: Results, out: Path, elapsed_s: float) -> dict[str, Any]:
         "Mean over seeds (change vs Random [95 % t-interval of the change, paired by seed: "
         "every scheduler of seed s meets the same simulated world]).", "",
         *table2_md(m["summary"]), "", *findings(m), "",
+        "### Eligibility: progress filter and relaxations", "",
+        "Per step, mean over steps and seeds: share of the eligible pool the progress filter "
+        "blocks from exploitation, and picks that needed each relaxation (the soft progress "
+        "filter first, then the hard caps C3, C1, C_task only when nothing else fits; a pick "
+        "that relaxed C1 counts under progress and C3 too). n/a: the scheduler has no such "
+        "constraint.", "",
+        *eligibility_md(m), "",
         "## Curves", "", *[f"![{p.stem}]({p.name})" for p in plots], "",
-        "## Table 3 style: EnvSched ablations", "",
-        "Mean over seeds (difference from full EnvSched).", "",
+        "## Table 3 style: ablations", "",
+        "Mean over seeds (difference from the full scheduler of the block: EnvSched, or the "
+        "scheduler named before the colon).", "",
         *(table3_md(m) if m["ablations"] else ["(ablations not run)"]), "",
         "## Table 4 style: random cold-start batches", "", *table4_md(m["table4"]), "",
     ]
+    for base, t4 in m["table4_by_scheduler"].items():
+        if base != "envsched":
+            lines += [f"### Table 4 style: {base}", "", *table4_md(t4), ""]
     (out / "report.md").write_text("\n".join(lines))
     return m
 
@@ -176,7 +278,6 @@ def write_plots(m: dict[str, Any], out: Path) -> list[Path]:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    import numpy as np
 
     paths = []
     specs = (("variance", "batch mean reward variance (log)", True),

@@ -13,11 +13,19 @@ of picks labelled "exploitation" whose TRUE expected group variance, under the p
 step, is in the top quartile over the schedulable tasks). Held-out success (expected reward,
 exact, on held-out tasks and held-out environments) every ``eval_every`` steps and at the end.
 
+Information lag (``lag``, default 0): the number of steps of history the scheduler does not see
+yet when it selects, as in the asynchronous training loop with ``max_staleness >= 1`` where a
+step is selected before the groups of the steps just issued are back. With ``lag = L`` the
+groups of step t reach ``observe`` just before ``select(t + L + 1)``, so ``select(t)`` sees steps
+``< t - L``; the policy still trains on each step's groups at once (the lag is the scheduler's,
+not the policy's). ``lag = 0`` is the synchronous loop above, unchanged. DAPO-wrapped schedulers
+observe inside ``fill`` and ignore the lag.
+
 Seeds: for seed s every scheduler meets the same policy offsets (``Policy(world, params, s)``)
 and the same rollout-noise stream start (``default_rng([s, 11])``), and gets ``seed=s``.
 
-May import: numpy, scheduling.base, scheduling.baselines, scheduling.simulate.*, the standard
-library.
+May import: numpy, scheduling.base, scheduling.baselines, scheduling.simulate.*,
+scheduling.variance, the standard library.
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ from scheduling.base import Batch, GroupResult, Scheduler
 from scheduling.baselines.dapo import DAPOFilter
 from scheduling.simulate.dynamics import Policy, SimParams
 from scheduling.simulate.world import World
+from scheduling.variance import group_variance
 
 
 @dataclass
@@ -44,6 +53,14 @@ class StepLog:
     rollouts: int
     hit_rate: Optional[float]
     exploit_picks: int
+    # the scheduler's own per-step eligibility figures (SCHEDULER_STEP_KEYS it reports)
+    sched: dict[str, float] = field(default_factory=dict)
+
+
+# Per-step scheduler metrics kept in StepLog.sched: the share of the eligible pool the progress
+# filter blocks and the picks that needed each relaxation (scheduling/batch.py RELAXATIONS).
+SCHEDULER_STEP_KEYS = ("progress_blocked_share", "relaxed_progress", "relaxed_C3", "relaxed_C1",
+                       "relaxed_C_task")
 
 
 @dataclass
@@ -94,8 +111,13 @@ def _rollout_fn(policy: Policy, rng: np.random.Generator, index: dict[str, int]
 def run(scheduler: Scheduler, world: World, params: SimParams, seed: int, steps: int,
         eval_every: int = 10, track_hits: bool = True, policy_seed: Optional[int] = None,
         rollout_seed: Optional[Sequence[int]] = None, on_step: Optional[Callable[[], None]] = None,
-        label: Optional[str] = None) -> RunLog:
-    """One simulated training run; ``scheduler`` must already exclude the held-out tasks."""
+        label: Optional[str] = None, lag: int = 0) -> RunLog:
+    """One simulated training run; ``scheduler`` must already exclude the held-out tasks.
+    ``lag``: steps of history the scheduler has not seen when it selects (module docstring)."""
+    if not isinstance(lag, int) or lag < 0:
+        raise ValueError(f"the lag parameter of run must be an int >= 0 (steps of history the "
+                         f"scheduler does not see yet; 0 = synchronous), got {lag!r}")
+    unseen: list[tuple[int, list[GroupResult]]] = []   # (step, groups) not yet observed
     index = {t: i for i, t in enumerate(world.task_ids)}
     policy = Policy(world, params, seed if policy_seed is None else policy_seed)
     rng = np.random.default_rng(list(rollout_seed) if rollout_seed is not None else [seed, 11])
@@ -107,16 +129,26 @@ def run(scheduler: Scheduler, world: World, params: SimParams, seed: int, steps:
             res = scheduler.fill(t, rollout)
             groups, n_roll, batch = res.kept, res.rollouts, None
         else:
+            while unseen and unseen[0][0] < t - lag:
+                step, late = unseen.pop(0)
+                for g in late:
+                    scheduler.observe(step, g)
             batch = scheduler.select(t)
             groups = rollout(batch)
-            for g in groups:
-                scheduler.observe(t, g)
+            if lag:
+                unseen.append((t, groups))
+            else:
+                for g in groups:
+                    scheduler.observe(t, g)
             n_roll = sum(g.rewards.size for g in groups)
         hr, n_exp = (None, 0)
         if track_hits and batch is not None:
             eligible = world.train & np.array([scheduler.eligible(x) for x in world.task_ids])
             hr, n_exp = hit_rate(policy, world, batch, eligible, index)
         log.steps.append(_step_log(t, groups, world, index, n_roll, hr, n_exp))
+        if batch is not None:
+            m = scheduler.metrics()
+            log.steps[-1].sched = {k: float(m[k]) for k in SCHEDULER_STEP_KEYS if k in m}
         if groups:
             policy.train(np.array([index[g.task_id] for g in groups]),
                          np.stack([g.rewards for g in groups]))
@@ -132,7 +164,7 @@ def _step_log(t: int, groups: list[GroupResult], world: World, index: dict[str, 
               n_roll: int, hr: Optional[float], n_exp: int) -> StepLog:
     idx = [index[g.task_id] for g in groups]
     tools = {(world.env[i], tool) for i in idx for tool in world.tools[i]}
-    return StepLog(step=t, group_var=[float(g.rewards.var()) for g in groups],
+    return StepLog(step=t, group_var=[group_variance(g.rewards) for g in groups],
                    group_mean=[float(g.rewards.mean()) for g in groups],
                    envs=len({int(world.env[i]) for i in idx}), tools=len(tools),
                    nontrivial=float(np.mean([np.ptp(g.rewards) > 0 for g in groups]))

@@ -24,6 +24,7 @@ import numpy as np
 
 from envs.spec import Environment, TaskSpec
 from scheduling.base import TaskInfo
+from scheduling.split import heldout_split
 
 GATE_KINDS = ("identifier", "state", "authorization", "ordering")
 REQUIRED = ("pattern", "gates", "n_checks", "initially_satisfied_checks", "difficulty")
@@ -83,24 +84,6 @@ def _latent(task: TaskSpec) -> dict:
     return md
 
 
-def _split(env_of: np.ndarray, n_envs: int, env_frac: float, task_frac: float,
-           seed: int) -> tuple[np.ndarray, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    n_out = int(round(env_frac * n_envs)) if n_envs >= 4 else 0
-    n_out = max(n_out, 1) if n_envs >= 4 and env_frac > 0 else n_out
-    out_envs = rng.choice(n_envs, size=n_out, replace=False) if n_out else np.zeros(0, int)
-    heldout_env = np.isin(env_of, out_envs)
-    heldout_task = np.zeros(len(env_of), dtype=bool)
-    for e in range(n_envs):
-        if e in out_envs:
-            continue
-        members = np.nonzero(env_of == e)[0]
-        k = int(round(task_frac * len(members)))
-        k = max(k, 1) if len(members) >= 5 and task_frac > 0 else k
-        heldout_task[rng.choice(members, size=k, replace=False)] = True
-    return heldout_env, heldout_task
-
-
 def build_world(tasks: Sequence[TaskSpec], environments: dict[str, Environment],
                 heldout_env_frac: float = 0.1, heldout_task_frac: float = 0.1,
                 split_seed: int = 0) -> World:
@@ -123,8 +106,8 @@ def build_world(tasks: Sequence[TaskSpec], environments: dict[str, Environment],
         else:
             spec = environments.get(t.env_id)
             tools.append(tuple(spec.tool_names) if spec is not None else ())
-    heldout_env, heldout_task = _split(env, len(env_ids), heldout_env_frac, heldout_task_frac,
-                                       split_seed)
+    heldout_env, heldout_task = heldout_split(env, len(env_ids), heldout_env_frac,
+                                              heldout_task_frac, split_seed)
     return World(
         task_ids=[t.task_id for t in tasks], env_ids=env_ids, patterns=patterns, env=env,
         pattern=np.array([patterns.index(str(m["pattern"])) for m in mds]), gates=gates,

@@ -151,3 +151,27 @@ def test_executor_past_its_restarts_is_replaced_on_the_next_session(ray_local, p
         assert ex.size == 1
     finally:
         ex.shutdown()
+
+
+def test_a_failed_call_closes_the_session_so_its_sandbox_is_free_again(tmp_path):
+    from actors.env_executor import EnvExecutor
+    from envs.pool import Pool
+    from envs.spec import Environment
+
+    crasher = Environment(env_id="crasher", class_name="C", tools=[
+        {"type": "function", "function": {"name": "boom"}}],
+        source="import os\nclass C:\n    def boom(self):\n        os._exit(1)\n")
+    task = ORDER_DESK_TASK.model_copy(update={"task_id": "boom", "env_id": "crasher",
+                                              "initial_state": {}})
+    pool = Pool(root=str(tmp_path), meta=PoolMeta(name="crash"),
+                environments={"crasher": crasher}, tasks=[task])
+    executor = EnvExecutor(pool, SANDBOX, num_workers=1, prestart=False)
+    try:
+        for k in range(3):  # one sandbox: a leaked session would make the second open fail
+            executor.open(f"s{k}", "boom", seed=0)
+            with pytest.raises(SandboxError) as e:
+                executor.step(f"s{k}", "boom", {})
+            assert e.value.kind == "crash"
+            assert executor.stats()["free"] == 1 and executor.stats()["open_sessions"] == 0
+    finally:
+        executor.shutdown()

@@ -95,3 +95,81 @@ def test_update_weights_rejects_unknown_names_and_shapes_and_keeps_the_version(e
     with pytest.raises(WeightUpdateError, match="expected"):
         engine.update_weights({"model.norm.weight": torch.zeros(3)}, version + 1)
     assert engine.version == version
+
+
+def reference_generate(model, prompt, sampling, stops):
+    """The unbatched path: ``model.generate`` on the request alone, seeded like the engine."""
+    from transformers import GenerationConfig
+
+    sample = sampling.temperature > 0
+    config = GenerationConfig(
+        max_new_tokens=sampling.max_tokens, do_sample=sample, eos_token_id=list(stops),
+        pad_token_id=0, temperature=sampling.temperature if sample else None,
+        top_k=sampling.top_k if sample else None, top_p=sampling.top_p if sample else None,
+        output_logits=True, return_dict_in_generate=True)
+    torch.manual_seed(sampling.seed)
+    out = model.generate(torch.tensor([prompt]), generation_config=config,
+                         attention_mask=torch.ones(1, len(prompt), dtype=torch.long))
+    tokens = out.sequences[0, len(prompt):].tolist()
+    logits = torch.stack([step[0] for step in out.logits[:len(tokens)]]).float()
+    return tokens, torch.log_softmax(logits, -1)[torch.arange(len(tokens)), tokens]
+
+
+async def _concurrently(engine, requests):
+    return await asyncio.gather(*(engine.generate(p, s) for p, s in requests))
+
+
+def test_batched_requests_give_the_tokens_and_logprobs_of_the_unbatched_path(engine):
+    """Left padding (prompts of different lengths), per-sequence seeds, limits and sampling
+    settings: each request equals ``model.generate`` on it alone, log-probs within 1e-5."""
+    tok = engine.tokenizer
+    base = tok.encode("<|im_start|>user\nlist the open orders<|im_end|>\n<|im_start|>assistant\n")
+    never = (len(tok) + 7,)  # no stop: every request runs to its own limit
+    requests = [(base + list(range(100, 100 + 7 * i)),
+                 SamplingParams(max_tokens=6 + 3 * i, temperature=[0.99, 1.0, 0.7][i % 3],
+                                top_p=[1.0, 0.9][i % 2], top_k=[50, 20, 0][i % 3], seed=11 * i,
+                                stop_token_ids=never))
+                for i in range(8)]
+    steps = engine.stats["steps"]
+    got = asyncio.run(_concurrently(engine, requests))
+    assert engine.stats["steps"] - steps < sum(len(g.token_ids) for g in got) / 4
+    for (prompt, sampling), gen in zip(requests, got):
+        tokens, logprobs = reference_generate(engine.model, prompt, sampling, never)
+        assert gen.token_ids == tokens and gen.finish_reason == "length"
+        assert torch.allclose(torch.tensor(gen.logprobs), logprobs, atol=1e-5, rtol=0)
+
+
+def test_each_sequence_stops_on_its_own_stop_token_while_the_others_continue(engine):
+    prompt = engine.tokenizer.encode("<|im_start|>assistant\n")
+    never = (len(engine.tokenizer) + 7,)
+    greedy = SamplingParams(max_tokens=12, temperature=0.0, stop_token_ids=never)
+    free = asyncio.run(engine.generate(prompt, greedy)).token_ids
+    stop_at = free[4]
+    first = free.index(stop_at) + 1
+    stopping = SamplingParams(max_tokens=12, temperature=0.0, stop_token_ids=(stop_at,))
+    a, b = asyncio.run(_concurrently(engine, [(prompt, stopping), (prompt, greedy)]))
+    assert (a.token_ids, a.finish_reason) == (free[:first], "stop")
+    assert (b.token_ids, b.finish_reason) == (free, "length")
+
+
+def test_a_weight_update_waits_for_the_running_batch_and_clears_the_prefix_cache(engine):
+    """A generation never mixes two policy versions: the update drains the batch first."""
+    prompt = engine.tokenizer.encode("<|im_start|>user\nhi<|im_end|>\n")
+    never = (len(engine.tokenizer) + 7,)
+    sampling = SamplingParams(max_tokens=40, temperature=0.0, stop_token_ids=never)
+    name = "model.norm.weight"
+    original = engine.model.state_dict()[name].clone()
+    before = asyncio.run(engine.generate(prompt, sampling))
+
+    async def race():
+        admitted = engine.stats["prefills"]
+        running = asyncio.ensure_future(engine.generate(prompt, sampling))
+        while engine.stats["prefills"] == admitted:
+            await asyncio.sleep(0.001)
+        await asyncio.to_thread(engine.update_weights, {name: original * 2.0}, engine.version + 1)
+        return await running
+
+    during = asyncio.run(race())
+    assert during.logprobs == pytest.approx(before.logprobs, abs=1e-6)
+    assert not engine._caches
+    engine.update_weights({name: original}, engine.version + 1)

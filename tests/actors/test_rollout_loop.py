@@ -14,6 +14,7 @@ from actors.rollout.config import RolloutConfig
 from actors.rollout.engines.scripted_engine import ScriptedEngine
 from actors.rollout.session import InProcessSession
 from actors.rollout.toolcall import render_call
+from actors.ticket import Ticket
 from rollout_pool import make_notes_pool
 from sandbox.errors import SandboxError
 
@@ -145,7 +146,7 @@ def test_group_runner_holds_at_most_capacity_sessions_and_returns_k(pool, tokeni
     from actors.rollout.runner import GroupRunner
     from actors.rollout.session import InProcessSessions
 
-    sessions, live, peak = InProcessSessions(pool), [0], [0]
+    live, peak = [0], [0]
 
     class Counted:
         def __init__(self, inner):
@@ -162,19 +163,22 @@ def test_group_runner_holds_at_most_capacity_sessions_and_returns_k(pool, tokeni
             live[0] -= 1
             await self.inner.aclose()
 
-    async def opener(task, seed):
-        live[0] += 1
-        peak[0] = max(peak[0], live[0])
-        return Counted(await sessions.open_session(task, seed))
+    class CountedSessions(InProcessSessions):
+        async def aopen_session(self, task, seed):
+            live[0] += 1
+            peak[0] = max(peak[0], live[0])
+            return Counted(await super().aopen_session(task, seed))
 
     loop = AgentLoop(ScriptedEngine.from_pool(tokenizer, pool), tokenizer, RolloutConfig(k=5))
-    runner = GroupRunner(loop, pool, opener, capacity=2)
+    runner = GroupRunner(loop, pool, CountedSessions(pool, workers=2))
 
     async def both():
-        return await asyncio.gather(runner.run_group("notes-2", 0), runner.run_group("notes-1", 0))
+        return await asyncio.gather(runner.run_group(Ticket.direct("notes-2", ticket_id=0)),
+                                    runner.run_group(Ticket.direct("notes-1", ticket_id=1)))
 
     groups = asyncio.run(both())
     assert [len(g.trajectories) for g in groups] == [5, 5] and peak[0] == 2 and live[0] == 0
+    assert [g.ticket_id for g in groups] == [0, 1]
     assert all(g.rewards == [1.0] * 5 for g in groups)
     assert len({t.seed for g in groups for t in g.trajectories}) == 10
 
@@ -183,23 +187,22 @@ def test_a_session_that_opens_after_the_timeout_is_closed_not_leaked(pool, token
     from actors.rollout.runner import GroupRunner
     from actors.rollout.session import InProcessSessions
 
-    sessions, closed = InProcessSessions(pool), []
+    class SlowSessions(InProcessSessions):
+        async def aopen_session(self, task, seed):
+            await asyncio.sleep(0.3)
+            return await super().aopen_session(task, seed)
 
-    async def slow_opener(task, seed):
-        await asyncio.sleep(0.3)
-        session = await sessions.open_session(task, seed)
-        session._on_close = closed.append
-        return session
-
+    sessions = SlowSessions(pool, workers=2)
     loop = AgentLoop(ScriptedEngine.from_pool(tokenizer, pool), tokenizer,
                      RolloutConfig(k=2, session_timeout_s=0.05, episode_retries=0))
-    runner = GroupRunner(loop, pool, slow_opener)
+    runner = GroupRunner(loop, pool, sessions)
 
     async def go():
-        group = await runner.run_group("notes-1", 0)
+        group = await runner.run_group(Ticket.direct("notes-1"))
         await asyncio.sleep(0.5)  # the late sessions arrive and are closed
         return group
 
     group = asyncio.run(go())
     assert [t.status for t in group.trajectories] == ["timeout", "timeout"]
-    assert len(closed) == 2
+    stats = sessions.wait_time_stats()   # both opened late, both closed: every session free
+    assert (stats["count"], stats["free_sandboxes"]) == (2, 2)

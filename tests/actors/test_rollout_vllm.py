@@ -82,3 +82,40 @@ def test_vllm_engine_on_cpu_where_vllm_cpu_is_installed(tmp_path):
         pytest.skip("CUDA present: the gpu test covers the engine")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of KV cache; the default is large
     check_vllm_engine(tmp_path, dtype="float32")
+
+
+def test_vllm_loads_an_exported_policy(tmp_path):
+    """What ``envsched export`` / ``controller.export_hf`` write (``save_hf``: the model's own
+    ``save_pretrained`` with the learner's state dict, the tokenizer's own ``save_pretrained``) is
+    a directory vLLM serves: its greedy tokens' log-probs are the exported weights' (transformers
+    forward of the same directory), not the source policy's."""
+    pytest.importorskip("vllm")
+    from actors.learner.export import save_hf
+    from actors.rollout.engines.vllm_engine import VLLMEngine
+
+    if not torch.cuda.is_available():
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    source = build_tiny_policy()
+    model, tokenizer = load_policy(source)
+    trained = {k: v * 1.5 if k == "model.norm.weight" else v
+               for k, v in model.state_dict().items()}
+    out = tmp_path / "exported"
+    save_hf(model, trained, str(source), out)
+    exported, _ = load_policy(out)
+    probe = tokenizer.encode("<|im_start|>assistant\n")
+    engine = VLLMEngine(str(out), max_model_len=1024, enforce_eager=True,
+                        **({} if torch.cuda.is_available() else {"dtype": "float32"}))
+    try:
+        got = asyncio.run(engine.generate(probe, SamplingParams(max_tokens=6, temperature=0.0)))
+    finally:
+        engine.close()
+    ids = probe + list(got.token_ids)
+
+    def logprobs(m):
+        with torch.no_grad():
+            lp = torch.log_softmax(m(torch.tensor([ids])).logits[0].float(), -1)
+        return torch.tensor([lp[len(probe) + i - 1, t] for i, t in enumerate(got.token_ids)])
+
+    mine = torch.tensor(got.logprobs)
+    assert torch.allclose(mine, logprobs(exported), atol=5e-2)
+    assert not torch.allclose(logprobs(exported), logprobs(model), atol=1e-3)

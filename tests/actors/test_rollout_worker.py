@@ -11,6 +11,7 @@ import torch
 
 from actors.policy import build_tiny_policy, load_policy
 from actors.rollout_worker import start_rollout_worker
+from actors.ticket import Ticket
 from envs.generator import generate_pool
 from envs.pool import load_pool
 from envs.trajectory import Group
@@ -31,8 +32,10 @@ def test_scripted_worker_returns_complete_groups_with_reward_one(ray_local, gen_
                                   executors=EXECUTORS, executor_config=EXECUTOR_CONFIG,
                                   config={"k": 3})
     ids = [t.task_id for t in gen_pool.tasks]
-    groups = ray_local.get([worker.run_group.remote(t, 4, seed=9) for t in ids], timeout=300)
+    tickets = [Ticket.direct(t, step=4, seed=9, ticket_id=i) for i, t in enumerate(ids)]
+    groups = ray_local.get([worker.run_group.remote(t) for t in tickets], timeout=300)
     assert [g.task_id for g in groups] == ids and all(g.step == 4 for g in groups)
+    assert [g.ticket_id for g in groups] == list(range(len(ids)))
     for g, task in zip(groups, gen_pool.tasks):
         assert g.env_id == task.env_id and len(g.trajectories) == 3
         assert g.rewards == [1.0, 1.0, 1.0], [t.info for t in g.trajectories]
@@ -51,7 +54,7 @@ def test_hf_worker_groups_are_complete_aligned_and_follow_weight_updates(ray_loc
     worker = start_rollout_worker(str(pool.root), "hf", num_cpus=0.5, executors=EXECUTORS,
                                   executor_config=EXECUTOR_CONFIG, config=cfg)
     ids = [t.task_id for t in pool.tasks[:2]]
-    groups = ray_local.get([worker.run_group.remote(t, 0) for t in ids], timeout=300)
+    groups = ray_local.get([worker.run_group.remote(Ticket.direct(t)) for t in ids], timeout=300)
     for g in groups:
         assert len(g.trajectories) == 2
         for t in g.trajectories:
@@ -61,7 +64,7 @@ def test_hf_worker_groups_are_complete_aligned_and_follow_weight_updates(ray_loc
     model, _ = load_policy(build_tiny_policy())
     state = {k: v * 1.5 if k == "model.norm.weight" else v for k, v in model.state_dict().items()}
     assert ray_local.get(worker.update_weights.remote(ray_local.put(state), 7), timeout=60) == 7
-    group = ray_local.get(worker.run_group.remote(ids[0], 1), timeout=300)
+    group = ray_local.get(worker.run_group.remote(Ticket.direct(ids[0], step=1)), timeout=300)
     assert [t.policy_version for t in group.trajectories] == [7, 7]
     ray_local.kill(worker)
 
@@ -71,7 +74,7 @@ def test_crashing_sandbox_episodes_are_retried_then_kept_with_their_status(ray_l
     worker = start_rollout_worker(str(pool.root), "scripted", num_cpus=0.5, executors=EXECUTORS,
                                   executor_config=EXECUTOR_CONFIG,
                                   config={"k": 2, "episode_retries": 1})
-    group = ray_local.get(worker.run_group.remote("fragile-1", 0), timeout=300)
+    group = ray_local.get(worker.run_group.remote(Ticket.direct("fragile-1")), timeout=300)
     assert len(group.trajectories) == 2
     for t in group.trajectories:
         assert (t.status, t.reward, t.info["attempts"]) == ("env_error", 0.0, 2)
@@ -98,3 +101,18 @@ def test_rollout_command_writes_groups_and_prints_the_summary(ray_local, gen_poo
 def test_rollout_command_rejects_bad_overrides_with_exit_2(gen_pool, capsys):
     rc = main(["rollout", "--pool", str(gen_pool.root), "--set", "max_turns=0"])
     assert rc == 2 and "rollout.max_turns" in capsys.readouterr().err
+
+
+def test_worker_replay_port_replays_fixed_actions_on_the_workers_executor_pool(ray_local,
+                                                                                gen_pool):
+    from actors.replay_port import ReplayUnavailable, WorkerReplay
+
+    worker = start_rollout_worker(str(gen_pool.root), "scripted", num_cpus=0.5,
+                                  executors=EXECUTORS, executor_config=EXECUTOR_CONFIG)
+    task = gen_pool.tasks[0]
+    port = WorkerReplay([worker], timeout_s=300)
+    assert port(task.task_id, list(task.reference_solution), None) == 1.0
+    assert port(task.task_id, [], None) < 1.0
+    ray_local.kill(worker)
+    with pytest.raises(ReplayUnavailable, match=task.task_id):
+        port(task.task_id, [], None)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from envs.opdesc import (OpDescription, OpDescriptionError, describe_task, describe_tasks,
-                         value_category)
+from envs.describe import describe_task, describe_tasks
+from envs.opdesc import OpDescription, OpDescriptionError, value_category
 from envs.opdesc_static import classify_tool, tool_entity
 from envs.spec import Check, Environment, TaskSpec, ToolCall
 

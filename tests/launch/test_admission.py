@@ -35,6 +35,23 @@ def test_hand_worked_capacity_with_staleness_and_concurrency_cap():
     assert adm.capacity() == 2
 
 
+def test_while_a_step_trains_admission_counts_the_published_version():
+    """max_staleness 1, B 2: the learner consumes a batch and trains (version still 0); a group
+    issued now may train at step 2 at the latest (one version behind), never at step 3."""
+    adm = Admission(batch=2, max_staleness=1, max_concurrent=3)
+    for t in range(3):
+        adm.issue(t)                 # (1 + 0 + 1) * 2 = 4 allowed, capped at 3 running
+    adm.accept(0)
+    adm.accept(1)
+    adm.consume()                    # step 1 starts; nothing published yet
+    assert adm.capacity() == 1       # min(3 - 1, 4 - (2 + 1)): the 4th group, for step 2
+    adm.issue(3)
+    adm.accept(2)
+    assert adm.capacity() == 0       # 4 - (3 + 1): a 5th group would train at step 3
+    adm.publish(1)                   # step 1 done
+    assert adm.capacity() == 2       # (1 + 1 + 1) * 2 - (3 + 1)
+
+
 def test_filtered_group_gives_its_slot_back():
     adm = Admission(batch=2, max_staleness=0, max_concurrent=10)
     adm.issue("a")

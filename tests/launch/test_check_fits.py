@@ -1,11 +1,11 @@
-"""``launch.cluster.check_fits``: a role that asks for more of a resource than the whole cluster
+"""``launch.doctor.check_fits``: a role that asks for more of a resource than the whole cluster
 has fails before any actor starts, naming the config key (on the shared local Ray: 4 CPUs, no
 GPU, no custom resources)."""
 
 import pytest
 
-from launch.cli import UserError
-from launch.cluster import check_fits
+from launch.errors import UserError
+from launch.doctor import check_fits
 from launch.config import load_config
 
 
@@ -24,6 +24,3 @@ def test_a_role_that_cannot_fit_is_named(ray_local, override, key):
 
 def test_the_demo_config_fits(ray_local):
     check_fits(load_config(None))
-    # an executor pool of size 0 asks for nothing
-    check_fits(load_config(None, ["executors.num_executors=0",
-                                  "executors.resources={envsched_executor: 1}"]))

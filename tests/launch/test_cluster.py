@@ -65,7 +65,7 @@ def test_job_submit_with_overrides(cluster, tmp_path):
            "cluster.rollout.num_cpus=0.25", "cluster.scheduler.num_cpus=0.1",
            "executors.num_executors=1", "executors.num_cpus_per_executor=0.25",
            "scheduler.params.c1=1", "scheduler.params.cold_start_env_cap=1",
-           "eval.enabled=true", "eval.tasks=2", "eval.k=1"]
+           "eval.enabled=true", "eval.tasks=2", "eval.k=1", "controller.export_hf=true"]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
                          env={k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"})
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
@@ -80,6 +80,19 @@ def test_job_submit_with_overrides(cluster, tmp_path):
     assert summary["eval_step_last"] == 1 and "eval_reward" in rows[0]
     assert summary["policy"] == str(run_dir / "policy")
     assert (run_dir / "policy" / "config.json").is_file()
+    # controller.export_hf: the checkpoint of step 1 carries the same policy as a HF directory
+    hf = run_dir / "checkpoints" / "step_000001" / "hf"
+    assert _same_weights(hf, run_dir / "policy"), sorted(p.name for p in hf.parent.iterdir())
+
+
+def _same_weights(a: Path, b: Path) -> bool:
+    """Two Hugging Face directories that transformers loads with equal tensors."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    ma, mb = (AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).state_dict()
+              for d in (a, b))
+    return ma.keys() == mb.keys() and all(torch.equal(ma[k], mb[k]) for k in ma)
 
 
 def resize_driver(address: str, pool_dir: str) -> None:

@@ -70,3 +70,24 @@ def test_cli_reports_config_error_as_one_line(capsys):
     assert main(["train", "--out", "/nonexistent/x", "run.stepz=3"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "unknown key 'run.stepz'" in err[0]
+
+
+def test_learner_total_steps_is_derived_from_run_steps_unless_set():
+    assert build_config({"run": {"steps": 40}}).learner.total_steps == 40
+    # shorter than the default warm-up (10): the cosine is never reached, the schedule stays valid
+    assert build_config({"run": {"steps": 4}}).learner.total_steps == 11
+    given = build_config({"run": {"steps": 40}, "learner": {"total_steps": 7, "warmup_steps": 0}})
+    assert given.learner.total_steps == 7
+    assert load_config(None, ["run.steps=12"]).learner.total_steps == 12
+
+
+def test_the_scheduler_selects_run_batch_size_tasks(tmp_path):
+    from envs.generator import generate_pool
+    from envs.pool import load_pool
+    from launch.scheduler_factory import build_scheduler
+
+    pool = load_pool(generate_pool(tmp_path / "pool", 2, 3, seed=0))
+    cfg = build_config({"run": {"batch_size": 3}, "scheduler": {"name": "random"}})
+    assert len(build_scheduler(cfg, pool).select(0)) == 3
+    with pytest.raises(ConfigError, match="run.batch_size"):
+        load_config(None, ["scheduler.params.batch_size=16"])

@@ -11,6 +11,7 @@ import time
 import pytest
 
 from actors.rollout_worker import start_rollout_worker
+from actors.ticket import Ticket
 from envs.generator import generate_pool
 from launch.cli import main
 from launch.control import ControlWatcher, read_control, write_control
@@ -67,12 +68,14 @@ def test_worker_resizes_its_executor_pool_mid_run(ray_local, tmp_path):
         str(pool), "scripted", num_cpus=0.25, executors="pool", config={"k": 2},
         executor_config={"num_executors": 1, "workers_per_executor": 1,
                          "num_cpus_per_executor": 0.1})
-    first = ray_local.get(worker.run_group.remote("env_000_hotel-task_1", 0), timeout=300)
+    first = ray_local.get(worker.run_group.remote(Ticket.direct("env_000_hotel-task_1")),
+                          timeout=300)
     m1 = ray_local.get(worker.metrics.remote(), timeout=30)
     assert m1["executors"] == 1 and m1["executor_wait_s"] >= 0.0
     assert ray_local.get(worker.resize_executors.remote(2), timeout=120) == 2
     tasks = ["env_000_hotel-task_2", "env_001_clinic-task_1", "env_001_clinic-task_2"]
-    groups = ray_local.get([worker.run_group.remote(t, 1) for t in tasks], timeout=300)
+    groups = ray_local.get([worker.run_group.remote(Ticket.direct(t, step=1)) for t in tasks],
+                           timeout=300)
     assert all(g.rewards == [1.0, 1.0] for g in [first, *groups])
     m2 = ray_local.get(worker.metrics.remote(), timeout=30)
     assert m2["executors"] == 2 and m2["episodes"] == 8

@@ -3,9 +3,14 @@ sequences; a short pass lowers the loss and writes a loadable model directory.""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 
 from launch.cli import main
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "envs"))   # broken_pools
 
 
 def test_sft_lowers_loss_and_writes_a_model(tmp_path):
@@ -53,3 +58,38 @@ def test_reference_sequences_mask_only_model_tokens(tmp_path):
 def test_cli_rejects_bad_arguments(tmp_path, capsys, flag):
     assert main(["sft", "--pool", str(tmp_path), "--out", str(tmp_path / "o"), *flag]) == 2
     assert "must be" in capsys.readouterr().err
+
+
+
+def _pool_with(tmp_path, source: str, checks=None):
+    from broken_pools import STATE, set_task, shelf_env
+
+    from envs.pool import write_pool
+    from envs.spec import PoolMeta
+
+    task = set_task("t1", "I1", "pen", 5, **({"checks": checks} if checks else {}))
+    return write_pool(tmp_path / "pool", PoolMeta(name="p"), [shelf_env(source=source)], [task],
+                      {"states/shelf.json": STATE})
+
+
+def _error_line(capsys) -> str:
+    err = capsys.readouterr().err   # above it: the policy's loading progress bar
+    assert "Traceback" not in err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("envsched sft: error: ")
+    return last
+
+
+def test_a_failing_reference_solution_is_one_line_naming_the_task(tmp_path, capsys):
+    from broken_pools import SHELF, count_check
+
+    pool = _pool_with(tmp_path, SHELF, checks=[count_check("I1", 6)])
+    assert main(["sft", "--pool", str(pool), "--out", str(tmp_path / "o"), "--epochs", "1"]) == 2
+    line = _error_line(capsys)
+    assert "tasks.jsonl:1 (task t1)" in line and "reference solution scores 0.0" in line
+
+
+def test_an_environment_that_does_not_load_is_one_line(tmp_path, capsys):
+    pool = _pool_with(tmp_path, "class Shelf(:\n")
+    assert main(["sft", "--pool", str(pool), "--out", str(tmp_path / "o"), "--epochs", "1"]) == 2
+    assert "environment shelf does not load in the sandbox" in _error_line(capsys)

@@ -52,7 +52,7 @@ def test_worker_killed_mid_step_then_resume(ray_local, tmp_path):
 
     def submit_then_kill(ticket):  # fault injection: kill worker 0 right after its 2nd group
         handle = submit(ticket)
-        submitted.append(ticket.ticket)
+        submitted.append(ticket.id)
         if len(submitted) == 2:
             ray.kill(roles.workers[0], no_restart=True)
         return handle

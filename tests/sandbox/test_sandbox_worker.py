@@ -3,7 +3,7 @@
 import pytest
 from pydantic import ValidationError
 
-from envs.spec import Environment
+from envs.spec import Check, Environment
 from sandbox.backends import backend_problem, is_root
 from sandbox.config import SandboxConfig
 from sandbox.errors import EnvLoadError, SandboxError
@@ -69,9 +69,9 @@ def test_worker_runs_unprivileged_without_network_or_host_env(worker):
         assert uid >= 200000
 
 
-def test_crash_is_typed_then_episode_lost_then_next_episode_served(worker):
+def test_episode_crash_is_typed_then_episode_lost_then_next_episode_served(worker):
     worker.reset(_env("os._exit(3)"), {}, seed=0)
-    before = worker.restarts
+    before, pid = worker.restarts, worker.pid
     with pytest.raises(SandboxError) as e:
         worker.step("t", {})
     assert e.value.kind == "crash"
@@ -79,7 +79,8 @@ def test_crash_is_typed_then_episode_lost_then_next_episode_served(worker):
     with pytest.raises(SandboxError, match="episode was lost: crash during step"):
         worker.step("t", {})
     assert _reference_episode(worker)[1].reward == 1.0
-    assert worker.restarts == before + 1
+    # the episode ran in a fork: the clean parent (the worker's child) survives it
+    assert worker.restarts == before and worker.pid == pid
 
 
 def test_hung_call_is_killed_at_the_hard_timeout(worker):
@@ -138,22 +139,116 @@ def test_closed_worker_refuses_calls():
     assert e.value.kind == "closed"
 
 
-@pytest.mark.skipif(backend_problem("docker") is None, reason="a docker daemon answers here")
-def test_docker_without_daemon_is_unavailable_with_reason():
-    with pytest.raises(SandboxError) as e:
-        SandboxWorker(backend="docker")
-    assert e.value.kind == "unavailable" and "docker" in str(e.value)
-
-
-@pytest.mark.skipif(backend_problem("docker") is not None, reason="no docker daemon answers")
-def test_docker_backend_serves_an_episode():
-    with SandboxWorker(backend="docker", **FAST) as w:
-        assert _reference_episode(w)[1].reward == 1.0
-
-
 @pytest.mark.parametrize("backend", ["unshare", "none"])
 def test_other_process_backends_serve_an_episode(backend):
     if backend_problem(backend):
         pytest.skip(f"{backend}: {backend_problem(backend)}")
     with SandboxWorker(backend=backend, **FAST) as w:
         assert _reference_episode(w)[1].reward == 1.0
+
+
+LEAKY_SOURCE = """
+import threading
+CALLS = []
+
+class P:
+    shared = []
+
+    def __init__(self, c=None):
+        self.k = 0
+
+    def t(self, x=None):
+        P.shared.append(x)
+        CALLS.append(x)
+        self.k = len(P.shared) + len(CALLS)
+        threading.Thread(target=lambda: CALLS.append('late'), daemon=True).start()
+        return self.k
+"""
+
+
+def test_every_episode_of_a_worker_scores_the_same(worker):
+    env = Environment(env_id="leaky", class_name="P", source=LEAKY_SOURCE,
+                      tools=[{"type": "function", "function": {"name": "t"}}])
+    check = Check(check_id="fresh", code="def check_func(final_state):\n"
+                                         "    return final_state['k'] == 2\n")
+    rewards = []
+    for _ in range(6):
+        worker.reset(env, {}, seed=3)
+        worker.step("t", {"x": 1})
+        rewards.append(worker.verify([check]).reward)
+    assert rewards == [1.0] * 6
+
+
+def test_an_environment_patching_the_verifier_changes_no_reward(worker):
+    patcher = _env("import sys\ntraj = sys.modules['envs.trajectory']\n"
+                   "traj.VerifyResult.from_checks = staticmethod("
+                   "lambda checks: traj.VerifyResult(1.0, checks))\n"
+                   "sys.modules['sandbox.runtime'].run_checks = lambda checks, *a, **k: "
+                   "[traj.CheckResult(c.check_id, True) for c in checks]\n"
+                   "return 'patched'", "patcher")
+    never = [Check(check_id="never", code="def check_func(final_state):\n    return False\n")]
+    worker.reset(patcher, {}, seed=0)
+    assert worker.step("t", {}).observation == "patched"
+    assert worker.verify(never).reward == 0.0
+    worker.reset(ORDER_DESK, ORDER_DESK_STATE, seed=0, state_key="od")
+    assert worker.verify(never).reward == 0.0
+    assert _reference_episode(worker)[1].reward == 1.0
+
+
+def test_cpu_of_forked_children_counts_toward_the_worker_budget():
+    burn = _env("t0 = os.times()\npid = os.fork()\nif pid == 0:\n"
+                "    import time\n    end = time.process_time() + 0.6\n"
+                "    while time.process_time() < end:\n        pass\n    os._exit(0)\n"
+                "os.waitpid(pid, 0)\nreturn 'burnt'", "burner")
+    with SandboxWorker(call_timeout_s=30.0, tool_timeout_s=20.0, memory_mb=1024) as w:
+        w.reset(burn, {}, seed=0)
+        before = w.ping()["cpu"]
+        assert w.step("t", {}).observation == "burnt"
+        # every reply but a step's carries the live episode's CPU; the retirement check
+        # (_retire_if_spent) reads the last one
+        assert w.ping()["cpu"] - before >= 0.5 and w._cpu - before >= 0.5
+
+
+SHM_COUNTER = """
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+libc.shmat.restype = ctypes.c_void_p
+
+class P:
+    def __init__(self, c=None):
+        self.k = 0
+
+    def t(self, x=None):
+        shmid = libc.shmget(0x5eed, 4096, 0o1000 | 0o600)
+        if shmid < 0:
+            raise PermissionError('shmget: ' + __import__('os').strerror(ctypes.get_errno()))
+        counter = ctypes.c_int.from_address(libc.shmat(shmid, None, 0))
+        counter.value += 1
+        return counter.value
+"""
+
+
+@pytest.mark.parametrize("backend", ["bwrap", "unshare"])
+def test_a_sysv_segment_of_one_episode_is_gone_in_the_next(backend):
+    """The audit's probe: a counter in SysV shared memory read 1, 2, 3, 4 over four episodes."""
+    if backend_problem(backend):
+        pytest.skip(f"{backend}: {backend_problem(backend)}")
+    env = Environment(env_id="shm_counter", class_name="P", source=SHM_COUNTER,
+                      tools=[{"type": "function", "function": {"name": "t"}}])
+    counts = []
+    with SandboxWorker(backend=backend, **FAST) as w:
+        for _ in range(4):
+            w.reset(env, {}, seed=0)
+            step = w.step("t", {})
+            counts.append(step.error or step.observation)
+            w.end_episode()
+    assert counts == [1, 1, 1, 1]
+
+
+def test_sysv_ipc_is_limited_where_the_child_is_root_of_its_namespace_else_refused():
+    from sandbox.backends import child_config
+
+    modes = {b: child_config(SandboxConfig(), b, "/tmp/x", None)["sysv_ipc"]
+             for b in ("bwrap", "unshare", "docker", "none")}
+    assert modes == {"bwrap": "limited" if is_root() else "refused", "unshare": "limited",
+                     "docker": "refused", "none": "host"}

@@ -10,10 +10,14 @@ import numpy as np
 import pytest
 
 from scheduling.base import GroupResult, SchedulerError, TaskInfo
+from types import SimpleNamespace
+
+from scheduling import registry
 from scheduling.baselines import (DAPOFilter, DPSScheduler, LEEPSScheduler, MoPPSScheduler,
-                                  RandomScheduler, make_baseline)
+                                  RandomScheduler)
 from scheduling.baselines.dps import observed_update, passive_update, solve_state
-from scheduling.baselines.leeps import neighbour_lists, nontrivial_probability, _normalise
+from scheduling.baselines.leeps import (neighbour_lists, nontrivial_probability, _normalise,
+                                       text_embedding)
 from scheduling.baselines.mopps import beta_update
 
 NAMES = ["random", "dps", "mopps", "leeps"]
@@ -32,6 +36,15 @@ def _rewards(task_id: str, step: int) -> np.ndarray:
     if h % 3 == 0:
         return np.zeros(8)
     return (np.arange(8) * (h % 5 + 1) % 9) / 8.0
+
+
+def make_baseline(name, tasks, batch_size=8, seed=0):
+    """Through the registry, as train and simulate build them (LEEPS reads the graph's X_full;
+    a TF-IDF stand-in graph here)."""
+    graph = SimpleNamespace(X_full=text_embedding(tasks), task_ids=[t.task_id for t in tasks],
+                            index={t.task_id: i for i, t in enumerate(tasks)})
+    return registry.build(name, {}, tasks=tasks, batch_size=batch_size, k=8, seed=seed,
+                          graph=graph)
 
 
 def _run(s, steps, start=0):

@@ -12,9 +12,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from scheduling.base import SchedulerError
-from scheduling.batch import (BatchPenalty, ExposureState, build_batch, cold_start_batch,
-                              penalised_argmax, sort_desc)
+from scheduling.batch import ExposureState, build_batch, tiebreak_rank
+from scheduling.cold_start import cold_start_batch
 from scheduling.config import EnvSchedConfig
+from scheduling.penalty import BatchPenalty, penalised_argmax, sort_desc
 
 CFG = EnvSchedConfig()
 
@@ -55,6 +56,26 @@ def test_eq5_argmax_matches_brute_force_beyond_first_prefix():
     val[batch] = -np.inf
     assert i == int(np.argmax(val)) and pen == pytest.approx(0.08 * S[i, batch].max())
     assert penalty.get(np.arange(g.n)) == pytest.approx(S[:, batch].max(axis=1), abs=1e-6)
+
+
+def test_a_reused_penalty_gives_the_same_batches_and_pickles_without_its_buffers():
+    import pickle
+
+    g = FakeGraph(12, 20, seed=4)
+    rng = np.random.default_rng(1)
+    reused = BatchPenalty(g, CFG.batch_size)
+    for step in range(3):
+        q = rng.random(g.n)
+        args = (step, q, np.zeros(g.n, np.int64), g, ExposureState(g.n, 12), np.ones(g.n, bool),
+                np.ones(g.n, bool), CFG)
+        fresh = build_batch(*args)[0]
+        again = build_batch(*args, penalty=reused)[0]       # reset, then the same batch
+        assert [(s.task_id, s.scores) for s in again] == [(s.task_id, s.scores) for s in fresh]
+    assert len(reused.batch) == CFG.batch_size
+    copy = pickle.loads(pickle.dumps(reused))
+    assert copy.batch == [] and not copy.dense.any() and copy.dense.shape == reused.dense.shape
+    reused.reset()
+    assert not reused.dense.any() and not reused.rows.any() and not reused.upto.any()
 
 
 def _build(g, q, exposure, step, cfg=CFG, eligible=None, exploit=None, obs=None):
@@ -182,3 +203,32 @@ def test_property_distinct_phases_and_caps_over_steps(seed, n_envs):
             assert np.bincount(g.env_of[window]).max() <= CFG.c3
             if step >= 2:
                 assert not set(history[-1]) & set(history[-2]) & set(history[-3])
+
+
+def test_progress_filter_is_relaxed_before_any_hard_cap():
+    g = FakeGraph(20, 10, seed=6)
+    q = np.linspace(0.0, 1.0, g.n)
+    exploit = np.zeros(g.n, bool)
+    exploit[:20] = True                              # only 20 tasks pass the progress filter
+    relaxed = {}
+    sels = build_batch(0, q, np.zeros(g.n, np.int64), g, ExposureState(g.n, 20),
+                       np.ones(g.n, bool), exploit, CFG, relaxed=relaxed)[0]
+    envs = np.bincount(g.env_of[[g.index[s.task_id] for s in sels]], minlength=20)
+    assert envs.max() <= CFG.c1                      # no cap broken: the soft filter gave way
+    assert set(relaxed) == {"progress"} and relaxed["progress"] > 0
+
+
+def test_ties_follow_a_permutation_seeded_by_the_run_seed():
+    g = FakeGraph(20, 10, seed=8)
+    q = np.zeros(g.n)                                # every score ties
+
+    def pick(seed):
+        tb = tiebreak_rank(g.n, seed)
+        sels, _ = build_batch(0, q, np.zeros(g.n, np.int64), g, ExposureState(g.n, 20),
+                              np.ones(g.n, bool), np.ones(g.n, bool),
+                              CFG.model_copy(update={"lambda_sim": 0.0}), tb)
+        return [s.task_id for s in sels]
+
+    assert pick(1) == pick(1) and pick(1) != pick(2)
+    assert pick(1)[0] == g.task_ids[int(np.argmin(tiebreak_rank(g.n, 1)))]
+    assert sorted(tiebreak_rank(g.n, 3).tolist()) == list(range(g.n))

@@ -128,7 +128,8 @@ def test_identifier_filter_excludes_a_confirmed_task_from_both_phases():
     def replay(task_id, actions, seed):          # reward needs the out-of-context id X-999
         return 1.0 if any(a.arguments.get("id") == "X-999" for a in actions) else 0.25
 
-    s = _sched(g, replay=replay)
+    state = {"items": {"X-999": {"id": "X-999", "name": "spare"}}}    # X-999 is a record key
+    s = _sched(g, replay=replay, initial_state=lambda task_id: state)
     b = s.select(0)
     bad = b.task_ids[3]
     traj = Trajectory(task_id=bad, reward=1.0, seed=0,
@@ -191,3 +192,15 @@ def test_bench_scheduler_command_reports_latency_and_memory(tmp_path, capsys):
     assert main(argv) == 0                              # second run reuses the cached graph
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["graph_built"] is False
     assert main(["bench", "scheduler", "--tasks", "10", "--cache", str(tmp_path)]) == 2
+
+
+def test_metrics_report_progress_blocked_share_and_relaxations_by_kind():
+    g = FakeGraph(5, 30, seed=5)                      # 5 envs x C1 4 = 20 < 64: caps must give
+    s = _sched(g)
+    for step in range(8):
+        for tid in s.select(step).task_ids:
+            s.observe(step, GroupResult(tid, step, _rewards(g, tid, step)))
+    m = s.metrics()
+    assert 0.0 <= m["progress_blocked_share"] <= 1.0
+    assert {"relaxed_progress", "relaxed_C3", "relaxed_C1", "relaxed_C_task"} <= set(m)
+    assert m["relaxed_C1"] > 0 and m["relaxations"] >= m["relaxed_C1"]

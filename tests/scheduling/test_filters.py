@@ -1,18 +1,14 @@
-"""Appendix C filters: progress (ridge residuals) and identifier (fixed-action replay)."""
+"""Appendix C progress filter (ridge residuals); the identifier filter is tested in
+test_identifier_filter.py."""
 
 from __future__ import annotations
-
-import copy
 
 import numpy as np
 import pytest
 
-from envs.trajectory import ActionStep, Trajectory
 from scheduling.config import EnvSchedConfig
 from scheduling.estimator import History
-from scheduling.filters import (IdentifierFilter, dependent_actions, find_suspicious,
-                                identifiers, progress_blocked, progress_estimates,
-                                ridge_residuals, transitions)
+from scheduling.filters import progress_blocked, progress_estimates, ridge_residuals, transitions
 
 CFG = EnvSchedConfig()
 
@@ -74,81 +70,3 @@ def test_progress_estimate_fuses_own_environment_and_neighbour_residuals():
 def test_progress_blocked_needs_three_scorable_transitions_and_non_positive_estimate():
     blocked = progress_blocked(np.array([-0.1, 0.0, 0.1, -0.2]), np.array([3, 5, 3, 2]), CFG)
     assert blocked.tolist() == [True, True, False, False]
-
-
-# ------------------------------------------------------------------ identifier filter
-STATE = {"users": {"U100": {"user_id": "U100", "name": "Ann", "plan": "basic"},
-                   "U777": {"user_id": "U777", "name": "Bob", "plan": "gold"}}}
-CONTEXT = "Upgrade user U100 to the gold plan. Do not touch other accounts."
-
-
-def replay(task_id, actions, seed):
-    """A deterministic mini environment: reward = fraction of the two checks passed."""
-    state = copy.deepcopy(STATE)
-    for a in actions:
-        args = a.arguments
-        if a.name == "set_plan" and args["user_id"] in state["users"]:
-            state["users"][args["user_id"]]["plan"] = args["plan"]
-        elif a.name == "delete_user":
-            state["users"].pop(args["user_id"], None)
-    checks = [state["users"].get("U100", {}).get("plan") == "gold",
-              "U777" not in state["users"]]              # a (bad) check the shortcut exploits
-    return sum(checks) / 2
-
-
-def _traj(actions, reward, seed=1):
-    steps = [ActionStep(tool=n, arguments=a, observation=o, state_diff=d)
-             for n, a, o, d in actions]
-    return Trajectory(task_id="t", reward=reward, actions=steps, seed=seed)
-
-
-UPGRADE = ("set_plan", {"user_id": "U100", "plan": "gold"}, {"success": True}, {})
-DELETE = ("delete_user", {"user_id": "U777"}, {"success": True}, {})
-
-
-def test_identifier_outside_permitted_context_is_confirmed_by_replay_and_filtered():
-    f = IdentifierFilter(replay, CFG).check("t", [_traj([UPGRADE, DELETE], 1.0)], CONTEXT)
-    assert len(f) == 1 and f[0].identifier == "U777" and f[0].action == 1
-    assert (f[0].replay_reward, f[0].ablated_reward, f[0].verdict) == (1.0, 0.5, "filtered")
-
-
-def test_identifier_seen_in_an_earlier_observation_is_permitted():
-    lookup = ("list_users", {}, {"data": ["U100", "U777"]}, {})
-    assert IdentifierFilter(replay, CFG).check("t", [_traj([lookup, UPGRADE, DELETE], 1.0)],
-                                               CONTEXT) == []
-
-
-def test_removal_that_does_not_lower_reward_keeps_the_task():
-    noop = ("set_plan", {"user_id": "U999", "plan": "gold"}, {"success": False}, {})
-    f = IdentifierFilter(replay, CFG).check("t", [_traj([UPGRADE, noop], 0.5)], CONTEXT)
-    assert f[0].verdict == "kept" and f[0].ablated_reward == 0.5
-
-
-def test_replay_mismatch_is_inconclusive_and_keeps_the_task():
-    f = IdentifierFilter(replay, CFG).check("t", [_traj([UPGRADE, DELETE], 0.9)], CONTEXT)
-    assert f[0].verdict == "inconclusive" and f[0].ablated_reward is None
-
-
-def test_low_reward_trajectories_are_not_examined():
-    calls = []
-    filt = IdentifierFilter(lambda *a: calls.append(a) or 0.0, CFG)
-    assert filt.check("t", [_traj([DELETE], 0.4)], CONTEXT) == [] and not calls
-
-
-def test_duplicate_record_creation_is_suspicious():
-    dup = ("add_user", {"name": "Ann"}, {"success": True},
-           {"added": {"/users/U101": {"user_id": "U101", "name": "Ann", "plan": "basic"}}})
-    sus = find_suspicious(_traj([dup], 1.0).actions, CONTEXT + " Ann", STATE)
-    assert sus is not None and sus.reason.startswith("record duplicates")
-
-
-def test_dependent_edits_follow_created_identifiers():
-    acts = _traj([("create_order", {"user_id": "U777"}, {}, {"added": {"/orders/R5": {}}}),
-                  UPGRADE, ("pay_order", {"order_id": "R5"}, {}, {}),
-                  ("ship", {"order_id": "R55"}, {}, {})], 1.0).actions
-    assert dependent_actions(acts, 0, "U777") == [0, 2]
-
-
-def test_identifier_extraction():
-    assert identifiers({"a": "OXL-44032-F", "b": ["30,000", "hello", "10234"], "c": 5,
-                        "d": "two words 12"}) == {"OXL-44032-F", "10234"}

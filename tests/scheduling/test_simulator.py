@@ -157,6 +157,68 @@ def test_mean_ci_and_run_summary_hand_worked():
     assert s["rollouts"] == 32
 
 
+def test_eligibility_by_kind_per_step_in_summary_curves_and_report():
+    from scheduling.simulate.metrics import curves
+    from scheduling.simulate.report import eligibility_md
+
+    ev = {"step": 0.0, "heldout": 0.5, "heldout_task": 0.5, "heldout_env": 0.5, "train": 0.5}
+    steps = [StepLog(t, [0.01], [0.5], 1, 1, 1.0, 8, None, 0) for t in range(3)]
+    steps[0].sched = {"progress_blocked_share": 0.0, "relaxed_progress": 0.0, "relaxed_C3": 0.0,
+                      "relaxed_C1": 0.0, "relaxed_C_task": 0.0}
+    steps[1].sched = {"progress_blocked_share": 0.3, "relaxed_progress": 3.0, "relaxed_C3": 1.0,
+                      "relaxed_C1": 0.0, "relaxed_C_task": 0.0}
+    steps[2].sched = {"progress_blocked_share": 0.6, "relaxed_progress": 6.0, "relaxed_C3": 2.0,
+                      "relaxed_C1": 2.0, "relaxed_C_task": 1.0}
+    es = RunLog("envsched", 0, steps=steps, evals=[ev, ev])
+    rnd = RunLog("random", 0, steps=[StepLog(t, [0.01], [0.5], 1, 1, 1.0, 8, None, 0)
+                                     for t in range(3)], evals=[ev, ev])
+    summary = summarise([es, rnd])
+    row = summary["envsched"]
+    assert row["progress_blocked_share"] == pytest.approx(0.3)
+    assert (row["relaxed_progress"], row["relaxed_C3"], row["relaxed_C1"],
+            row["relaxed_C_task"]) == pytest.approx((3.0, 1.0, 2 / 3, 1 / 3))
+    assert math.isnan(summary["random"]["relaxed_C3"])
+    c = curves([es, rnd])
+    assert c["envsched"]["eligibility"]["relaxed_C1"] == [0.0, 0.0, 2.0]
+    assert c["envsched"]["eligibility"]["progress_blocked_share"] == [0.0, 0.3, 0.6]
+    md = "\n".join(eligibility_md({"summary": summary, "curves": c}))
+    assert "| envsched | 30.0% | 3.00 | 1.00 | 0.67 | 0.33 |" in md
+    assert "| 2 | 60.0% | 6.00 | 2.00 | 2.00 | 1.00 |" in md       # the per-step table
+    assert "| random |" not in md
+
+
+def test_findings_rank_every_scheduler_on_each_axis_and_say_who_is_first():
+    from scheduling.simulate.report import findings, rankings
+
+    def row(v, h, e):
+        return {"mean_reward_variance": v, "heldout_success": h, "envs_per_batch": e}
+
+    runs = [{"scheduler": n, "seed": sd, **row(v + 0.001 * sd, h + 0.001 * sd, e)}
+            for n, v, h, e in (("random", 0.04, 0.50, 30.0), ("envsched", 0.05, 0.52, 41.0),
+                               ("mopps", 0.07, 0.51, 34.0), ("bayes", 0.06, 0.53, 40.0))
+            for sd in range(3)]
+    summary = _summarise_rows(runs)
+    assert rankings(summary) == {"mean_reward_variance": ["mopps", "bayes", "envsched", "random"],
+                                 "heldout_success": ["bayes", "envsched", "mopps", "random"],
+                                 "envs_per_batch": ["envsched", "bayes", "mopps", "random"]}
+    lines = findings({"summary": summary, "runs": runs})
+    assert len(lines) == 3
+    assert lines[0].startswith("- Mean reward variance: first mopps. 1. mopps 0.0710")
+    assert "2. bayes" in lines[0] and "4. random" in lines[0]
+    assert "mopps - bayes = +0.01000" in lines[0]
+    assert lines[1].startswith("- Held-out success: first bayes.")
+    assert lines[2].startswith("- Environments per batch: first envsched.")
+
+
+def _summarise_rows(runs):
+    from scheduling.simulate.metrics import paired_summary
+
+    by = {}
+    for r in runs:
+        by.setdefault(r["scheduler"], {})[r["seed"]] = r
+    return paired_summary(by, ("mean_reward_variance", "heldout_success", "envs_per_batch"))
+
+
 def test_summary_ratio_and_seed_paired_difference_hand_worked():
     def log(name, seed, v):
         ev = {"heldout": 0.5, "heldout_task": 0.5, "heldout_env": 0.5, "train": 0.5}
@@ -187,7 +249,7 @@ def test_table4_quartiles_split_runs_by_initial_variance():
 
 
 # --- command -------------------------------------------------------------------------------
-def test_simulate_quick_writes_report_metrics_and_plots(tmp_path):
+def test_simulate_quick_writes_report_metrics_and_plots(tmp_path, capsys):
     out = tmp_path / "sim"
     rc = main(["simulate", "--quick", "--steps", "3", "--t4-runs", "2", "--out", str(out),
                "--workers", "1", "--no-progress",
@@ -205,10 +267,24 @@ def test_simulate_quick_writes_report_metrics_and_plots(tmp_path):
     assert m["table4"]["runs"] == 2
     report = (out / "report.md").read_text()
     assert "Table 2" in report and "Table 3" in report and "Table 4" in report
+    # per-step eligibility figures: EnvSched reports its progress filter and relaxations
+    assert "Eligibility" in report
+    es = m["summary"]["envsched"]
+    assert 0.0 <= es["progress_blocked_share"] <= 1.0
+    for k in ("relaxed_progress", "relaxed_C3", "relaxed_C1", "relaxed_C_task"):
+        assert es[k] >= 0.0, k
+        assert len(m["curves"]["envsched"]["eligibility"][k]) == 3, k
+    assert math.isnan(m["summary"]["random"]["progress_blocked_share"])
+    assert "| Scheduler | Blocked share | Relaxed: progress | C3 | C1 | C_task |" in report
+    assert "envsched, per step" in report
     for k in ("variance", "envs", "heldout"):
         assert (out / f"curve_{k}.png").stat().st_size > 1000
+    printed = capsys.readouterr().out        # who is first on each axis, every scheduler ranked
+    first = m["rankings"]["mean_reward_variance"][0]
+    assert f"- Mean reward variance: first {first}." in printed
+    assert "- Held-out success: first" in printed and "6. " in printed
 
 
 def test_simulate_rejects_unknown_scheduler(tmp_path, capsys):
     assert main(["simulate", "--quick", "--out", str(tmp_path), "--schedulers", "foo"]) == 2
-    assert "unknown ['foo']" in capsys.readouterr().err
+    assert "unknown scheduler 'foo'" in capsys.readouterr().err

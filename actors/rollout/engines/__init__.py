@@ -1,9 +1,12 @@
 """Inference engines behind one interface (``base.Engine``): vLLM on GPUs, transformers on CPU,
-and a scripted engine that plays reference solutions. ``make_engine`` picks one by name.
+and a scripted engine that plays reference solutions. ``registry.make_engine`` picks one by name.
+
+This package exports only the interface, so importing it (as the agent loop does, through
+``base``) loads no engine; import ``actors.rollout.engines.registry`` to build one.
 
 May import: torch, transformers and vllm, each only inside the engine module that needs it.
 """
 
-from actors.rollout.engines.base import Engine, Generation, SamplingParams, make_engine
+from actors.rollout.engines.base import Engine, Generation, SamplingParams, WeightUpdateError
 
-__all__ = ["Engine", "Generation", "SamplingParams", "make_engine"]
+__all__ = ["Engine", "Generation", "SamplingParams", "WeightUpdateError"]

@@ -12,8 +12,14 @@
 - ``await aupdate_weights(named_tensors, version)``: the same from the engine's event loop (the
   default runs ``update_weights`` in a thread so the loop keeps serving other episodes).
 - ``version``: the policy version of the weights that produced the next generation.
+- ``stop_ids``: the model's own end tokens that the engine stops on when a request names none
+  (the agent loop adds them to the chat template's end-of-turn token); ``()`` when the engine
+  stops on the model's EOS by itself (vLLM).
 
 Engines are safe for many concurrent ``generate`` calls from one asyncio loop.
+
+The engines implement this interface and import this module; this module imports none of them
+(``actors.rollout.engines.registry.make_engine`` picks one by name).
 
 May import: the standard library; engines import their heavy libraries themselves.
 """
@@ -21,6 +27,7 @@ May import: the standard library; engines import their heavy libraries themselve
 from __future__ import annotations
 
 import abc
+import asyncio
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -62,6 +69,8 @@ class Generation:
 class Engine(abc.ABC):
     """See the module docstring for the contract."""
 
+    stop_ids: tuple[int, ...] = ()
+
     def __init__(self) -> None:
         self._version = 0
 
@@ -77,25 +86,8 @@ class Engine(abc.ABC):
     def update_weights(self, named_tensors: dict[str, Any], version: int) -> None: ...
 
     async def aupdate_weights(self, named_tensors: dict[str, Any], version: int) -> None:
-        import asyncio
-
         await asyncio.to_thread(self.update_weights, named_tensors, version)
 
     def close(self) -> None:
         """Release the engine's resources (GPU memory, background loops)."""
 
-
-def make_engine(kind: str, *, model_path: Optional[str] = None, tokenizer=None, pool=None,
-                **kwargs) -> Engine:
-    """``kind`` in ``scripted | hf | vllm``. ``hf``/``vllm`` load ``model_path``; ``scripted``
-    needs the ``tokenizer`` and the ``pool`` whose reference solutions it plays."""
-    if kind == "hf":
-        from actors.rollout.engines.hf_engine import HFEngine
-        return HFEngine(model_path, **kwargs)
-    if kind == "vllm":
-        from actors.rollout.engines.vllm_engine import VLLMEngine
-        return VLLMEngine(model_path, **kwargs)
-    if kind == "scripted":
-        from actors.rollout.engines.scripted_engine import ScriptedEngine
-        return ScriptedEngine.from_pool(tokenizer, pool, **kwargs)
-    raise ValueError(f"engine must be one of scripted, hf, vllm; got {kind!r}")

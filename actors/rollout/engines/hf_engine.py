@@ -1,18 +1,29 @@
 """A transformers engine for CPUs (tests, the embedded demo): same contract as the vLLM engine.
 
-``generate`` runs ``model.generate`` on the engine's own single thread, one request at a time (a CPU
-has no spare throughput for batching tiny requests; concurrency comes from overlapping generation
-with tool calls of other episodes). Queued requests wait in that thread's queue, not in the
-event loop's default executor, which session opens and other blocking calls share. Log-probs come from the raw logits of each step
-(``output_logits=True``), i.e. the temperature-1 distribution, matching vLLM's default.
-Reproducibility: with ``sampling.seed`` set, the torch RNG is seeded inside the lock, so a request
-gives the same tokens whatever other requests run concurrently.
+Continuous batching: ``generate`` queues a request; one engine thread runs a decode loop in which
+every active request advances by one token per forward pass (one ``[B, 1]`` step for all B
+sequences). New requests join, and finished ones leave, between steps: the batch's KV cache is
+split into per-sequence caches, each newcomer is prefilled alone (its uncached suffix in one
+forward), and the rows are re-stacked with left padding (zero keys/values under a 0 attention mask,
+explicit position ids, so every row sees exactly its own tokens). Up to ``max_batch_size`` requests
+run at once; the rest wait in the queue. Tiny models are dominated by per-step overhead, so B
+sequences cost about as much as one (docs/benchmarks.md).
+
+Per sequence: its own stop ids and token limit, its own ``torch.Generator`` (seeded by
+``sampling.seed``, so a request gives the same tokens whatever else is in the batch), its own
+temperature / top-k / top-p (applied in transformers' order: temperature, top-k, top-p, then one
+multinomial draw). Log-probs are of the raw logits (temperature 1), matching vLLM's default, and
+equal those of the unbatched path (``model.generate`` on the request alone) within 1e-5.
 
 Prefix cache: a multi-turn episode resends its whole sequence every turn, and the K episodes of a
-group share their prompt, so the engine keeps the KV caches of its last ``prefix_cache`` requests
-(LRU) and resumes from the longest one whose tokens prefix the new request. Costs ~1 MB per 1k
-tokens for the tiny policy; halves turn latency on a generated pool's 2.7k-token prompts.
-Weight updates clear it (cached keys/values belong to the old weights).
+group share their prompt, so the engine keeps the KV caches of its last ``prefix_cache`` sequences
+(LRU; each prompt once prefilled, and each finished sequence) and resumes from the longest one that
+prefixes a new request. Cached tensors are never modified in place, so entries are shared, not
+copied.
+
+Weight updates drain: no request is admitted until the active ones finish, then the weights are
+loaded, the prefix cache is cleared and the version published; so one generation never mixes two
+policy versions.
 
 May import: torch, transformers, actors.policy, actors.rollout.engines.base.
 """
@@ -20,23 +31,53 @@ May import: torch, transformers, actors.policy, actors.rollout.engines.base.
 from __future__ import annotations
 
 import asyncio
-import copy
 import threading
 from collections import OrderedDict
-from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
+import torch
+from transformers.cache_utils import DynamicCache, DynamicLayer
+
 from actors.rollout.engines.base import Engine, Generation, SamplingParams, WeightUpdateError
+
+KV = list  # per layer: (keys, values), each [1, kv_heads, length, head_dim]
+
+
+@dataclass(eq=False)
+class _Request:
+    prompt: list[int]
+    sampling: SamplingParams
+    stops: frozenset
+    future: asyncio.Future
+    loop: asyncio.AbstractEventLoop
+    generator: Any = None
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    kv: Optional[KV] = None
+
+    def done(self) -> bool:
+        if self.future.cancelled():
+            return True
+        return bool(self.tokens) and (self.tokens[-1] in self.stops
+                                      or len(self.tokens) >= self.sampling.max_tokens)
+
+    def finish(self, result: Any = None, error: Optional[BaseException] = None) -> None:
+        def settle(fut=self.future):
+            if not fut.done():
+                fut.set_exception(error) if error is not None else fut.set_result(result)
+        self.loop.call_soon_threadsafe(settle)
 
 
 class HFEngine(Engine):
     def __init__(self, model_path: Optional[str] = None, dtype: Any = None, num_threads: int = 0,
-                 prefix_cache: int = 64):
+                 prefix_cache: int = 64, max_batch_size: int = 32):
         super().__init__()
-        import torch
-
         from actors.policy import build_tiny_policy, load_policy
 
+        if max_batch_size < 1:
+            raise ValueError(f"the max_batch_size parameter of HFEngine must be >= 1, "
+                             f"got {max_batch_size}")
         if num_threads:
             torch.set_num_threads(num_threads)
         self.model_path = str(model_path or build_tiny_policy())
@@ -44,64 +85,171 @@ class HFEngine(Engine):
         gen = self.model.generation_config
         self.stop_ids = tuple(gen.eos_token_id if isinstance(gen.eos_token_id, list)
                               else [gen.eos_token_id])
-        self._lock = threading.Lock()  # generation vs. weight updates from other threads
-        self._thread = ThreadPoolExecutor(1, thread_name_prefix="hf-engine")
-        self.prefix_cache = prefix_cache
-        self._caches: "OrderedDict[tuple[int, ...], Any]" = OrderedDict()
+        self.prefix_cache, self.max_batch_size = prefix_cache, max_batch_size
+        self._caches: "OrderedDict[tuple[int, ...], KV]" = OrderedDict()
+        self._cond = threading.Condition()
+        self._pending: list[_Request] = []
+        self._update: Optional[tuple[dict, int]] = None
+        self._closed = False
+        self.stats = {"steps": 0, "rows": 0, "prefills": 0, "prefill_tokens": 0}
+        self._thread = threading.Thread(target=self._serve, name="hf-engine", daemon=True)
+        self._thread.start()
 
     async def generate(self, prompt_token_ids: list[int], sampling: SamplingParams,
                        task_id: Optional[str] = None) -> Generation:
-        return await asyncio.get_running_loop().run_in_executor(
-            self._thread, self._generate, list(prompt_token_ids), sampling)
+        loop = asyncio.get_running_loop()
+        gen = torch.Generator()
+        gen.manual_seed(sampling.seed if sampling.seed is not None
+                        else int(torch.randint(0, 2**62, ()).item()))
+        req = _Request(list(prompt_token_ids), sampling,
+                       frozenset(sampling.stop_token_ids or self.stop_ids), loop.create_future(),
+                       loop, gen)
+        with self._cond:
+            if self._closed:
+                raise RuntimeError(f"HFEngine({self.model_path}) is closed")
+            self._pending.append(req)
+            self._cond.notify_all()
+        return await req.future
 
-    def _generate(self, prompt: list[int], sampling: SamplingParams) -> Generation:
-        import torch
-        from transformers import GenerationConfig
+    # -- the engine thread ---------------------------------------------------------------------
 
-        stops = sampling.stop_token_ids or self.stop_ids
-        sample = sampling.temperature > 0
-        config = GenerationConfig(
-            max_new_tokens=sampling.max_tokens, do_sample=sample, eos_token_id=list(stops),
-            pad_token_id=self.model.generation_config.pad_token_id,
-            temperature=sampling.temperature if sample else None,
-            top_p=sampling.top_p if sample else None,
-            top_k=(sampling.top_k if sampling.top_k > 0 else None) if sample else None,
-            output_logits=True, return_dict_in_generate=True)
-        with self._lock, torch.no_grad():
-            if sampling.seed is not None:
-                torch.manual_seed(sampling.seed)
-            out = self.model.generate(torch.tensor([prompt]), generation_config=config,
-                                      attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-                                      cache=self._lookup(prompt))
-            tokens = out.sequences[0, len(prompt):].tolist()
-            self._store(prompt + tokens, out.get("cache"))
-        logits = torch.stack([step[0] for step in out.logits[:len(tokens)]]).float()
-        logprobs = torch.log_softmax(logits, dim=-1)[torch.arange(len(tokens)), tokens]
-        stopped = bool(tokens) and tokens[-1] in stops
-        return Generation(tokens, logprobs.tolist(), "stop" if stopped else "length")
+    def _serve(self) -> None:
+        active: list[_Request] = []
+        batch = None  # (DynamicCache, attention mask [B, L]) of ``active``, in order
+        while True:
+            with self._cond:
+                while not (self._pending or active or self._update or self._closed):
+                    self._cond.wait()
+                if self._closed:
+                    for req in active + self._pending:
+                        req.finish(error=RuntimeError(f"HFEngine({self.model_path}) closed"))
+                    return
+                if self._update is not None and not active:
+                    self._apply_update(*self._update)
+                    self._update = None
+                    self._cond.notify_all()
+                    continue
+                room = 0 if self._update is not None else self.max_batch_size - len(active)
+                admitted, self._pending = self._pending[:room], self._pending[room:]
+            try:
+                with torch.no_grad():
+                    if admitted or any(r.done() for r in active):
+                        active = self._regroup(active, batch, admitted)
+                        batch = self._stack(active) if active else None
+                    if active:
+                        batch = self._decode(active, batch)
+            except Exception as e:  # noqa: BLE001 -- handed to every caller, not swallowed
+                for req in active + admitted:
+                    req.finish(error=e)
+                active, batch = [], None
 
-    def _lookup(self, prompt: list[int]):
-        """A private copy of the longest cached prefix of ``prompt`` (None when there is none)."""
+    def _regroup(self, active: list[_Request], batch, admitted: list[_Request]) -> list[_Request]:
+        """Unstack the batch into per-row caches, retire finished rows, prefill newcomers."""
+        if batch is not None:
+            cache, mask = batch
+            width = mask.shape[1]
+            for i, req in enumerate(active):
+                n = int(mask[i].sum())
+                req.kv = [(layer.keys[i:i + 1, :, width - n:], layer.values[i:i + 1, :, width - n:])
+                          for layer in cache.layers]
+        for req in admitted:
+            self._prefill(req)
+        keep = []
+        for req in active + admitted:
+            if not req.done():
+                keep.append(req)
+                continue
+            if not req.future.cancelled():
+                stopped = req.tokens[-1] in req.stops
+                req.finish(Generation(req.tokens, req.logprobs, "stop" if stopped else "length"))
+                own = [(k.clone(), v.clone()) for k, v in req.kv]  # not views of the batch
+                self._store(req.prompt + req.tokens, own)
+            req.kv = None
+        return keep
+
+    def _prefill(self, req: _Request) -> None:
+        prefix = self._lookup(req.prompt)
+        start = 0 if prefix is None else prefix[0][0].shape[2]
+        cache = DynamicCache(prefix, config=self.model.config) if prefix else DynamicCache(
+            config=self.model.config)
+        out = self.model(input_ids=torch.tensor([req.prompt[start:]]),
+                         attention_mask=torch.ones(1, len(req.prompt), dtype=torch.long),
+                         position_ids=torch.arange(start, len(req.prompt))[None],
+                         cache=cache, use_cache=True, logits_to_keep=1)
+        req.kv = [(layer.keys, layer.values) for layer in cache.layers]
+        self._store(req.prompt, req.kv)
+        self.stats["prefills"] += 1
+        self.stats["prefill_tokens"] += len(req.prompt) - start
+        self._sample([req], out.logits[:, -1].float())
+
+    def _stack(self, active: list[_Request]):
+        """Left-pad the rows' caches into one batch cache with room to grow in place:
+        (DynamicCache, attention mask [B, L])."""
+        lengths = [req.kv[0][0].shape[2] for req in active]
+        width = max(lengths)
+        room = max(req.sampling.max_tokens - len(req.tokens) for req in active) + 1
+        cache = DynamicCache(config=self.model.config)
+        cache.layers = [_GrowingLayer([req.kv[layer] for req in active], lengths, room)
+                        for layer in range(len(active[0].kv))]
+        mask = torch.zeros(len(active), width, dtype=torch.long)
+        for i, n in enumerate(lengths):
+            mask[i, width - n:] = 1
+        for req in active:
+            req.kv = None
+        return cache, mask
+
+    def _decode(self, active: list[_Request], batch):
+        """One forward pass: feed every row's last sampled token, sample the next one; returns
+        the batch (the cache grew by one column in place, the mask is replaced)."""
+        cache, mask = batch
+        positions = mask.sum(-1, keepdim=True)
+        mask = torch.cat([mask, torch.ones(len(active), 1, dtype=torch.long)], dim=1)
+        out = self.model(input_ids=torch.tensor([[req.tokens[-1]] for req in active]),
+                         attention_mask=mask, position_ids=positions, cache=cache, use_cache=True)
+        self.stats["steps"] += 1
+        self.stats["rows"] += len(active)
+        self._sample(active, out.logits[:, -1].float())
+        return cache, mask
+
+    def _sample(self, reqs: list[_Request], logits) -> None:
+        """Append one token per request from ``logits`` [B, V] (transformers' warper order)."""
+        logprobs = torch.log_softmax(logits, dim=-1)
+        for i, req in enumerate(reqs):
+            s = req.sampling
+            if s.temperature > 0:
+                probs = torch.softmax(_warp(logits[i:i + 1], s), dim=-1)
+                token = int(torch.multinomial(probs, 1, generator=req.generator))
+            else:
+                token = int(logits[i].argmax())
+            req.tokens.append(token)
+            req.logprobs.append(float(logprobs[i, token]))
+
+    # -- prefix cache and weights ----------------------------------------------------------------
+
+    def _lookup(self, prompt: list[int]) -> Optional[KV]:
+        """The cache of the longest stored prefix of ``prompt``, cut to leave at least the last
+        prompt token to compute (its logits sample the first token); None when there is none."""
         best = None
         for key in self._caches:
-            if len(key) < len(prompt) and (best is None or len(key) > len(best)) \
+            if len(key) <= len(prompt) and (best is None or len(key) > len(best)) \
                     and tuple(prompt[:len(key)]) == key:
                 best = key
-        if best is None:
+        if best is None or len(prompt) < 2:
             return None
         self._caches.move_to_end(best)
-        return copy.deepcopy(self._caches[best])
+        n = min(len(best), len(prompt) - 1)
+        return [(k[:, :, :n], v[:, :, :n]) for k, v in self._caches[best]]
 
-    def _store(self, sequence: list[int], cache: Any) -> None:
-        if not self.prefix_cache or cache is None:
+    def _store(self, sequence: list[int], kv: Optional[KV]) -> None:
+        if not self.prefix_cache or not kv:
             return
-        self._caches[tuple(sequence[:cache.get_seq_length()])] = cache
+        self._caches[tuple(sequence[:kv[0][0].shape[2]])] = kv
+        self._caches.move_to_end(tuple(sequence[:kv[0][0].shape[2]]))
         while len(self._caches) > self.prefix_cache:
             self._caches.popitem(last=False)
 
     def update_weights(self, named_tensors: dict[str, Any], version: int) -> None:
-        import torch
-
+        """Validate, then wait until the engine thread has drained its batch and loaded them."""
         params = self.model.state_dict()
         for name, tensor in named_tensors.items():
             if name not in params:
@@ -110,11 +258,73 @@ class HFEngine(Engine):
             if got != want:
                 raise WeightUpdateError(f"HFEngine({self.model_path}): {name} has shape {got}, "
                                         f"expected {want}")
-        with self._lock, torch.no_grad():
+        with self._cond:
+            while self._update is not None:
+                self._cond.wait()
+            self._update = (named_tensors, int(version))
+            self._cond.notify_all()
+            while self._update is not None and not self._closed:
+                self._cond.wait()
+
+    def _apply_update(self, named_tensors: dict[str, Any], version: int) -> None:
+        params = self.model.state_dict()
+        with torch.no_grad():
             for name, tensor in named_tensors.items():
                 params[name].copy_(tensor.to(params[name].dtype))
-            self._caches.clear()
-            self._version = int(version)
+        self._caches.clear()
+        self._version = version
 
     def close(self) -> None:
-        self._thread.shutdown(wait=False, cancel_futures=True)
+        """Fail queued and running requests and stop the engine thread (joined, so no torch op
+        is left running when the interpreter exits)."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        if threading.current_thread() is not self._thread:
+            self._thread.join(timeout=30)
+
+
+class _GrowingLayer(DynamicLayer):
+    """A batch's keys/values in a preallocated buffer written in place: a decode step costs one
+    column, not a copy of the whole cache as ``torch.cat`` would (that copy dominated steps at
+    3k-token contexts). ``keys``/``values`` are views of the filled part."""
+
+    def __init__(self, rows: list, lengths: list[int], room: int):
+        super().__init__()
+        keys = rows[0][0]
+        width = max(lengths)
+        shape = (len(rows), keys.shape[1], width + room, keys.shape[3])
+        self._k, self._v = keys.new_zeros(shape), keys.new_zeros(shape)
+        for i, ((k, v), n) in enumerate(zip(rows, lengths)):
+            self._k[i, :, width - n:width] = k[0]
+            self._v[i, :, width - n:width] = v[0]
+        self._n, self.device, self.is_initialized = width, keys.device, True
+        self.keys, self.values = self._k[:, :, :width], self._v[:, :, :width]
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        end = self._n + key_states.shape[2]
+        if end > self._k.shape[2]:
+            pad = (0, 0, 0, max(end, 2 * self._k.shape[2]) - self._k.shape[2])
+            self._k = torch.nn.functional.pad(self._k, pad)
+            self._v = torch.nn.functional.pad(self._v, pad)
+        self._k[:, :, self._n:end] = key_states
+        self._v[:, :, self._n:end] = value_states
+        self._n = end
+        self.keys, self.values = self._k[:, :, :end], self._v[:, :, :end]
+        return self.keys, self.values
+
+
+def _warp(scores, s: SamplingParams):
+    """Temperature, then top-k, then top-p, as transformers' sampling warpers apply them."""
+    if s.temperature != 1.0:
+        scores = scores / s.temperature
+    if s.top_k > 0 and s.top_k < scores.shape[-1]:
+        kth = torch.topk(scores, s.top_k)[0][..., -1, None]
+        scores = scores.masked_fill(scores < kth, float("-inf"))
+    if s.top_p < 1.0:
+        ordered, index = torch.sort(scores, descending=False)
+        cumulative = ordered.softmax(dim=-1).cumsum(dim=-1)
+        drop = cumulative <= (1 - s.top_p)
+        drop[..., -1:] = False
+        scores = scores.masked_fill(drop.scatter(1, index, drop), float("-inf"))
+    return scores

@@ -75,7 +75,7 @@ class VLLMEngine(Engine):
     def __init__(self, model_path: str, gpu_memory_utilization: float = 0.85,
                  max_model_len: int = 32768, tensor_parallel_size: int = 1, dtype: str = "auto",
                  enforce_eager: bool = False, seed: int = 0, update_timeout_s: float = 600.0,
-                 **engine_args: Any):
+                 enable_prefix_caching: bool = True, **engine_args: Any):
         super().__init__()
         from vllm import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
@@ -87,7 +87,7 @@ class VLLMEngine(Engine):
                                max_model_len=max_model_len,
                                tensor_parallel_size=tensor_parallel_size, dtype=dtype,
                                enforce_eager=enforce_eager, seed=seed,
-                               enable_prefix_caching=True,
+                               enable_prefix_caching=enable_prefix_caching,
                                worker_extension_cls=WORKER_EXTENSION, **engine_args)
         self.llm = AsyncLLM.from_engine_args(args)
         self.model_path = str(model_path)

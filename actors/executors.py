@@ -1,0 +1,63 @@
+"""``Executors``: what the rollout path needs of a source of sandboxed sessions.
+
+Three implementations, held to the same contract test
+(``tests/actors/test_executors_contract.py``):
+
+- ``actors.executor_pool.ExecutorPool``: EnvExecutor Ray actors, the training run's;
+- ``actors.rollout.sandbox_session.SandboxSessions``: local sandbox workers, no Ray (warm start,
+  ``envsched sft``);
+- ``actors.rollout.session.InProcessSessions``: no sandbox at all, for tests of the agent loop
+  and the controller only.
+
+``actors.rollout.runner.GroupRunner`` opens every episode's session with ``aopen_session``.
+
+A session (``Session``) is one episode on one sandbox, sticky until closed; every call exists as a
+coroutine (``astep``, ``averify``, ``aclose``: the agent loop's) and as a blocking wrapper
+(``step``, ``verify``, ``close``). Failures are ``sandbox.errors.SandboxError``; a failed call
+ends the session and frees its sandbox.
+
+``capacity`` is how many sessions can be open at once (what ``GroupRunner`` caps live episodes
+at); ``resize(n)`` changes it to ``n`` units (executors, or local workers) and returns the
+units now taking sessions; ``wait_time_stats()`` says how long openers waited for a sandbox.
+
+May import: envs.spec, envs.trajectory, the standard library. No Ray.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Protocol, Sequence, Union, runtime_checkable
+
+from envs.spec import TaskSpec, ToolCall
+from envs.trajectory import ActionStep, VerifyResult
+
+Actions = Sequence[Union[ToolCall, ActionStep, dict]]
+
+
+@runtime_checkable
+class Session(Protocol):
+    task: TaskSpec
+
+    async def astep(self, tool: str, arguments: dict[str, Any]) -> ActionStep: ...
+    async def averify(self) -> VerifyResult: ...
+    async def aclose(self) -> None: ...
+    def step(self, tool: str, arguments: dict[str, Any]) -> ActionStep: ...
+    def verify(self) -> VerifyResult: ...
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class Executors(Protocol):
+    @property
+    def capacity(self) -> int: ...
+    @property
+    def size(self) -> int: ...
+
+    async def aopen_session(self, task: TaskSpec, seed: int) -> Session: ...
+    def open_session(self, task: TaskSpec, seed: int) -> Session: ...
+    async def areplay(self, task_id: str, actions: Actions,
+                      seed: Optional[int] = None) -> VerifyResult: ...
+    def replay(self, task_id: str, actions: Actions, seed: Optional[int] = None
+               ) -> VerifyResult: ...
+    def resize(self, n: int) -> int: ...
+    def wait_time_stats(self) -> dict[str, float]: ...
+    def shutdown(self) -> None: ...

@@ -1,0 +1,106 @@
+"""A learner checkpoint (DeepSpeed, any ZeRO stage, any number of ranks) as a Hugging Face model
+directory that ``transformers`` and ``vllm serve`` load.
+
+``export_checkpoint(learner_dir, out, model_source=None, dtype="auto")``:
+
+1. the full fp32 weights: ZeRO-1/2/3 shards are merged by DeepSpeed's own
+   ``zero_to_fp32.get_fp32_state_dict_from_zero_checkpoint`` (the fp32 master copy, so the export
+   is exact whatever the training dtype); a stage-0 checkpoint holds the module state directly;
+2. the architecture and tokenizer from ``model_source``: the model the run started from, recorded
+   by ``LearnerEngine.save_checkpoint`` in ``learner_dir/model_source.json`` (a directory or a hub
+   id in the local cache); the policy is built on the meta device and the weights assigned, so
+   the export needs one copy of the weights in memory;
+3. written with ``save_pretrained`` (safetensors, config, generation config) and the tokenizer's
+   own ``save_pretrained`` (``save_hf``, which ``LearnerEngine.export_hf`` writes with too), in
+   ``dtype``: ``auto`` = the source config's.
+
+May import: torch, deepspeed, transformers (inside functions), ``actors.policy``. Not
+``actors.learner.engine``: the engine imports this module (the checkpoint's source record and
+``save_hf``).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Optional
+
+SOURCE_FILE = "model_source.json"
+
+
+class ExportError(RuntimeError):
+    """A checkpoint cannot be exported; the message names the directory and what is missing."""
+
+
+def record_source(learner_dir: str | Path, model_path: str) -> None:
+    Path(learner_dir).mkdir(parents=True, exist_ok=True)
+    (Path(learner_dir) / SOURCE_FILE).write_text(json.dumps({"model_path": str(model_path)}))
+
+
+def save_hf(model, state_dict: Optional[dict], source: str, out: Path) -> None:
+    """``model``'s architecture with ``state_dict`` as a Hugging Face directory ``out``, with the
+    tokenizer of ``source`` (a directory or a cached hub id) saved by its own ``save_pretrained``:
+    whatever files that tokenizer is made of, and its chat template."""
+    from transformers import AutoTokenizer
+
+    model.save_pretrained(out, state_dict=state_dict)
+    AutoTokenizer.from_pretrained(source).save_pretrained(out)
+
+
+def model_source(learner_dir: Path, override: Optional[str]) -> str:
+    if override:
+        return override
+    path = Path(learner_dir) / SOURCE_FILE
+    if not path.is_file():
+        raise ExportError(f"{learner_dir} does not record the model it trained ({SOURCE_FILE}); "
+                          f"pass --model with the run's policy.path")
+    return json.loads(path.read_text())["model_path"]
+
+
+def full_state_dict(learner_dir: Path) -> dict:
+    """{name: fp32 CPU tensor} of the checkpoint ``learner_dir/latest`` names."""
+    import torch
+
+    latest = Path(learner_dir) / "latest"
+    if not latest.is_file():
+        raise ExportError(f"{learner_dir} is not a DeepSpeed checkpoint (no 'latest' file)")
+    tag_dir = Path(learner_dir) / latest.read_text().strip()
+    if list(tag_dir.glob("*optim_states.pt")) and any(tag_dir.glob("zero_pp_rank_*")):
+        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+        return get_fp32_state_dict_from_zero_checkpoint(str(learner_dir))
+    states = sorted(tag_dir.glob("mp_rank_*_model_states.pt"))
+    if not states:
+        raise ExportError(f"{tag_dir} holds no model states")
+    module = torch.load(states[0], map_location="cpu", weights_only=False)["module"]
+    return {k: v.float() for k, v in module.items()}
+
+
+def export_checkpoint(learner_dir: str | Path, out: str | Path, model: Optional[str] = None,
+                      dtype: str = "auto") -> Path:
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from actors.policy import resolve_model
+
+    learner_dir, out = Path(learner_dir), Path(out)
+    source = resolve_model(model_source(learner_dir, model))
+    state = full_state_dict(learner_dir)
+    config = AutoConfig.from_pretrained(source)
+    with torch.device("meta"):
+        policy = AutoModelForCausalLM.from_config(config)
+    _, unexpected = policy.load_state_dict(state, strict=False, assign=True)
+    policy.tie_weights()
+    missing = [n for n, p in policy.named_parameters() if p.is_meta]
+    if unexpected or missing:
+        raise ExportError(f"{learner_dir} does not match {source}'s architecture: missing "
+                          f"{missing[:5]}, unexpected {unexpected[:5]}")
+    target: Any = dtype
+    if dtype == "auto":
+        target = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+    if isinstance(target, str):
+        target = getattr(torch, {"bf16": "bfloat16", "fp32": "float32"}.get(target, target))
+    policy.to(target or torch.float32)
+    out.mkdir(parents=True, exist_ok=True)
+    save_hf(policy, None, source, out)
+    return out

@@ -1,0 +1,39 @@
+"""One learner step's inputs, from the step's groups: GRPO advantages and the per-rank shards.
+
+The logic ``LearnerGroup`` (the Ray handle in ``learner_actor.py``) runs on the driver before it
+calls the ranks, kept here so it is tested without Ray:
+
+- ``step_advantages(groups, loss)``: equations (1)-(3) of ``actors.learner.grpo`` over the whole
+  step (so batch whitening sees every trajectory), with the switches of ``loss`` (``GRPOConfig``:
+  ``group_std_norm``, ``whiten``, ``adv_clip`` = c, ``eps``); one list of advantages per group, in
+  the groups' trajectory order;
+- ``step_shards(groups, cfg)``: the step's trajectories with their advantages dealt to
+  ``cfg.ranks`` ranks by ``batching.shard`` (equal row counts, multiples of
+  ``cfg.micro_batch_size``), one ``PackedBatch`` per rank.
+
+May import: the learner's plain modules (grpo, batching, config), envs.trajectory, the standard
+library. No Ray.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from actors.learner import grpo
+from actors.learner.batching import PackedBatch, shard
+from actors.learner.config import GRPOConfig, LearnerConfig
+from envs.trajectory import Group
+
+
+def step_advantages(groups: Sequence[Group], loss: GRPOConfig) -> list[list[float]]:
+    """Advantages of every trajectory of the step, grouped as ``groups`` are."""
+    adv = grpo.compute_advantages([g.rewards for g in groups], group_std_norm=loss.group_std_norm,
+                                  whiten_batch=loss.whiten, clip=loss.adv_clip, eps=loss.eps)
+    return [a.tolist() for a in adv]
+
+
+def step_shards(groups: Sequence[Group], cfg: LearnerConfig) -> list[PackedBatch]:
+    """The step's trajectories and advantages as one padded batch per rank."""
+    trajectories = [t for g in groups for t in g.trajectories]
+    advantages = [a for per_group in step_advantages(groups, cfg.loss) for a in per_group]
+    return shard(trajectories, advantages, cfg.ranks, cfg.micro_batch_size)

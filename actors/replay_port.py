@@ -1,0 +1,67 @@
+"""The identifier filter's replay port on the run's shared executor pool.
+
+``WorkerReplay(workers, timeout_s)`` implements ``scheduling.replay.ReplayPort`` by asking a
+rollout worker (``RolloutWorker.replay``) to replay fixed actions on its executor pool, the same
+sandboxes its rollouts use: no second pool is started. Workers are tried round-robin; a dead one
+is skipped (the run replaces it and hands the scheduler actor a new port). It holds only actor
+handles, so it pickles to the scheduler actor.
+
+``identifier_check_builder(pool_dir, name, params)`` is what the run hands the scheduler actor:
+called there with the port, it loads the pool and returns the group check of
+``scheduling.replay.group_check`` with the filter's settings from
+``scheduling.registry.identifier_filter_settings`` (None when the scheduler runs no identifier
+filter or its params switch it off: ``envsched``'s ``identifier_filter``, ``envsched-bayes``'s
+``envsched.identifier_filter``). No training config is rebuilt.
+
+May import: ray (inside calls), scheduling, envs, the standard library. Never launch.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, Mapping, Optional, Sequence
+
+from scheduling.replay import GroupCheck, ReplayPort
+
+
+class ReplayUnavailable(RuntimeError):
+    """No rollout worker could replay (every handle dead or timed out); names the task."""
+
+
+class WorkerReplay:
+    def __init__(self, workers: Sequence[Any], timeout_s: float) -> None:
+        self.workers = list(workers)
+        self.timeout_s = timeout_s
+        self._next = 0
+
+    def __call__(self, task_id: str, actions: Sequence[Any], seed: Optional[int]) -> float:
+        import ray
+
+        errors = []
+        for _ in range(len(self.workers)):
+            worker = self.workers[self._next % len(self.workers)]
+            self._next += 1
+            try:
+                return float(ray.get(worker.replay.remote(task_id, list(actions), seed),
+                                     timeout=self.timeout_s))
+            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as e:
+                errors.append(f"{type(e).__name__}: {e}"[:200])
+        raise ReplayUnavailable(f"replay of task {task_id}: no rollout worker answered "
+                                f"({len(self.workers)} tried): {errors}")
+
+
+def _build_check(pool_dir: str, name: str, params: dict[str, Any], port: ReplayPort
+                 ) -> Optional[GroupCheck]:
+    from envs.pool import load_pool
+    from scheduling.registry import identifier_filter_settings
+    from scheduling.replay import group_check
+
+    settings = identifier_filter_settings(name, params)
+    if settings is None:
+        return None
+    return group_check(load_pool(pool_dir), settings, port)
+
+
+def identifier_check_builder(pool_dir: str, name: str, params: Mapping[str, Any]
+                             ) -> Callable[[ReplayPort], Optional[GroupCheck]]:
+    return functools.partial(_build_check, str(pool_dir), name, dict(params))

@@ -1,0 +1,97 @@
+"""Checking ``rollout.engine_kwargs`` (keyword arguments of the rollout engine) at config load.
+
+``check_engine_kwargs(engine, kwargs)`` returns the kwargs or raises ``ValueError`` naming each
+unknown key with the closest known one:
+
+- ``vllm``: the fields of vLLM's ``AsyncEngineArgs`` when vllm is importable here (the driver),
+  else ``VLLM_KNOWN_KEYS`` below (the common engine settings, documented in docs/rollout.md), plus
+  ``VLLMEngine``'s own keyword parameters (``update_timeout_s``, ...). Keys the engine sets itself
+  (``model``, ``tokenizer``, ``worker_extension_cls``) are refused: ``policy.path`` names the model.
+- ``hf``: ``HFEngine``'s keyword parameters; ``scripted``: ``ScriptedEngine.from_pool``'s. Both
+  read from the engines' source with ``ast``, so they follow the code without importing torch.
+
+``gpus_per_engine(kwargs)``: GPUs one vLLM engine needs, ``tensor_parallel_size x
+pipeline_parallel_size``; ``cluster.rollout.num_gpus`` must be that (vLLM's workers use the GPUs
+Ray gives the rollout actor).
+
+May import: the standard library; vllm (only to read ``AsyncEngineArgs``'s fields).
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import difflib
+import functools
+from pathlib import Path
+from typing import Any, Mapping
+
+# The vLLM engine settings accepted when vllm is not importable where the config is loaded.
+VLLM_KNOWN_KEYS = frozenset({
+    "tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size",
+    "gpu_memory_utilization", "max_model_len", "dtype", "enforce_eager", "enable_prefix_caching",
+    "enable_chunked_prefill", "max_num_seqs", "max_num_batched_tokens", "kv_cache_dtype",
+    "quantization", "block_size", "swap_space", "cpu_offload_gb", "seed", "trust_remote_code",
+    "revision", "tokenizer_mode", "distributed_executor_backend", "disable_custom_all_reduce",
+    "max_logprobs", "calculate_kv_scales", "compilation_config", "hf_overrides",
+})
+RESERVED = frozenset({"model", "tokenizer", "worker_extension_cls", "model_path"})
+ENGINES = Path(__file__).resolve().parent / "engines"
+
+
+@functools.lru_cache(maxsize=None)
+def keyword_params(module: str, cls: str, method: str) -> frozenset:
+    """Keyword parameters of ``cls.method`` in ``engines/<module>.py``, read from the source
+    (importing the engines would pull torch or vllm into every config load)."""
+    tree = ast.parse((ENGINES / f"{module}.py").read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef) and node.name == cls:
+            for fn in node.body:
+                if isinstance(fn, ast.FunctionDef) and fn.name == method:
+                    args = fn.args.args[1:] + fn.args.kwonlyargs
+                    return frozenset(a.arg for a in args) - RESERVED
+    raise LookupError(f"{cls}.{method} not found in {ENGINES / module}.py")
+
+
+def vllm_engine_keys() -> tuple[frozenset, str]:
+    """(accepted keys, where they come from) for the vLLM engine: ``VLLMEngine``'s own keyword
+    parameters and vLLM's ``AsyncEngineArgs`` fields (or the known keys without vllm)."""
+    own = keyword_params("vllm_engine", "VLLMEngine", "__init__")
+    try:
+        from vllm import AsyncEngineArgs
+    except ImportError:
+        return VLLM_KNOWN_KEYS | own, "envsched's known vLLM keys (vllm not installed)"
+    fields = {f.name for f in dataclasses.fields(AsyncEngineArgs)}
+    return frozenset(fields - RESERVED) | own, "vllm.AsyncEngineArgs"
+
+
+def accepted_keys(engine: str) -> tuple[frozenset, str]:
+    if engine == "vllm":
+        return vllm_engine_keys()
+    if engine == "hf":
+        return keyword_params("hf_engine", "HFEngine", "__init__"), "HFEngine"
+    if engine == "scripted":
+        return keyword_params("scripted_engine", "ScriptedEngine", "from_pool") - {"pool"}, \
+            "ScriptedEngine"
+    raise ValueError(f"unknown rollout engine {engine!r}; one of hf, vllm, scripted")
+
+
+def check_engine_kwargs(engine: str, kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    keys, source = accepted_keys(engine)
+    errors = []
+    for key in kwargs:
+        if key in RESERVED:
+            errors.append(f"rollout.engine_kwargs.{key} is set by envsched (fix: remove it; "
+                          f"policy.path names the model)")
+        elif key not in keys:
+            close = difflib.get_close_matches(key, sorted(keys), n=1)
+            hint = f"did you mean '{close[0]}'?" if close else f"known: {', '.join(sorted(keys))}"
+            errors.append(f"rollout.engine_kwargs.{key} is not a {engine} engine argument "
+                          f"(checked against {source}): {hint}")
+    if errors:
+        raise ValueError("; ".join(errors))
+    return dict(kwargs)
+
+
+def gpus_per_engine(kwargs: Mapping[str, Any]) -> int:
+    return int(kwargs.get("tensor_parallel_size", 1)) * int(kwargs.get("pipeline_parallel_size", 1))

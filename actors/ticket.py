@@ -1,0 +1,107 @@
+"""The ticket: one group to roll out, from the scheduler's hand-out to the trained (or evaluated)
+group. One type for the whole path, so a task id is not re-wrapped between roles.
+
+``Ticket(selection, step)`` is what the scheduler actor hands out (``SchedulerService.next_tasks``):
+a ``scheduling.base.Selection`` (task id, scheduler phase, rank, scores) and the selection step it
+was chosen at. The driver (``launch/controller.py``) issues it with ``issued(ticket_id, seed,
+unseen)``: its ticket id, the episode seed every re-issue keeps, and how many issued groups the
+selection of its step could not see. ``kind`` is the run phase the group serves: ``TRAIN``
+(admission, the scheduler, the learner) or ``EVAL`` (the fixed evaluation set,
+``Ticket.evaluation``: selection phase ``"eval"``, selection step ``EVAL_STEP``, id = its index in
+the evaluation set). Ids count per kind; ``key`` = (kind, id) names a ticket across both. A failed
+group is issued again as ``retried()``: the same ticket, one more attempt. ``Ticket.direct`` is a
+ticket for a task no scheduler chose (``envsched rollout``, tests): selection phase ``"direct"``.
+
+The rollout worker takes the ticket itself (``RolloutWorker.run_group(ticket)`` ->
+``GroupRunner.run_group(ticket)``) and the ``envs.trajectory.Group`` it returns carries its id
+(``Group.ticket_id``).
+
+``to_dict`` / ``from_dict`` are the checkpoint form (flat, readable); ``from_dict`` also reads the
+two types this one replaced (the controller's ``Ticket`` with ``ticket`` for the id, the scheduler
+actor's ``Assignment``), so checkpoints written before still resume.
+
+May import: scheduling.base, the standard library (no Ray: the scheduler actor and the driver both
+import it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any, Optional
+
+from scheduling.base import Selection
+
+TRAIN = "train"   # the run phases a ticket serves
+EVAL = "eval"
+KINDS = (TRAIN, EVAL)
+EVAL_STEP = -1    # evaluation tickets' selection step: episode seeds hash (seed, task, step), so a
+                  # fixed step keeps the sandbox and sampling seeds the same at every evaluation
+DIRECT = "direct"  # the selection phase of a ticket no scheduler chose
+
+
+@dataclass(frozen=True)
+class Ticket:
+    """One group: which selection, at which step, issued as which id with which episode seed."""
+
+    selection: Selection
+    step: int                   # selection step (EVAL_STEP for evaluation)
+    kind: str = TRAIN
+    id: int = -1                # -1 until issued
+    seed: int = 0
+    attempt: int = 0
+    k: Optional[int] = None     # samples; None = rollout.k (evaluation tickets set eval.k)
+    unseen: int = 0             # groups issued, not yet absorbed, when its step was selected
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"the kind parameter of Ticket must be one of {KINDS}, "
+                             f"got {self.kind!r}")
+
+    @classmethod
+    def evaluation(cls, task_id: str, index: int, seed: int, k: int) -> "Ticket":
+        """The index-th task of the fixed evaluation set."""
+        return cls(Selection(task_id, EVAL, index), EVAL_STEP, EVAL, index, seed, k=k)
+
+    @classmethod
+    def direct(cls, task_id: str, step: int = 0, seed: int = 0, k: Optional[int] = None,
+               ticket_id: int = 0) -> "Ticket":
+        """A group of ``task_id`` that no scheduler selected (``envsched rollout``, tests)."""
+        return cls(Selection(task_id, DIRECT, ticket_id), step, TRAIN, ticket_id, seed, k=k)
+
+    @property
+    def task_id(self) -> str:
+        return self.selection.task_id
+
+    @property
+    def phase(self) -> str:
+        return self.selection.phase
+
+    @property
+    def rank(self) -> int:
+        return self.selection.rank
+
+    @property
+    def scores(self) -> dict[str, float]:
+        return self.selection.scores
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (self.kind, self.id)
+
+    def issued(self, ticket_id: int, seed: int, unseen: int) -> "Ticket":
+        return replace(self, id=ticket_id, seed=seed, unseen=unseen)
+
+    def retried(self) -> "Ticket":
+        return replace(self, attempt=self.attempt + 1)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "kind": self.kind, "task_id": self.task_id, "step": self.step,
+                "phase": self.phase, "rank": self.rank, "scores": dict(self.scores),
+                "seed": self.seed, "attempt": self.attempt, "k": self.k, "unseen": self.unseen}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Ticket":
+        return cls(Selection(d["task_id"], d["phase"], int(d["rank"]), dict(d.get("scores", {}))),
+                   int(d["step"]), d.get("kind", TRAIN), int(d.get("id", d.get("ticket", -1))),
+                   int(d.get("seed", 0)), int(d.get("attempt", 0)), d.get("k"),
+                   int(d.get("unseen", 0)))

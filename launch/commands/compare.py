@@ -1,0 +1,56 @@
+"""Compare task schedulers in real training on one pool, warm start, budget and evaluation.
+
+envsched compare [--config FILE] --schedulers envsched,random,mopps [--seeds 3] --out DIR
+                 [--timeout-per-run S] [key.sub=value ...]
+
+Every run shares ``DIR/pool`` and the warm start ``DIR/sft``; only the scheduler and ``run.seed``
+differ. Runs are ``DIR/runs/<scheduler>-s<seed>`` (normal run directories). Rerunning the command
+skips finished runs and resumes unfinished ones; a crashed run is listed in the report. Writes
+``DIR/report.md``, ``DIR/metrics.json`` and ``DIR/curve_eval_*.png`` (launch/compare.py).
+Default config: configs/compare_cpu.yaml.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from launch.config import PACKAGED_CONFIGS
+
+DEFAULT = PACKAGED_CONFIGS / "compare_cpu.yaml"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", default=None, help=f"YAML config (default: {DEFAULT.name})")
+    parser.add_argument("--schedulers", default="envsched,random,mopps",
+                        help="comma-separated scheduler names (Random is the reference)")
+    parser.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 per scheduler")
+    parser.add_argument("--out", type=Path, required=True, help="comparison directory")
+    parser.add_argument("--timeout-per-run", type=float, default=None,
+                        help="seconds; a run past it is recorded as crashed")
+    parser.add_argument("overrides", nargs="*", metavar="key.sub=value",
+                        help="dotted config overrides applied to every run")
+
+
+def run(args: argparse.Namespace) -> int:
+    from launch.errors import UserError
+    from launch.compare import compare
+    from launch.config import ConfigError, load_config
+
+    names = [n.strip() for n in args.schedulers.split(",") if n.strip()]
+    if not names or len(set(names)) != len(names):
+        raise UserError(f"--schedulers: give distinct names, got {args.schedulers!r}")
+    if args.seeds < 1:
+        raise UserError(f"--seeds must be >= 1, got {args.seeds}")
+    try:
+        cfg = load_config(args.config or DEFAULT, args.overrides)
+        for n in names:  # every name must be valid before the first (long) run starts
+            load_config(args.config or DEFAULT, [*args.overrides, f"scheduler.name={n}",
+                                                 "scheduler.params={}"])
+    except ConfigError as e:
+        raise UserError(str(e)) from None
+    if not cfg.eval.enabled:
+        raise UserError("compare needs the fixed-set evaluation: set eval.enabled=true")
+    m = compare(cfg, names, list(range(args.seeds)), args.out, timeout_s=args.timeout_per_run)
+    print((args.out / "report.md").read_text())
+    return 0 if all(r["status"] == "finished" for r in m["runs"]) else 1

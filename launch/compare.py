@@ -1,0 +1,333 @@
+"""A/B comparison of task schedulers in real training (``envsched compare``).
+
+``compare(cfg, schedulers, seeds, out)`` trains one run per (scheduler, seed) through the real
+system (actors, sandboxed environments, GRPO updates) and writes a report whose table has the
+shape of the simulator's (``scheduling/simulate/report.py``), so the two read side by side.
+
+What is held equal (the only differences between runs are ``scheduler.name`` and ``run.seed``):
+
+- one pool (``OUT/pool``, generated once unless ``pool.path`` is set) and one held-out split
+  (``pool.heldout_env_frac``, ``pool.heldout_task_frac``, ``pool.split_seed``; ``launch/split.py``):
+  no scheduler is given a held-out task;
+- one warm start (``OUT/sft``, SFT done once; every run starts from it as ``policy.path``);
+- the budget: ``run.steps`` x ``run.batch_size`` groups x ``rollout.k`` rollouts;
+- the evaluation: the same fixed task sets and episode seeds (``eval``), at step 0, every
+  ``eval.every`` steps and at the end, on training tasks, held-out tasks and held-out environments.
+
+``scheduler.params`` of the config apply to the scheduler the config names; every other scheduler
+runs with its own defaults (parameters are chosen once, before the comparison, never per run).
+
+Runs live in ``OUT/runs/<scheduler>-s<seed>/``, each a normal ``envsched train`` run directory,
+trained in its own process (``python -m launch.cli train``; output in ``train.log``). A run with a
+``summary.json`` is finished and skipped; an unfinished one resumes from its checkpoint; a run
+whose process fails is recorded (``crashed.txt``) and reported in the table, never dropped.
+
+Per run (``run_summary``): ``mean_reward_variance`` / ``median_reward_variance`` over every trained
+group (Eq. 2, population variance; from ``groups.jsonl`` when the run wrote one, else the
+group-weighted mean and the median of per-step means from ``metrics.jsonl``), ``zero_var_share``,
+``envs_per_batch``, ``tools_per_batch``, the last evaluation's reward per split
+(``eval_train``, ``eval_heldout_task``, ``eval_heldout_env``) and its gain over step 0,
+``rollouts`` and ``wall_s``. Across seeds: ``scheduling.simulate.metrics.paired_summary`` (mean,
+95 % Student-t interval, ratio and seed-paired difference to Random).
+
+May import: numpy, yaml, launch.*, envs.*, scheduling.simulate.metrics, scheduling.variance, the
+standard library; matplotlib inside the plotting function.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+import numpy as np
+import yaml
+
+from launch.evaluation import read_eval
+from launch.metrics import read_jsonl
+from scheduling.variance import group_variance
+from scheduling.simulate.metrics import mean_ci, paired_summary
+
+# (key, header, decimals): the simulator's Table 2 columns, then what only real training has.
+COLUMNS = (("mean_reward_variance", "Mean reward var.", 5),
+           ("median_reward_variance", "Median reward var.", 5),
+           ("zero_var_share", "Zero-var share", 3), ("envs_per_batch", "Envs / batch", 2),
+           ("tools_per_batch", "Tools / batch", 1), ("eval_train", "Eval train", 3),
+           ("eval_heldout_task", "Eval held-out tasks", 3),
+           ("eval_heldout_env", "Eval held-out envs", 3), ("rollouts", "Rollouts", 0),
+           ("wall_s", "Wall s", 0))
+GAINS = ("eval_train_gain", "eval_heldout_task_gain", "eval_heldout_env_gain")
+METRICS = tuple(k for k, _, _ in COLUMNS) + GAINS
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    scheduler: str
+    seed: int
+    dir: Path
+
+    @property
+    def name(self) -> str:
+        return f"{self.scheduler}-s{self.seed}"
+
+
+def plan(schedulers: Sequence[str], seeds: Sequence[int], out: Path) -> list[RunSpec]:
+    """Seed-major order, so that an interrupted comparison has complete pairs first."""
+    return [RunSpec(s, seed, Path(out) / "runs" / f"{s}-s{seed}")
+            for seed in seeds for s in schedulers]
+
+
+def run_config(cfg: Any, spec: RunSpec, pool_dir: Path, policy_dir: str) -> dict[str, Any]:
+    """The YAML dict of one run: the shared config with only scheduler and seed changed."""
+    d = cfg.to_yaml_dict()
+    d["run"]["seed"] = spec.seed
+    if spec.scheduler != d["scheduler"]["name"]:
+        d["scheduler"]["params"] = {}
+    d["scheduler"]["name"] = spec.scheduler
+    d["pool"]["path"] = str(Path(pool_dir).resolve())
+    d["policy"]["path"] = policy_dir
+    d["sft"]["enabled"] = False
+    d["controller"]["progress_bar"] = False
+    return d
+
+
+def status(spec: RunSpec) -> str:
+    if (spec.dir / "summary.json").is_file():
+        return "finished"
+    if (spec.dir / "crashed.txt").is_file():
+        return "crashed"
+    return "started" if spec.dir.exists() else "new"
+
+
+def _train(spec: RunSpec, config: dict[str, Any], timeout_s: Optional[float]) -> Optional[str]:
+    """Train one run in its own process; None on success, else the reason it failed."""
+    spec.dir.mkdir(parents=True, exist_ok=True)
+    (spec.dir / "crashed.txt").unlink(missing_ok=True)
+    cfg_path = spec.dir / "compare_config.yaml"
+    cfg_path.write_text(yaml.safe_dump(config, sort_keys=False))
+    cmd = [sys.executable, "-m", "launch.cli", "train", "--config", str(cfg_path),
+           "--out", str(spec.dir)]
+    with (spec.dir / "train.log").open("a") as log:
+        try:
+            rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, timeout=timeout_s,
+                                env={**os.environ, "PYTHONUNBUFFERED": "1"}).returncode
+        except subprocess.TimeoutExpired:
+            return f"timed out after {timeout_s:.0f} s"
+    if rc == 0 and (spec.dir / "summary.json").is_file():
+        return None
+    tail = (spec.dir / "train.log").read_text(errors="replace").strip().splitlines()[-3:]
+    return f"exit code {rc}: " + " | ".join(tail)
+
+
+def compare(cfg: Any, schedulers: Sequence[str], seeds: Sequence[int], out: Path,
+            timeout_s: Optional[float] = None, log=None) -> dict[str, Any]:
+    from launch.trainer import prepare_policy, prepare_pool
+
+    log = log or (lambda line: print(line, flush=True))
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    pool_dir = prepare_pool(cfg, out)
+    policy_dir = prepare_policy(cfg, pool_dir, out)
+    log(f"[compare] shared pool {pool_dir}, warm start {policy_dir} "
+        f"({time.perf_counter() - t0:.0f} s)")
+    specs = plan(schedulers, seeds, out)
+    for n, spec in enumerate(specs, 1):
+        state = status(spec)
+        if state == "finished":
+            log(f"[compare {n}/{len(specs)}] {spec.name}: finished earlier, skipped")
+            continue
+        log(f"[compare {n}/{len(specs)}] {spec.name}: "
+            f"{'resuming' if state != 'new' else 'training'} ...")
+        t = time.perf_counter()
+        err = _train(spec, run_config(cfg, spec, pool_dir, policy_dir), timeout_s)
+        if err is not None:
+            (spec.dir / "crashed.txt").write_text(err + "\n")
+            log(f"[compare {n}/{len(specs)}] {spec.name}: CRASHED ({err[:200]}); "
+                f"see {spec.dir / 'train.log'}")
+            continue
+        s = run_summary(spec.dir)
+        log(f"[compare {n}/{len(specs)}] {spec.name}: done in {time.perf_counter() - t:.0f} s; "
+            f"mean group variance {s['mean_reward_variance']:.4f}, eval train "
+            f"{s['eval_train']:.3f}, held-out tasks {s['eval_heldout_task']:.3f}, held-out envs "
+            f"{s['eval_heldout_env']:.3f}")
+    metrics = build_metrics(specs, cfg)
+    write_report(out, metrics)
+    return metrics
+
+
+def _nan() -> float:
+    return float("nan")
+
+
+def run_summary(run_dir: Path) -> dict[str, float]:
+    run_dir = Path(run_dir)
+    rows = [r for r in read_jsonl(run_dir / "metrics.jsonl")] if (
+        run_dir / "metrics.jsonl").is_file() else []
+    g = lambda r, k: r.get(k) if r.get(k) is not None else np.nan  # noqa: E731
+    groups_path = run_dir / "groups.jsonl"
+    if groups_path.is_file():
+        var = np.array([group_variance(r["rewards"]) for r in read_jsonl(groups_path)])
+        mean_var = float(var.mean()) if var.size else _nan()
+        med_var = float(np.median(var)) if var.size else _nan()
+    else:
+        w = np.array([g(r, "groups") for r in rows], dtype=float)
+        v = np.array([g(r, "reward_var_mean") for r in rows], dtype=float)
+        ok = np.isfinite(w) & np.isfinite(v)
+        mean_var = float(np.sum(w[ok] * v[ok]) / np.sum(w[ok])) if ok.any() else _nan()
+        med_var = float(np.median(v[ok])) if ok.any() else _nan()
+    col = lambda k: float(np.nanmean([g(r, k) for r in rows])) if rows else _nan()  # noqa
+    k = _rollout_k(run_dir)
+    out = {"mean_reward_variance": mean_var, "median_reward_variance": med_var,
+           "zero_var_share": col("zero_var_share"), "envs_per_batch": col("envs_per_batch"),
+           "tools_per_batch": col("tools_per_batch"),
+           "rollouts": float(np.nansum([g(r, "groups") for r in rows]) * k) if rows else _nan()}
+    evals = read_eval(run_dir)
+    for split in ("train", "heldout_task", "heldout_env"):
+        key = f"eval_reward_{split}"
+        vals = [e.get(key) for e in evals if e.get(key) is not None]
+        out[f"eval_{split}"] = float(vals[-1]) if vals else _nan()
+        out[f"eval_{split}_gain"] = float(vals[-1] - vals[0]) if len(vals) > 1 else _nan()
+    summary = run_dir / "summary.json"
+    out["wall_s"] = (float(json.loads(summary.read_text()).get("total_seconds", _nan()))
+                     if summary.is_file() else _nan())
+    return out
+
+
+def _rollout_k(run_dir: Path) -> int:
+    path = run_dir / "config.yaml"
+    if path.is_file():
+        return int((yaml.safe_load(path.read_text()) or {}).get("rollout", {}).get("k", 1))
+    return 1
+
+
+def build_metrics(specs: Sequence[RunSpec], cfg: Any) -> dict[str, Any]:
+    by: dict[str, dict[int, dict[str, float]]] = {}
+    runs = []
+    for spec in specs:
+        state = status(spec)
+        s = run_summary(spec.dir) if state == "finished" else {}
+        runs.append({"scheduler": spec.scheduler, "seed": spec.seed, "status": state,
+                     "dir": str(spec.dir), **s})
+        if state == "finished":
+            by.setdefault(spec.scheduler, {})[spec.seed] = s
+    summary = paired_summary(by, METRICS, "random") if by else {}
+    order = list(dict.fromkeys(s.scheduler for s in specs))
+    return {"settings": {"schedulers": order, "seeds": sorted({s.seed for s in specs}),
+                         "steps": cfg.run.steps, "batch_size": cfg.run.batch_size,
+                         "k": cfg.rollout.k, "eval_every": cfg.eval.every},
+            "summary": {n: summary[n] for n in order if n in summary},
+            "curves": curves(specs), "runs": runs}
+
+
+def curves(specs: Sequence[RunSpec]) -> dict[str, dict[str, list]]:
+    """Per scheduler, the evaluation reward of each split over steps: the mean over the finished
+    seeds (``SPLIT``) and its 95 % Student-t interval (``SPLIT_ci``: [lo, hi] per step, NaN with
+    one seed), the band the PNG curves draw."""
+    out: dict[str, dict[str, list]] = {}
+    for name in dict.fromkeys(s.scheduler for s in specs):
+        evs = [read_eval(s.dir) for s in specs if s.scheduler == name and status(s) == "finished"]
+        evs = [e for e in evs if e]
+        if not evs:
+            continue
+        n = min(len(e) for e in evs)
+        row: dict[str, list] = {"steps": [e["step"] for e in evs[0][:n]]}
+        for split in ("train", "heldout_task", "heldout_env"):
+            key = f"eval_reward_{split}"
+            if all(key in e[0] for e in evs):
+                per_seed = np.array([[x.get(key) if x.get(key) is not None else np.nan
+                                      for x in e[:n]] for e in evs], dtype=float)
+                cis = [mean_ci(per_seed[:, i].tolist()) for i in range(n)]
+                row[split] = [c["mean"] for c in cis]
+                row[f"{split}_ci"] = [[c["lo"], c["hi"]] for c in cis]
+        out[name] = row
+    return out
+
+
+def _cell(row: dict[str, Any], k: str, nd: int) -> str:
+    """value [95 % interval over seeds] (change vs Random [95 % interval of the paired change])."""
+    v = row.get(k, _nan())
+    if v is None or math.isnan(v):
+        return "n/a"
+    s = f"{v:.{nd}f}"
+    lo, hi = row.get(f"{k}_ci", [_nan(), _nan()])
+    if not math.isnan(lo):
+        s += f" [{lo:.{nd}f}, {hi:.{nd}f}]"
+    d = row.get(f"{k}_diff")
+    if d is not None and not math.isnan(d) and d != 0.0:
+        dlo, dhi = row.get(f"{k}_diff_ci", [_nan(), _nan()])
+        ci = "" if math.isnan(dlo) else f" [{dlo:+.{nd}f}, {dhi:+.{nd}f}]"
+        s += f" ({d:+.{nd}f}{ci})"
+    return s
+
+
+def report_md(m: dict[str, Any]) -> str:
+    st = m["settings"]
+    lines = [f"# Scheduler comparison in real training",
+             "",
+             f"{', '.join(st['schedulers'])} x seeds {st['seeds']}; {st['steps']} steps x "
+             f"B = {st['batch_size']} x K = {st['k']}; evaluation every {st['eval_every']} steps "
+             "(0 = start and end). Cells: mean over seeds [95 % Student-t interval] (paired "
+             "change vs Random [95 % interval]); n/a where not measured.",
+             "", "| Scheduler | seeds | " + " | ".join(h for _, h, _ in COLUMNS) + " |",
+             "|---|---" + "|---" * len(COLUMNS) + "|"]
+    for name, row in m["summary"].items():
+        lines.append(f"| {name} | {row['seeds']} | "
+                     + " | ".join(_cell(row, k, nd) for k, _, nd in COLUMNS) + " |")
+    lines += ["", "Evaluation gain (last - step 0):", "",
+              "| Scheduler | train | held-out tasks | held-out envs |", "|---|---|---|---|"]
+    for name, row in m["summary"].items():
+        lines.append(f"| {name} | " + " | ".join(_cell(row, k, 3) for k in GAINS) + " |")
+    bad = [r for r in m["runs"] if r["status"] != "finished"]
+    lines += ["", "Runs: " + ", ".join(f"{r['scheduler']}-s{r['seed']} {r['status']}"
+                                       for r in m["runs"])]
+    if bad:
+        lines += ["", f"**{len(bad)} run(s) did not finish** and are not in the means: "
+                  + ", ".join(f"{r['scheduler']}-s{r['seed']} ({r['status']})" for r in bad)]
+    return "\n".join(lines) + "\n"
+
+
+def write_report(out: Path, m: dict[str, Any]) -> None:
+    def clean(v: Any) -> Any:
+        if isinstance(v, float) and not math.isfinite(v):
+            return None
+        if isinstance(v, dict):
+            return {k: clean(x) for k, x in v.items()}
+        if isinstance(v, list):
+            return [clean(x) for x in v]
+        return v
+
+    (out / "metrics.json").write_text(json.dumps(clean(m), indent=2, sort_keys=True))
+    (out / "report.md").write_text(report_md(m))
+    _plot(out, m)
+
+
+def _plot(out: Path, m: dict[str, Any]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    for split in ("train", "heldout_task", "heldout_env"):
+        fig, ax = plt.subplots(figsize=(6, 4))
+        drawn = False
+        for name, c in m["curves"].items():
+            if split in c:
+                line, = ax.plot(c["steps"], c[split], marker="o", label=name)
+                lo, hi = np.array(c.get(f"{split}_ci", []), dtype=float).reshape(-1, 2).T
+                if lo.size and not np.isnan(lo).all():   # the 95 % interval over seeds
+                    ax.fill_between(c["steps"], lo, hi, color=line.get_color(), alpha=0.2)
+                drawn = True
+        if drawn:
+            ax.set_xlabel("learner step")
+            ax.set_ylabel(f"eval reward ({split})")
+            ax.legend()
+            fig.tight_layout()
+            fig.savefig(out / f"curve_eval_{split}.png", dpi=100)
+        plt.close(fig)

@@ -1,0 +1,114 @@
+"""Opening a run directory: a new run, or the continuation of the one already there.
+
+``open_run(cfg, run_dir, resume, resume_changed) -> Checkpoint | None``:
+
+- a directory with a checkpoint is continued from its newest intact one (``launch.checkpoint``);
+  ``resume=True`` makes a missing checkpoint an error; a directory with metrics but no checkpoint
+  is refused (nothing to continue from, and starting over would mix two runs' logs);
+- a directory that already has a ``config.yaml`` is compared with the new config, key by key
+  (the stored one validated first, so keys added to the config models since count as their
+  defaults, not as changes). Changed keys other than ``RESUMABLE`` refuse the run with the list
+  of them, unless ``resume_changed``. Any change is recorded, never silently overwritten: the old
+  file is kept as ``config.step_N.yaml`` (N: the checkpoint's step, 0 without one) and a line
+  ``{step, time, forced, changes: {key: [old, new]}}`` is appended to ``config_changes.jsonl``;
+  then ``config.yaml`` is the new config.
+
+Decision where the issue is silent: ``RESUMABLE`` keys (how long to train, where Ray runs, the
+progress bar) do not change what a step computes, so extending a run (``run.steps=40``) needs no
+flag; the change is still recorded.
+
+May import: yaml, the standard library, launch.checkpoint, launch.config, launch.cli.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+import yaml
+
+from launch.checkpoint import Checkpoint, CheckpointError, latest_checkpoint
+
+RESUMABLE = frozenset({"run.steps", "cluster.address", "controller.progress_bar"})
+_ABSENT = "<absent>"
+
+
+def config_changes(old: Any, new: Any, prefix: str = "") -> dict[str, tuple[Any, Any]]:
+    """Dotted key -> (old, new) for every leaf that differs (a missing key is ``<absent>``)."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        out: dict[str, tuple[Any, Any]] = {}
+        for key in list(old) + [k for k in new if k not in old]:
+            out.update(config_changes(old.get(key, _ABSENT), new.get(key, _ABSENT),
+                                      f"{prefix}{key}."))
+        return out
+    return {} if old == new else {prefix.rstrip("."): (old, new)}
+
+
+def _stored_tree(path: Path, force: bool) -> dict[str, Any]:
+    """The stored config as the current models read it (defaults of newer keys filled in)."""
+    from launch.errors import UserError
+    from launch.config import ConfigError, build_config
+
+    try:
+        tree = yaml.safe_load(path.read_text()) or {}
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+        raise UserError(f"{path} is unreadable ({e}); fix it or choose another --out") from None
+    try:
+        return build_config(tree, str(path)).to_yaml_dict()
+    except ConfigError as e:
+        if force:
+            return tree
+        raise UserError(f"{path} no longer validates ({e}); pass --resume-changed to continue "
+                        f"with the new config anyway, or choose another --out") from None
+
+
+def open_run(cfg: Any, run_dir: Path, resume: bool = False, resume_changed: bool = False
+             ) -> Optional[Checkpoint]:
+    from launch.errors import UserError
+
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    ckpt = None
+    try:
+        ckpt = latest_checkpoint(run_dir)
+    except CheckpointError as e:
+        if resume:
+            raise UserError(f"--resume: {e}") from None
+        if (run_dir / "metrics.jsonl").exists():
+            raise UserError(f"{run_dir} holds a run without a checkpoint to continue from ({e}); "
+                            f"choose another --out") from None
+    if ckpt is not None:
+        print(f"resuming {run_dir} from its step-{ckpt.step} checkpoint", flush=True)
+    new = yaml.safe_load(yaml.safe_dump(cfg.to_yaml_dict()))   # as it reads back from the file
+    path = run_dir / "config.yaml"
+    if path.is_file():
+        changes = config_changes(_stored_tree(path, resume_changed), new)
+        _check_and_record(run_dir, changes, ckpt.step if ckpt else 0, resume_changed)
+    path.write_text(yaml.safe_dump(cfg.to_yaml_dict(), sort_keys=False))
+    return ckpt
+
+
+def _check_and_record(run_dir: Path, changes: dict[str, tuple[Any, Any]], step: int,
+                      force: bool) -> None:
+    from launch.errors import UserError
+
+    if not changes:
+        return
+    blocking = sorted(k for k in changes if k not in RESUMABLE)
+    if blocking and not force:
+        listed = "; ".join(f"{k}: {changes[k][0]!r} -> {changes[k][1]!r}" for k in blocking)
+        raise UserError(f"{run_dir} was started with another config ({len(blocking)} key(s) "
+                        f"changed: {listed}); pass --resume-changed to continue it with the new "
+                        f"config (the change is recorded), or choose another --out")
+    old_copy = run_dir / f"config.step_{step:06d}.yaml"
+    if not old_copy.exists():
+        old_copy.write_bytes((run_dir / "config.yaml").read_bytes())
+    record = {"step": step, "time": time.time(), "forced": bool(blocking),
+              "changes": {k: list(v) for k, v in sorted(changes.items())}}
+    with (run_dir / "config_changes.jsonl").open("a") as f:
+        f.write(json.dumps(record, sort_keys=True, default=str) + "\n")
+    print(f"[envsched] config changed since the run began: {', '.join(sorted(changes))} "
+          f"(recorded in config_changes.jsonl; the old config kept as {old_copy.name})",
+          flush=True)

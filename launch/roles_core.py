@@ -1,0 +1,119 @@
+"""What ``launch/roles.py:Roles`` decides, without Ray: which worker, which deadline, whom to
+restart, when to give up, and the step's role metrics.
+
+``RolesCore(timeout_s, clock)`` holds the rollout workers' current handles (opaque here: Ray
+actor handles in ``Roles``, anything in a test), the groups in flight and the restart counters.
+
+- Placement: ``choose_worker()`` is the least-busy worker (fewest groups in flight; the lowest
+  index on a tie), so a group never waits behind another while a worker is free.
+- Deadlines: ``launched(handle, w)`` records a group sent to worker w, due ``timeout_s`` from now;
+  ``land(handle)`` takes it back; ``overdue(handles, ready)`` takes back every one not ready and
+  past its deadline (``Roles`` cancels them and reports a ``TimeoutError``).
+- Restarts: a worker is replaced once per death, however many of its groups report it:
+  ``first_report(w, handle)`` is true only while the dead handle is still worker w's current one;
+  ``replaced(w, handle)`` installs the new handle and counts the restart. A weight publish that
+  fails is repeated after replacing the dead workers, ``PUBLISHES`` attempts in all, and gives up
+  at once when no worker is dead (``check_publish``); a dead scheduler actor is rebuilt at most
+  ``REBUILDS`` times within one call (``check_rebuild``). Giving up raises ``RoleError``.
+- Metrics: ``step_extras(scheduler, per_worker)`` merges the scheduler actor's metrics with the
+  sums over workers (cumulative seconds generating, inside executors, whole episodes; executor
+  waits, waiting callers, executors alive), the worst p95 executor wait, ``executor_share``
+  (executor seconds over episode seconds, the signal to scale executors) and the restart counts.
+
+May import: the standard library (no Ray: tests/launch/test_roles_core.py runs it alone).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Optional, Sequence
+
+REBUILDS = 3      # scheduler rebuilds tried within one call before giving up
+PUBLISHES = 3     # publish attempts, each after replacing the workers found dead
+_SUMMED_TIMES = ("time_generate_s", "time_executor_s", "time_episode_s")
+_SUMMED_EXECUTORS = ("executor_wait_s", "executor_waiting_now", "executors")
+
+
+class RoleError(RuntimeError):
+    """A role failed in a way the run cannot recover from; names the role and the call."""
+
+
+@dataclass
+class Flight:
+    """One group in flight: the worker index, the handle it went to (a replaced worker has a new
+    one), and when it is overdue."""
+
+    worker: int
+    actor: Any
+    deadline: float
+
+
+class RolesCore:
+    def __init__(self, timeout_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.timeout_s, self.clock = timeout_s, clock
+        self.workers: list[Any] = []
+        self.flights: dict[Any, Flight] = {}
+        self.restarts = 0
+        self.scheduler_restarts = 0
+
+    # ---- placement and deadlines -------------------------------------------------------------
+    def choose_worker(self) -> int:
+        busy = [0] * len(self.workers)
+        for f in self.flights.values():
+            busy[f.worker] += 1
+        return min(range(len(self.workers)), key=busy.__getitem__)
+
+    def launched(self, handle: Any, w: int) -> None:
+        self.flights[handle] = Flight(w, self.workers[w], self.clock() + self.timeout_s)
+
+    def land(self, handle: Any) -> Flight:
+        return self.flights.pop(handle)
+
+    def overdue(self, handles: Iterable[Any], ready: Sequence[Any]) -> list[Any]:
+        now = self.clock()
+        late = [h for h in handles if h not in ready and self.flights[h].deadline < now]
+        for h in late:
+            self.flights.pop(h)
+        return late
+
+    # ---- restarts ----------------------------------------------------------------------------
+    def first_report(self, w: int, actor: Any) -> bool:
+        """Whether the death of ``actor`` (worker ``w``'s handle when it was asked) still needs a
+        replacement: false once it was replaced."""
+        return self.workers[w] is actor
+
+    def replaced(self, w: int, actor: Any) -> None:
+        self.workers[w] = actor
+        self.restarts += 1
+
+    def check_publish(self, version: int, attempt: int, dead: list[int], error: Exception) -> None:
+        """Raise ``RoleError`` if a failed publish is not worth another attempt."""
+        if not dead or attempt >= PUBLISHES:
+            raise RoleError(f"weight publish of version {version} failed (attempt {attempt}, "
+                            f"dead workers {dead}): {error}") from error
+
+    def check_rebuild(self, what: str, rebuilds: int, error: Exception) -> None:
+        """Raise ``RoleError`` if the scheduler actor was rebuilt ``REBUILDS`` times in this
+        call already."""
+        if rebuilds >= REBUILDS:
+            raise RoleError(f"scheduler actor: {what} failed after {rebuilds} rebuilds: "
+                            f"{error}") from error
+
+    # ---- metrics -----------------------------------------------------------------------------
+    def step_extras(self, scheduler: dict[str, float],
+                    per_worker: Sequence[Optional[dict[str, Any]]]) -> dict[str, float]:
+        """``per_worker``: each worker's ``metrics()``, None for a worker that was replaced."""
+        out = dict(scheduler)
+        workers = [m or {} for m in per_worker]
+        for key in _SUMMED_TIMES:
+            out[f"rollout_{key}"] = float(sum(m.get(key, 0.0) for m in workers))
+        if out["rollout_time_episode_s"] > 0:
+            out["executor_share"] = out["rollout_time_executor_s"] / out["rollout_time_episode_s"]
+        for key in _SUMMED_EXECUTORS:
+            out[key] = float(sum(m.get(key, 0.0) for m in workers))
+        out["executor_wait_p95_s"] = float(max((m.get("executor_wait_p95_s", 0.0)
+                                                for m in workers), default=0.0))
+        out["rollout_restarts"] = float(self.restarts)
+        out["scheduler_restarts"] = float(self.scheduler_restarts)
+        return out

@@ -1,0 +1,99 @@
+"""Rolling out groups without training: the plain driver behind ``envsched rollout`` and
+``envsched bench rollout``.
+
+``run_groups(...)`` starts ``workers`` RolloutWorker actors on a connected Ray (``launch.cluster``),
+runs one group per task id on them (a ``Ticket.direct`` each: selection step 0, the given seed),
+their episodes on the sandboxed executor pool, and stops them;
+``rollout_config`` / ``executor_config`` validate the ``--set`` / ``--executor-set`` overrides
+(``override_tree``) into the role configs, a mistake raised as one ``UserError`` line.
+
+May import: the standard library, pydantic, launch.config, launch.errors, launch.cluster, and
+the rollout role modules (``actors.rollout``, ``actors.rollout_worker``,
+``actors.executor_pool``, ``actors.ticket``); Ray and the role modules inside the functions that
+need them.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Optional
+
+from launch.config import ConfigError, set_dotted
+from launch.errors import UserError
+
+
+def override_tree(items: list[str]) -> dict[str, Any]:
+    """``KEY=VALUE`` items as a tree, through the config's one dotted-override path
+    (``launch.config.set_dotted``: ``a.b=1`` nests, values parsed as YAML)."""
+    tree: dict[str, Any] = {}
+    for item in items:
+        try:
+            set_dotted(tree, item)
+        except ConfigError as e:
+            raise UserError(str(e)) from None
+    return tree
+
+
+def rollout_config(overrides: dict[str, Any], k: Optional[int]):
+    from pydantic import ValidationError
+
+    from actors.rollout.config import RolloutConfig
+
+    if k is not None:
+        overrides = {**overrides, "k": k}
+    try:
+        return RolloutConfig(**overrides)
+    except ValidationError as e:
+        msgs = "; ".join(f"rollout.{'.'.join(map(str, x['loc']))}: {x['msg']} (got "
+                         f"{x.get('input')!r})" for x in e.errors())
+        raise UserError(msgs) from None
+
+
+def executor_config(overrides: dict[str, Any]) -> dict[str, Any]:
+    """Validated here so a mistake is one line at exit 2, not an actor's traceback."""
+    from pydantic import ValidationError
+
+    from actors.executor_pool import ExecutorConfig
+
+    try:
+        return ExecutorConfig(**overrides).model_dump()
+    except ValidationError as e:
+        raise UserError("; ".join(f"executors.{'.'.join(map(str, x['loc']))}: {x['msg']} (got "
+                                  f"{x.get('input')!r})" for x in e.errors())) from None
+
+
+def run_groups(pool_dir: str, task_ids: list[str], engine: str, model: Optional[str], config,
+               workers: int, seed: int, timeout: float, executor_cfg: Optional[dict] = None,
+               num_cpus: float = 0.5) -> tuple[list, float]:
+    """Run one group per task on ``workers`` actors, their episodes on the sandboxed executor
+    pool; returns (groups in task order, wall seconds). Raises TimeoutError naming the unfinished
+    tasks when ``timeout`` passes."""
+    import ray
+
+    from actors.rollout.engine_args import gpus_per_engine
+    from actors.rollout_worker import start_rollout_worker
+    from actors.ticket import Ticket
+    from launch.cluster import accelerator_env
+
+    gpus = float(gpus_per_engine(config.engine_kwargs)) if engine == "vllm" else 0.0
+    handles = [start_rollout_worker(pool_dir, engine, num_cpus=num_cpus, num_gpus=gpus,
+                                    runtime_env=accelerator_env(gpus), model_path=model,
+                                    engine_kwargs=config.engine_kwargs,
+                                    config=config.model_dump(), executor_config=executor_cfg,
+                                    name=f"rollout-{i}")
+               for i in range(workers)]
+    try:
+        ray.get([h.ping.remote() for h in handles], timeout=min(timeout, 600))
+        t0 = time.perf_counter()
+        refs = [handles[i % workers].run_group.remote(Ticket.direct(task_id, 0, seed, ticket_id=i))
+                for i, task_id in enumerate(task_ids)]
+        ready, pending = ray.wait(refs, num_returns=len(refs), timeout=timeout)
+        if pending:
+            missing = [task_ids[refs.index(r)] for r in pending]
+            raise TimeoutError(f"{len(pending)} groups unfinished after {timeout} s: {missing[:5]}")
+        return ray.get(refs, timeout=60), time.perf_counter() - t0
+    finally:
+        stops = [h.shutdown.remote() for h in handles]
+        ray.wait(stops, num_returns=len(stops), timeout=60)
+        for h in handles:
+            ray.kill(h)

@@ -1,0 +1,59 @@
+"""The held-out split of a real training run (``pool.heldout_env_frac``, ``pool.heldout_task_frac``,
+``pool.split_seed``), and the fixed evaluation sets it gives.
+
+``pool_split(pool, cfg.pool)`` applies ``scheduling.split.heldout_split`` (the simulator's own
+definition) to the pool's tasks, environments in sorted id order: ``PoolSplit.train`` are the only
+tasks the scheduler is given (``launch/trainer.py`` builds it on ``pool.subset(train)``), so no
+scheduler can select a held-out task; executors keep the whole pool so the held-out tasks can be
+evaluated. With both fractions 0 (the default) every task is a training task.
+
+``eval_sets(pool, split, cfg.eval)``: ``{"train": ..., "heldout_task": ..., "heldout_env": ...}``
+(empty splits left out), each chosen by ``launch.evaluation.eval_tasks`` on that part of the pool,
+so ``eval.tasks`` caps each set and the choice is the same for every scheduler and seed of a
+comparison (it depends only on the pool, the split and ``eval.seed``).
+
+May import: numpy, envs.pool, scheduling.split, launch.evaluation, the standard library.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from launch.evaluation import eval_tasks
+from scheduling.split import heldout_split
+
+SPLITS = ("train", "heldout_task", "heldout_env")
+
+
+@dataclass(frozen=True)
+class PoolSplit:
+    train: tuple[str, ...]
+    heldout_task: tuple[str, ...]
+    heldout_env: tuple[str, ...]
+
+    def as_dict(self) -> dict[str, list[str]]:
+        return {name: list(getattr(self, name)) for name in SPLITS}
+
+
+def pool_split(pool: Any, cfg: Any) -> PoolSplit:
+    env_ids = sorted({t.env_id for t in pool.tasks})
+    env_of = np.array([env_ids.index(t.env_id) for t in pool.tasks], dtype=np.int64)
+    out_env, out_task = heldout_split(env_of, len(env_ids), cfg.heldout_env_frac,
+                                      cfg.heldout_task_frac, cfg.split_seed)
+    ids = [t.task_id for t in pool.tasks]
+    return PoolSplit(
+        train=tuple(i for i, a, b in zip(ids, out_env, out_task) if not (a or b)),
+        heldout_task=tuple(i for i, b in zip(ids, out_task) if b),
+        heldout_env=tuple(i for i, a in zip(ids, out_env) if a))
+
+
+def eval_sets(pool: Any, split: PoolSplit, cfg: Any) -> dict[str, list[str]]:
+    out = {}
+    for name in SPLITS:
+        ids = getattr(split, name)
+        if ids:
+            out[name] = eval_tasks(pool.subset(ids), cfg)
+    return out

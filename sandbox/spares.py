@@ -1,0 +1,193 @@
+"""Spare processes: clean forks of the sandbox child, made ahead of time, that become an episode or
+a verifier when the child hands them a job; and the sweep that kills an episode's processes.
+
+Why ahead of time: a freshly forked process waits for the scheduler (on a busy 2-core host
+15-50 ms per fork), while waking a process blocked on its pipe takes microseconds. The child keeps
+``SPARES`` of them and forks replacements after it has answered the host
+(``ChildServer.idle``), off the critical path.
+
+A spare is forked from the clean parent: it never ran environment code before its job. Right after
+the fork it puts itself in its own process group, closes every descriptor but its two pipes and
+stderr (the host-facing pipes and other spares' pipes included), freezes the inherited heap for
+the garbage collector (fewer copy-on-write faults), prepares what every job needs (a fresh
+episode clock and its shim modules, touching the memory a job will touch) and blocks on its
+request pipe. The job
+(pickled, from the trusted parent) names the role, the CPU seconds the worker has left (its
+RLIMIT_CPU), and the environment's source and initial state: by key when the spare inherited them
+at its fork, else by value.
+
+``sweep`` ends an episode inside a private pid namespace: it SIGKILLs every process it can see in
+``/proc`` except itself and the spares, reaps (the child is their subreaper), and repeats until
+none is left (a fork bomb's children appear while the first pass runs). Without a pid namespace
+(the ``none`` backend) only the episode's process group is killed.
+
+May import: envs.*, sandbox.*, the standard library.
+"""
+
+from __future__ import annotations
+
+import gc
+import marshal
+import os
+import resource
+import select
+import signal
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from sandbox.protocol import FrameError, read_request, send_request
+
+SPARES = 4
+ACK = b"\x06"        # a spare's first reply byte: it read its job and lives
+ACK_TIMEOUT_S = 30.0  # how long a woken spare may take to say so (a loaded host's scheduler)
+
+
+@dataclass
+class Spare:
+    pid: int
+    req_fd: int
+    rep_fd: int
+    states: frozenset = field(default_factory=frozenset)  # state keys it inherited
+    envs: frozenset = field(default_factory=frozenset)    # (env_id, digest) it inherited
+
+    def alive(self) -> bool:
+        """Not dead, not stopped (environment code of the same uid can signal it)."""
+        try:
+            with open(f"/proc/{self.pid}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            return False
+        return state in ("S", "R", "D")
+
+    def give(self, job: dict[str, Any], timeout_s: float = ACK_TIMEOUT_S) -> bool:
+        """Hand ``job`` over; True once the spare has said (``ACK``) that it read it.
+
+        Environment code runs as the spares' uid, so an episode can SIGKILL the spares forked
+        for later calls (``kill(-1, 9)``). Such a spare may still look alive (``alive()``: the
+        signal is delivered when it is next scheduled) and take the job into its pipe's buffer,
+        and the next episode would die at its first call: an episode's outcome set by the one
+        before it. The acknowledgement closes that window: a spare answers only after its read
+        returned, and a SIGKILL sent before the hand-over is taken on that return, so an ``ACK``
+        proves the spare outlived whatever the previous episode did; EOF or silence is a spare to
+        discard (the caller takes another)."""
+        try:
+            send_request(self.req_fd, job)
+            ready, _, _ = select.select([self.rep_fd], [], [], timeout_s)
+            return bool(ready) and os.read(self.rep_fd, 1) == ACK
+        except OSError:
+            return False
+
+    def close(self) -> None:
+        for fd in (self.req_fd, self.rep_fd):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+def fork_spare(close_fds: tuple[int, ...], states: dict[str, bytes],
+               envs: dict[str, tuple[str, Any, Any]],
+               run_job: Callable[[dict[str, Any], int, int], None],
+               prepare: Callable[[], None] = lambda: None) -> Spare:
+    """Fork a spare that calls ``prepare()`` while it waits (work taken off the critical path),
+    then ``run_job(job, req_fd, rep_fd)``; it never returns."""
+    req_r, req_w = os.pipe()
+    rep_r, rep_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        status = 70
+        try:
+            os.setpgid(0, 0)
+            for fd in (*close_fds, req_w, rep_r):
+                os.close(fd)
+            close_fds_except({req_r, rep_w})
+            gc.freeze()
+            prepare()
+            try:
+                job = read_request(req_r)
+            except FrameError:  # the parent closed it (shutdown, or the spare was discarded)
+                os._exit(0)
+            os.write(rep_w, ACK)  # Spare.give: read, and alive
+            cpu = max(1, int(job["cpu_left"]))
+            resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu))
+            run_job(job, req_r, rep_w)
+            status = 0
+        except BaseException:  # noqa: BLE001 - last words to the stderr log, then exit
+            traceback.print_exc()
+        finally:
+            os._exit(status)
+    os.close(req_r)
+    os.close(rep_w)
+    return Spare(pid, req_w, rep_r, frozenset(states),
+                 frozenset((k, v[0]) for k, v in envs.items()))
+
+
+def close_fds_except(keep: set[int]) -> None:
+    limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    low = 3
+    for fd in sorted(k for k in keep if k >= 3) + [limit]:
+        if fd > low:
+            os.closerange(low, fd)
+        low = max(low, fd + 1)
+
+
+def job_payload(spare: Spare, env_id: str, digest: str, env: Any, code: Any, state_key: str,
+                blob: bytes) -> dict[str, Any]:
+    """The environment and state part of a job: by key when ``spare`` inherited them."""
+    out: dict[str, Any] = {"env_id": env_id, "state_key": state_key}
+    if (env_id, digest) not in spare.envs:
+        out.update(env=env, code=marshal.dumps(code))
+    if state_key not in spare.states:
+        out["blob"] = blob
+    return out
+
+
+def resolve_payload(job: dict[str, Any], states: dict[str, bytes],
+                    envs: dict[str, tuple[str, Any, Any]]) -> tuple[Any, Any, bytes]:
+    """In the spare: (env, code, blob) from the job or from what it inherited."""
+    if "env" in job:
+        env, code = job["env"], marshal.loads(job["code"])
+    else:
+        _, env, code = envs[job["env_id"]]
+    blob = job["blob"] if "blob" in job else states[job["state_key"]]
+    return env, code, blob
+
+
+def reap() -> None:
+    """Reap every dead child (never waits)."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def sweep(keep: set[int], rounds: int = 2000) -> int:
+    """SIGKILL every process visible in /proc but this one and ``keep`` (see the module
+    docstring) and reap them, until none is left, zombies included; returns how many signals
+    were sent."""
+    me, killed = os.getpid(), 0
+    for _ in range(rounds):
+        reap()
+        left = 0
+        for name in os.listdir("/proc"):
+            # pid 1 is the namespace's init (bwrap's, docker's, or this process itself)
+            if not name.isdigit() or int(name) in (1, me) or int(name) in keep:
+                continue
+            try:
+                with open(f"/proc/{name}/stat") as f:
+                    zombie = f.read().rsplit(")", 1)[1].split()[0] == "Z"
+                if not zombie:
+                    os.kill(int(name), signal.SIGKILL)
+                    killed += 1
+                left += 1
+            except (OSError, IndexError):
+                continue  # gone, or not ours to signal
+        if not left:
+            break
+        time.sleep(0.0002)
+    return killed

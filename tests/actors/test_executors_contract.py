@@ -1,0 +1,116 @@
+"""The ``actors.executors.Executors`` contract, run against every implementation: the Ray
+``ExecutorPool`` (on the shared local Ray), the local ``SandboxSessions`` and the tests'
+``InProcessSessions``."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from actors.executor_pool import ExecutorConfig, ExecutorPool
+from actors.executors import Executors, Session
+from actors.rollout.sandbox_session import SandboxSessions
+from actors.rollout.session import InProcessSessions
+from envs.pool import load_pool, write_pool
+from envs.spec import PoolMeta
+from sandbox.config import SandboxConfig
+from sandbox.errors import SandboxError
+from sandbox.examples import ORDER_DESK, ORDER_DESK_STATE, ORDER_DESK_TASK
+
+SANDBOX = SandboxConfig(call_timeout_s=20.0, tool_timeout_s=5.0)
+REFERENCE = ORDER_DESK_TASK.reference_solution
+
+
+@pytest.fixture(scope="module")
+def pool(tmp_path_factory):
+    root = tmp_path_factory.mktemp("pool")
+    tasks = [ORDER_DESK_TASK.model_copy(update={"task_id": f"od-{k}", "initial_state": None,
+                                                "initial_state_ref": "states/desk.json"})
+             for k in range(2)]
+    write_pool(root, PoolMeta(name="desk"), [ORDER_DESK], tasks,
+               {"states/desk.json": ORDER_DESK_STATE})
+    return load_pool(root)
+
+
+@pytest.fixture(scope="module",
+                params=["ray_executor_pool", "local_sandbox_sessions", "in_process_sessions"])
+def executors(request, pool):
+    if request.param == "ray_executor_pool":
+        request.getfixturevalue("ray_local")
+        impl = ExecutorPool(pool, ExecutorConfig(
+            num_executors=1, workers_per_executor=2, num_cpus_per_executor=0.25, sandbox=SANDBOX,
+            rpc_margin_s=30.0, name_prefix="contract"))
+    elif request.param == "local_sandbox_sessions":
+        impl = SandboxSessions(pool, SANDBOX, workers=2)
+    else:
+        impl = InProcessSessions(pool, workers=2)
+    yield impl
+    impl.shutdown()
+
+
+def test_each_implements_the_protocol(executors):
+    assert isinstance(executors, Executors)
+    assert executors.size == 1 if isinstance(executors, ExecutorPool) else executors.size == 2
+    assert executors.capacity == 2
+
+
+def test_a_blocking_session_plays_the_reference_solution(executors, pool):
+    session = executors.open_session(pool.task("od-0"), 0)
+    assert isinstance(session, Session)
+    for call in REFERENCE:
+        assert session.step(call.name, call.arguments).error is None
+    assert session.verify().reward == 1.0
+    session.close()
+    session.close()  # closing twice is harmless
+
+
+def test_an_async_session_plays_the_reference_solution(executors, pool):
+    async def play() -> float:
+        session = await executors.aopen_session(pool.task("od-1"), 0)
+        try:
+            for call in REFERENCE:
+                assert (await session.astep(call.name, call.arguments)).error is None
+            return (await session.averify()).reward
+        finally:
+            await session.aclose()
+
+    assert asyncio.run(play()) == 1.0
+
+
+def test_two_sessions_hold_the_capacity_and_closing_frees_it(executors, pool):
+    first = executors.open_session(pool.task("od-0"), 0)
+    second = executors.open_session(pool.task("od-1"), 0)
+    assert executors.wait_time_stats()["free_sandboxes"] == 0
+    first.close(), second.close()
+    assert executors.wait_time_stats()["free_sandboxes"] == 2
+
+
+def test_replay_scores_fixed_actions(executors):
+    assert executors.replay("od-0", list(REFERENCE)).reward == 1.0
+    assert asyncio.run(executors.areplay("od-1", [])).reward < 1.0
+
+
+def test_wait_time_stats_name_the_same_figures(executors):
+    stats = executors.wait_time_stats()
+    assert {"count", "mean_s", "p50_s", "p95_s", "max_s", "total_s", "waiting_now",
+            "free_sandboxes"} <= set(stats)
+    assert stats["count"] >= 4 and stats["waiting_now"] == 0
+
+
+def test_resize_changes_size_and_capacity(executors, pool):
+    per_unit = executors.capacity // executors.size
+    start = executors.size
+    assert executors.resize(start + 1) == start + 1
+    assert executors.capacity == (start + 1) * per_unit
+    assert executors.resize(start) == start and executors.capacity == start * per_unit
+    session = executors.open_session(pool.task("od-0"), 0)  # still serves after both moves
+    assert session.step(REFERENCE[0].name, REFERENCE[0].arguments).error is None
+    session.close()
+
+
+def test_a_closed_session_refuses_calls(executors, pool):
+    session = executors.open_session(pool.task("od-0"), 0)
+    session.close()
+    with pytest.raises(SandboxError):
+        session.step(REFERENCE[0].name, REFERENCE[0].arguments)

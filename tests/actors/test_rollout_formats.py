@@ -1,0 +1,253 @@
+"""Tool-call formats beyond Qwen: the tiny policy's tokenizer given a Llama 3.1-style and a
+Mistral v3-style chat template (written here, no downloads) and the Qwen3 template it ships with.
+For each family: the parser is detected from the template, the prompt is the template's own
+rendering, reference calls in the family's syntax parse and solve the task, the token stream
+equals the template's rendering of the whole conversation, and with the real policy sampling the
+tokens the learner trains on are exactly the sampled tokens plus the template's tool segments."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from typing import Any, Optional
+
+import pytest
+
+from actors.policy import build_tiny_policy, load_tokenizer
+from actors.rollout.agent_loop import AgentLoop, format_observation
+from actors.rollout.chat import ChatFormat, TemplateError
+from actors.rollout.config import RolloutConfig
+from actors.rollout.engines.base import Engine, Generation, SamplingParams
+from actors.rollout.engines.hf_engine import HFEngine
+from actors.rollout.session import InProcessSession
+from actors.rollout.toolcall import PARSERS, detect_parser, get_parser
+from rollout_pool import make_notes_pool
+
+LLAMA3 = """{{- '<|begin_of_text|>' -}}
+{{- '<|start_header_id|>system<|end_header_id|>\\n\\nEnvironment: ipython\\n\\n' }}
+{%- if messages[0].role == 'system' %}{{- messages[0].content }}{%- set rest = messages[1:] %}
+{%- else %}{%- set rest = messages %}{%- endif %}
+{{- '<|eot_id|>' }}
+{%- for message in rest %}
+  {%- if message.role == 'user' and loop.first and tools %}
+    {{- '<|start_header_id|>user<|end_header_id|>\\n\\nGiven the following functions, please respond with a JSON for a function call with its proper arguments that best answers the given prompt.\\n\\nRespond in the format {"name": function name, "parameters": dictionary of argument name and its value}. Do not use variables.\\n\\n' }}
+    {%- for t in tools %}{{- t | tojson(indent=4) + '\\n\\n' }}{%- endfor %}
+    {{- message.content + '<|eot_id|>' }}
+  {%- elif message.role == 'assistant' and message.tool_calls %}
+    {%- set call = message.tool_calls[0].function %}
+    {{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n{"name": "' + call.name + '", "parameters": ' + call.arguments | tojson + '}<|eot_id|>' }}
+  {%- elif message.role == 'tool' %}
+    {{- '<|start_header_id|>ipython<|end_header_id|>\\n\\n' + message.content + '<|eot_id|>' }}
+  {%- else %}
+    {{- '<|start_header_id|>' + message.role + '<|end_header_id|>\\n\\n' + message.content + '<|eot_id|>' }}
+  {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{%- endif %}"""
+
+MISTRAL = """{%- if messages[0].role == 'system' %}{%- set system = messages[0].content %}{%- set rest = messages[1:] %}
+{%- else %}{%- set system = '' %}{%- set rest = messages %}{%- endif %}
+{%- set ns = namespace(last_user=-1) %}
+{%- for m in rest %}{%- if m.role == 'user' %}{%- set ns.last_user = loop.index0 %}{%- endif %}{%- endfor %}
+{{- '<s>' }}
+{%- for message in rest %}
+  {%- if message.role == 'user' %}
+    {%- if loop.index0 == ns.last_user and tools %}{{- '[AVAILABLE_TOOLS] ' + tools | tojson + '[/AVAILABLE_TOOLS]' }}{%- endif %}
+    {{- '[INST] ' }}{%- if loop.index0 == ns.last_user and system %}{{- system + '\\n\\n' }}{%- endif %}
+    {{- message.content + '[/INST]' }}
+  {%- elif message.role == 'assistant' and message.tool_calls %}
+    {%- set call = message.tool_calls[0].function %}
+    {{- '[TOOL_CALLS][{"name": "' + call.name + '", "arguments": ' + call.arguments | tojson + '}]</s>' }}
+  {%- elif message.role == 'assistant' %}
+    {{- message.content + '</s>' }}
+  {%- elif message.role == 'tool' %}
+    {{- '[TOOL_RESULTS] {"content": ' + message.content | tojson + ', "call_id": "' + message.tool_call_id + '"}[/TOOL_RESULTS]' }}
+  {%- endif %}
+{%- endfor %}"""
+
+FAMILIES = {
+    # template, special tokens, EOS, the template's text for one tool result (hand-written)
+    "hermes": (None, [], None, "\n<|im_start|>user\n<tool_response>\n{}\n</tool_response>"
+                               "<|im_end|>\n<|im_start|>assistant\n"),
+    "llama3_json": (LLAMA3, ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>",
+                             "<|eot_id|>", "<|python_tag|>"], "<|eot_id|>",
+                    "<|start_header_id|>ipython<|end_header_id|>\n\n{}<|eot_id|>"
+                    "<|start_header_id|>assistant<|end_header_id|>\n\n"),
+    "mistral": (MISTRAL, ["<s>", "</s>", "[INST]", "[/INST]", "[TOOL_CALLS]", "[AVAILABLE_TOOLS]",
+                          "[/AVAILABLE_TOOLS]", "[TOOL_RESULTS]", "[/TOOL_RESULTS]"], "</s>",
+                '[TOOL_RESULTS] {{"content": {}, "call_id": "call00001"}}[/TOOL_RESULTS]'),
+}
+
+
+def family_tokenizer(base, family: str):
+    template, specials, eos, _ = FAMILIES[family]
+    tok = copy.deepcopy(base)
+    if template is not None:
+        tok.add_special_tokens({"additional_special_tokens": specials},
+                               replace_extra_special_tokens=False)
+        tok.eos_token = eos
+        tok.chat_template = template
+    return tok
+
+
+def expected_tool_text(family: str, observation: str) -> str:
+    import json
+
+    text = FAMILIES[family][3]
+    return text.format(json.dumps(observation) if family == "mistral" else observation)
+
+
+@pytest.fixture(scope="module")
+def base_tokenizer():
+    return load_tokenizer(build_tiny_policy())
+
+
+@pytest.fixture(scope="module")
+def pool(tmp_path_factory):
+    return make_notes_pool(tmp_path_factory.mktemp("notes"))
+
+
+class ScriptedTurns(Engine):
+    """Plays fixed turn texts (in the family's call syntax), each ended by ``end_id``."""
+
+    def __init__(self, tokenizer, turns: list[str], end_id: int):
+        super().__init__()
+        self.tokenizer, self.turns, self.end_id, self.calls = tokenizer, turns, end_id, 0
+
+    async def generate(self, prompt_token_ids, sampling: SamplingParams,
+                       task_id: Optional[str] = None) -> Generation:
+        text = self.turns[min(self.calls, len(self.turns) - 1)]
+        self.calls += 1
+        ids = self.tokenizer.encode(text, add_special_tokens=False) + [self.end_id]
+        return Generation(ids, [0.0] * len(ids), "stop")
+
+    def update_weights(self, named_tensors: dict[str, Any], version: int) -> None:
+        self._version = version
+
+
+def episode(engine, tok, pool, task_id="notes-2", seed=0, **cfg):
+    task = pool.task(task_id)
+    env = pool.environment(task.env_id)
+    loop = AgentLoop(engine, tok, RolloutConfig(**cfg))
+    session = InProcessSession(env, task, pool.initial_state(task), seed)
+    return loop, asyncio.run(loop.run(env, task, session, seed))
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_parser_is_detected_and_the_tool_segment_is_the_templates(base_tokenizer, family):
+    tok = family_tokenizer(base_tokenizer, family)
+    assert detect_parser(tok.chat_template) == family
+    chat = ChatFormat(tok)
+    assert chat.end_id == tok.convert_tokens_to_ids(FAMILIES[family][2] or "<|im_end|>")
+    observation = '{"success": true, "data": ["n1"]}'
+    assert chat.tool_text(observation) == expected_tool_text(family, observation) \
+        .removeprefix("\n")  # ChatML's "\n" after <|im_end|> belongs to the assistant's tail
+    stopped = tok.decode(chat.tool_segment(observation, stopped=True))
+    cut = tok.decode(chat.tool_segment(observation, stopped=False))
+    assert stopped == expected_tool_text(family, observation)
+    assert cut == tok.decode([chat.end_id]) + stopped
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_reference_calls_in_each_format_parse_solve_the_task_and_match_the_template(
+        base_tokenizer, pool, family):
+    tok = family_tokenizer(base_tokenizer, family)
+    parser = PARSERS[family]
+    task, env = pool.task("notes-2"), pool.environment("notes")
+    turns = [parser.render_call(c.name, c.arguments) for c in task.reference_solution]
+    engine = ScriptedTurns(tok, turns + ["Task Completed"], ChatFormat(tok).end_id)
+    loop, traj = episode(engine, tok, pool)
+    assert loop.parser is parser
+    assert (traj.status, traj.reward, traj.info["malformed"]) == ("ok", 1.0, {})
+    messages = [{"role": "system", "content": env.system_prompt()},
+                {"role": "user", "content": task.instruction}]
+    rendered_prompt = tok.apply_chat_template(messages, tools=env.tools, tokenize=False,
+                                              add_generation_prompt=True)
+    assert traj.token_ids[:traj.prompt_len] == tok.encode(rendered_prompt,
+                                                          add_special_tokens=False)
+    for step in traj.actions:
+        messages.append({"role": "assistant", "content": "", "tool_calls": [{
+            "id": "call00001", "function": {"name": step.tool, "arguments": step.arguments}}]})
+        messages.append({"role": "tool", "content": format_observation(step.observation),
+                         "tool_call_id": "call00001"})
+    messages.append({"role": "assistant", "content": "Task Completed"})
+    rendered = tok.apply_chat_template(messages, tools=env.tools, tokenize=False)
+    assert tok.decode(traj.token_ids) == rendered.removesuffix("\n")
+
+
+@pytest.fixture(scope="module")
+def policy():
+    return HFEngine()
+
+
+class Recording(Engine):
+    """The real engine, with every request and its generation recorded."""
+
+    def __init__(self, inner: HFEngine):
+        super().__init__()
+        self.inner, self.calls = inner, []
+        self.stop_ids = inner.stop_ids
+
+    async def generate(self, prompt_token_ids, sampling, task_id=None):
+        gen = await self.inner.generate(prompt_token_ids, sampling, task_id)
+        self.calls.append((list(prompt_token_ids), gen))
+        return gen
+
+    def update_weights(self, named_tensors, version):
+        self.inner.update_weights(named_tensors, version)
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_tiny_policy_token_in_token_out_holds_in_every_format(base_tokenizer, pool, policy,
+                                                             family):
+    """Trained tokens = sampled tokens (mask 1, their log-probs) + the template's tool segments
+    (mask 0); every request is exactly the sequence so far."""
+    tok = family_tokenizer(base_tokenizer, family)
+    policy.model.resize_token_embeddings(len(tok))
+    for seed in range(20):  # a random policy may end at once; find an episode with a tool turn
+        engine = Recording(policy)
+        loop, traj = episode(engine, tok, pool, seed=seed, max_turns=3, max_tokens_per_turn=12,
+                             max_tokens_per_sequence=4000)
+        if len(engine.calls) >= 2:
+            break
+    position = traj.prompt_len
+    for i, (prompt, gen) in enumerate(engine.calls):
+        assert prompt == traj.token_ids[:position]
+        end = position + len(gen.token_ids)
+        assert traj.token_ids[position:end] == gen.token_ids
+        assert traj.logprobs[position:end] == gen.logprobs
+        assert set(traj.loss_mask[position:end]) == {1}
+        position = end
+        if i + 1 < len(engine.calls):
+            nxt = len(engine.calls[i + 1][0])
+            assert set(traj.loss_mask[position:nxt]) == {0}
+            head = "" if gen.finish_reason == "stop" else tok.decode([loop.chat.end_id])
+            observation = observation_of(family, tok.decode(traj.token_ids[position:nxt]), head)
+            assert traj.token_ids[position:nxt] == tok.encode(
+                head + expected_tool_text(family, observation), add_special_tokens=False)
+            position = nxt
+    assert position == len(traj.token_ids) or traj.status == "truncated"
+    assert len(engine.calls) >= 2  # at least one tool segment was checked
+
+
+def observation_of(family: str, segment: str, head: str) -> str:
+    """The observation inside a tool segment, from the template's fixed text around it."""
+    import json
+
+    pre, post = FAMILIES[family][3].replace("{{", "{").replace("}}", "}").split("{}")
+    assert segment.startswith(head + pre) and segment.endswith(post), segment
+    middle = segment[len(head + pre):len(segment) - len(post)]
+    return json.loads(middle) if family == "mistral" else middle
+
+
+def test_a_template_that_rewrites_history_is_refused(base_tokenizer):
+    tok = copy.deepcopy(base_tokenizer)
+    tok.chat_template = ("{%- for m in messages %}{{- m.role + ':' + (m.content or '') + '|' }}"
+                         "{%- endfor %}{{- 'turns=' + messages | length | string }}")
+    with pytest.raises(TemplateError, match="re-renders earlier turns"):
+        ChatFormat(tok).tool_text("x")
+
+
+def test_an_unknown_template_needs_an_explicit_parser(base_tokenizer):
+    with pytest.raises(ValueError, match="set rollout.tool_parser"):
+        get_parser("auto", "{{ messages }}")
+    assert get_parser("mistral", "{{ messages }}") is PARSERS["mistral"]

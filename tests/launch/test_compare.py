@@ -1,0 +1,149 @@
+"""``envsched compare``: runs differ only in scheduler and seed, held-out tasks are never scheduled,
+finished runs are skipped, crashed runs are reported, and the report pairs seeds against Random."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import yaml
+
+
+def _cfg(**over):
+    from launch.config import build_config
+
+    d = {
+        "run": {"steps": 2, "batch_size": 2, "seed": 0},
+        "pool": {"generate_envs": 4, "generate_tasks_per_env": 5, "heldout_env_frac": 0.25,
+                 "heldout_task_frac": 0.2, "split_seed": 3},
+        "scheduler": {"name": "envsched", "params": {"c1": 1, "c3": 3, "cold_start_env_cap": 1}},
+        "controller": {"max_staleness": 1, "max_concurrent_groups": 4, "call_timeout_s": 300,
+                       "retries": 2, "checkpoint_every": 1, "progress_bar": False},
+        "cluster": {"num_cpus": 4, "rollout": {"num": 1, "num_cpus": 0.25},
+                    "scheduler": {"num_cpus": 0.1}},
+        "policy": {"engine": "scripted"},
+        "sft": {"enabled": False},
+        "eval": {"enabled": True, "every": 0, "tasks": 2, "k": 2},
+        "executors": {"num_executors": 1, "workers_per_executor": 2,
+                      "num_cpus_per_executor": 0.1},
+        "rollout": {"k": 2, "max_turns": 3, "enable_thinking": False},
+        "learner": {"ranks": 1, "lr": 1e-4, "warmup_steps": 0, "num_cpus_per_rank": 0.25,
+                    "micro_batch_size": 4},
+    }
+    for k, v in over.items():
+        d[k] = {**d[k], **v}
+    return build_config(d)
+
+
+def test_split_holds_out_whole_envs_and_tasks_and_eval_sets_are_fixed(tmp_path):
+    from envs.generator import generate_pool
+    from envs.pool import load_pool
+    from launch.split import eval_sets, pool_split
+
+    cfg = _cfg()
+    pool = load_pool(generate_pool(tmp_path / "pool", 4, 5, seed=0))
+    split = pool_split(pool, cfg.pool)
+    env_of = {t.task_id: t.env_id for t in pool.tasks}
+    held_envs = {env_of[t] for t in split.heldout_env}
+    assert len(held_envs) == 1 and len(split.heldout_env) == 5
+    assert not held_envs & {env_of[t] for t in split.train + split.heldout_task}
+    assert len(split.heldout_task) == 3  # one of each of the three training environments
+    assert sorted(split.train + split.heldout_task + split.heldout_env) == sorted(env_of)
+    sets = eval_sets(pool, split, cfg.eval)
+    assert set(sets) == {"train", "heldout_task", "heldout_env"}
+    assert set(sets["train"]) <= set(split.train) and len(sets["train"]) == 2
+    assert sets == eval_sets(pool, pool_split(pool, cfg.pool), cfg.eval)
+    assert pool_split(pool, _cfg(pool={"heldout_env_frac": 0.0, "heldout_task_frac": 0.0}
+                                 ).pool).train == tuple(env_of)
+
+
+def test_run_config_changes_only_scheduler_seed_and_shared_inputs(tmp_path):
+    from launch.compare import plan, run_config
+
+    cfg = _cfg()
+    specs = plan(["envsched", "random"], [0, 1], tmp_path)
+    assert [s.name for s in specs] == ["envsched-s0", "random-s0", "envsched-s1", "random-s1"]
+    a = run_config(cfg, specs[0], tmp_path / "pool", "/p/sft")
+    b = run_config(cfg, specs[3], tmp_path / "pool", "/p/sft")
+    assert a["scheduler"]["params"] == {"c1": 1, "c3": 3, "cold_start_env_cap": 1}
+    assert b["scheduler"] == {**a["scheduler"], "name": "random", "params": {}}
+    assert (a["run"]["seed"], b["run"]["seed"]) == (0, 1)
+    for d in (a, b):
+        assert d["policy"]["path"] == "/p/sft" and d["sft"]["enabled"] is False
+    strip = lambda d: {k: v for k, v in d.items() if k not in ("run", "scheduler")}  # noqa
+    assert strip(a) == strip(b)
+
+
+def _fake_run(d, seed_var, eval_rows, finished=True):
+    d.mkdir(parents=True)
+    rows = [{"step": s, "groups": 2, "reward_var_mean": v, "zero_var_share": 0.5,
+             "envs_per_batch": 2.0, "tools_per_batch": 3.0} for s, v in enumerate(seed_var, 1)]
+    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (d / "eval.jsonl").write_text("".join(json.dumps(r) + "\n" for r in eval_rows))
+    (d / "config.yaml").write_text(yaml.safe_dump({"rollout": {"k": 4}}))
+    if finished:
+        (d / "summary.json").write_text(json.dumps({"total_seconds": 10.0}))
+    else:
+        (d / "crashed.txt").write_text("exit code 1: boom\n")
+
+
+def test_report_pairs_seeds_against_random_and_lists_crashed_runs(tmp_path):
+    from launch.compare import build_metrics, plan, report_md, write_report
+
+    ev = lambda a, b: [{"step": 0, "eval_reward_train": a, "eval_reward_heldout_task": a,  # noqa
+                        "eval_reward_heldout_env": a},
+                       {"step": 2, "eval_reward_train": b, "eval_reward_heldout_task": b,
+                        "eval_reward_heldout_env": b}]
+    specs = plan(["envsched", "random"], [0, 1], tmp_path)
+    _fake_run(specs[0].dir, [0.2, 0.2], ev(0.1, 0.5))
+    _fake_run(specs[1].dir, [0.1, 0.1], ev(0.1, 0.3))
+    _fake_run(specs[2].dir, [0.3, 0.1], ev(0.2, 0.6))
+    _fake_run(specs[3].dir, [0.1, 0.1], ev(0.2, 0.2), finished=False)
+    m = build_metrics(specs, _cfg())
+    es, rnd = m["summary"]["envsched"], m["summary"]["random"]
+    assert es["seeds"] == 2 and rnd["seeds"] == 1
+    assert es["mean_reward_variance"] == pytest.approx(0.2)
+    assert es["rollouts"] == pytest.approx(16.0)  # 2 steps x 2 groups x K=4
+    assert es["eval_train_gain"] == pytest.approx(0.4)
+    # paired with Random only where both finished: seed 0 (0.2 - 0.1)
+    assert es["mean_reward_variance_diff"] == pytest.approx(0.1)
+    assert es["mean_reward_variance_ratio"] == pytest.approx(2.0)
+    # the curves' band: envsched's two seeds, 0.5 and 0.6 at step 2 (t975(1) = 12.706)
+    assert m["curves"]["envsched"]["train"] == pytest.approx([0.15, 0.55])
+    lo, hi = m["curves"]["envsched"]["train_ci"][1]
+    assert (lo, hi) == pytest.approx((0.55 - 12.706 * 0.05, 0.55 + 12.706 * 0.05), rel=1e-3)
+    assert all(math.isnan(x) for x in m["curves"]["random"]["train_ci"][1])  # one seed
+    text = report_md(m)
+    assert "random-s1 crashed" in text and "did not finish" in text
+    write_report(tmp_path, m)
+    assert json.loads((tmp_path / "metrics.json").read_text())["runs"][3]["status"] == "crashed"
+    assert (tmp_path / "curve_eval_train.png").is_file()
+
+
+@pytest.mark.slow
+def test_compare_end_to_end_two_schedulers_two_seeds_then_rerun_skips(tmp_path):
+    from launch.compare import compare
+    from launch.split import pool_split
+    from envs.pool import load_pool
+    from launch.metrics import read_jsonl
+
+    cfg = _cfg()
+    lines: list[str] = []
+    m = compare(cfg, ["envsched", "random"], [0, 1], tmp_path, timeout_s=900, log=lines.append)
+    assert [r["status"] for r in m["runs"]] == ["finished"] * 4, (tmp_path / "runs").iterdir()
+    split = pool_split(load_pool(tmp_path / "pool"), cfg.pool)
+    held = set(split.heldout_task + split.heldout_env)
+    for r in m["runs"]:
+        run = tmp_path / "runs" / f"{r['scheduler']}-s{r['seed']}"
+        stored = yaml.safe_load((run / "config.yaml").read_text())
+        assert stored["scheduler"]["name"] == r["scheduler"] and stored["run"]["seed"] == r["seed"]
+        evals = read_jsonl(run / "eval.jsonl")
+        assert [e["step"] for e in evals] == [0, 2]
+        assert all("eval_reward_heldout_env" in e for e in evals)
+        for row in read_jsonl(run / "groups.jsonl"):  # what was trained: never a held-out task
+            assert row["task_id"] not in held
+    assert "| envsched |" in (tmp_path / "report.md").read_text()
+    lines.clear()
+    compare(cfg, ["envsched", "random"], [0, 1], tmp_path, log=lines.append)
+    assert sum("finished earlier, skipped" in x for x in lines) == 4

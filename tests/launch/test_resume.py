@@ -1,0 +1,89 @@
+"""Opening a run directory again: a changed config is refused with the changed keys, or (with
+``resume_changed``) continued and recorded; never silently overwritten."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from launch.checkpoint import save_checkpoint
+from launch.errors import UserError
+from launch.config import build_config
+from launch.resume import config_changes, open_run
+
+
+def _cfg(**over):
+    tree = {"run": {"steps": 4, "batch_size": 2, "seed": 3},
+            "controller": {"max_staleness": 1, "progress_bar": False}}
+    for key, value in over.items():
+        section, field = key.split("__")
+        tree.setdefault(section, {})[field] = value
+    return build_config(tree)
+
+
+def _started(run_dir, cfg):
+    assert open_run(cfg, run_dir) is None
+    save_checkpoint(run_dir, 2, {"step": 2}, {"scheduler": {}})
+
+
+def test_config_changes_lists_dotted_keys():
+    old = {"run": {"seed": 0, "steps": 4}, "a": {"b": [1, 2]}}
+    new = {"run": {"seed": 1, "steps": 4}, "a": {"b": [1, 2], "c": 3}}
+    assert config_changes(old, new) == {"run.seed": (0, 1), "a.c": ("<absent>", 3)}
+
+
+def test_the_same_config_resumes_silently(tmp_path):
+    _started(tmp_path, _cfg())
+    assert open_run(_cfg(), tmp_path).step == 2
+    assert not (tmp_path / "config_changes.jsonl").exists()
+
+
+def test_a_changed_config_is_refused_with_the_changed_keys(tmp_path):
+    _started(tmp_path, _cfg())
+    before = (tmp_path / "config.yaml").read_text()
+    with pytest.raises(UserError) as e:
+        open_run(_cfg(run__seed=9, controller__max_staleness=0), tmp_path)
+    assert "controller.max_staleness: 1 -> 0" in str(e.value)
+    assert "run.seed: 3 -> 9" in str(e.value) and "--resume-changed" in str(e.value)
+    assert (tmp_path / "config.yaml").read_text() == before
+
+
+def test_resume_changed_records_the_change_and_keeps_the_old_config(tmp_path):
+    _started(tmp_path, _cfg())
+    before = (tmp_path / "config.yaml").read_text()
+    assert open_run(_cfg(run__seed=9), tmp_path, resume_changed=True).step == 2
+    assert (tmp_path / "config.step_000002.yaml").read_text() == before
+    assert yaml.safe_load((tmp_path / "config.yaml").read_text())["run"]["seed"] == 9
+    (record,) = [json.loads(line) for line in
+                 (tmp_path / "config_changes.jsonl").read_text().splitlines()]
+    assert record["step"] == 2 and record["forced"] is True
+    assert record["changes"] == {"run.seed": [3, 9]}
+
+
+def test_extending_a_run_needs_no_flag_but_is_recorded(tmp_path):
+    _started(tmp_path, _cfg())
+    assert open_run(_cfg(run__steps=8), tmp_path).step == 2
+    record = json.loads((tmp_path / "config_changes.jsonl").read_text())
+    assert record["changes"] == {"run.steps": [4, 8]} and record["forced"] is False
+
+
+def test_keys_missing_from_an_older_config_count_as_their_defaults(tmp_path):
+    _started(tmp_path, _cfg())
+    stored = yaml.safe_load((tmp_path / "config.yaml").read_text())
+    del stored["controller"]["keep_checkpoints"]        # written before the key existed
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(stored))
+    assert open_run(_cfg(), tmp_path).step == 2
+    assert not (tmp_path / "config_changes.jsonl").exists()
+
+
+def test_train_command_has_resume_changed():
+    import argparse
+
+    from launch.commands.train import add_arguments
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    assert parser.parse_args(["--out", "r", "--resume-changed"]).resume_changed is True
+    assert parser.parse_args(["--out", "r"]).resume_changed is False

@@ -1,0 +1,108 @@
+"""``launch.roles_core.RolesCore``: the decisions of ``Roles`` without Ray (opaque worker handles,
+a hand-driven clock)."""
+
+from __future__ import annotations
+
+import pytest
+
+from launch.roles_core import PUBLISHES, REBUILDS, RoleError, RolesCore
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def _core(workers: int = 3, timeout_s: float = 10.0) -> tuple[RolesCore, Clock]:
+    clock = Clock()
+    core = RolesCore(timeout_s, clock)
+    core.workers.extend(f"w{i}" for i in range(workers))
+    return core, clock
+
+
+def test_each_group_goes_to_the_least_busy_worker_lowest_index_first():
+    core, _ = _core(3)
+    placed = []
+    for g in range(7):
+        w = core.choose_worker()
+        core.launched(f"g{g}", w)
+        placed.append(w)
+    assert placed == [0, 1, 2, 0, 1, 2, 0]
+    core.land("g1")          # worker 1 now runs one group, the others two or three
+    assert core.choose_worker() == 1
+
+
+def test_a_group_is_overdue_only_past_its_deadline_and_only_if_not_ready():
+    core, clock = _core(2, timeout_s=10.0)
+    core.launched("a", 0)
+    clock.t += 4
+    core.launched("b", 1)
+    clock.t += 6.5                       # a: 10.5 s old, b: 6.5 s
+    assert core.overdue(["a", "b"], ready=[]) == ["a"]
+    assert set(core.flights) == {"b"}    # an overdue group is taken back, once
+    clock.t += 5                         # b is overdue too, but it is ready: it lands instead
+    assert core.overdue(["b"], ready=["b"]) == []
+    flight = core.land("b")
+    assert (flight.worker, flight.actor, flight.deadline) == (1, "w1", 114.0)
+
+
+def test_a_dead_worker_is_replaced_once_however_many_groups_report_it():
+    core, _ = _core(2)
+    core.launched("a", 0)
+    core.launched("b", 0)
+    first, second = core.land("a"), core.land("b")
+    assert core.first_report(first.worker, first.actor)
+    core.replaced(0, "w0-new")
+    assert not core.first_report(second.worker, second.actor)   # already replaced
+    assert core.workers == ["w0-new", "w1"] and core.restarts == 1
+    core.launched("c", 0)
+    assert core.land("c").actor == "w0-new"
+
+
+def test_a_failed_publish_is_retried_only_with_dead_workers_and_at_most_publishes_times():
+    core, _ = _core()
+    err = TimeoutError("no answer")
+    for attempt in range(1, PUBLISHES):
+        core.check_publish(3, attempt, [1], err)                 # replace worker 1, go again
+    with pytest.raises(RoleError, match=f"version 3 failed \\(attempt {PUBLISHES}"):
+        core.check_publish(3, PUBLISHES, [1], err)
+    with pytest.raises(RoleError, match=r"dead workers \[\]") as e:
+        core.check_publish(3, 1, [], err)                        # nobody to replace: give up
+    assert e.value.__cause__ is err
+
+
+def test_the_scheduler_is_rebuilt_at_most_rebuilds_times_in_one_call():
+    core, _ = _core()
+    err = RuntimeError("actor died")
+    for rebuilds in range(REBUILDS):
+        core.check_rebuild("absorb(t1)", rebuilds, err)
+    with pytest.raises(RoleError, match=f"absorb\\(t1\\) failed after {REBUILDS} rebuilds"):
+        core.check_rebuild("absorb(t1)", REBUILDS, err)
+
+
+def test_step_extras_sum_worker_metrics_and_take_the_worst_p95():
+    """Hand-worked: two answering workers and one replaced (None): times 2+3 s generating,
+    4+0 s in executors over 8+2 s of episodes = 0.4 executor share; p95 max(0.5, 1.5)."""
+    core, _ = _core()
+    core.restarts, core.scheduler_restarts = 2, 1
+    w1 = {"time_generate_s": 2.0, "time_executor_s": 4.0, "time_episode_s": 8.0,
+          "executor_wait_s": 1.0, "executor_wait_p95_s": 0.5, "executor_waiting_now": 1,
+          "executors": 2, "worker": "rollout-0"}
+    w2 = {"time_generate_s": 3.0, "time_episode_s": 2.0, "executor_wait_p95_s": 1.5,
+          "executors": 2}
+    out = core.step_extras({"scheduler_observations": 6.0}, [w1, None, w2])
+    assert out == {"scheduler_observations": 6.0, "rollout_time_generate_s": 5.0,
+                   "rollout_time_executor_s": 4.0, "rollout_time_episode_s": 10.0,
+                   "executor_share": pytest.approx(0.4), "executor_wait_s": 1.0,
+                   "executor_waiting_now": 1.0, "executors": 4.0, "executor_wait_p95_s": 1.5,
+                   "rollout_restarts": 2.0, "scheduler_restarts": 1.0}
+    assert all(isinstance(v, float) for v in out.values())
+
+
+def test_step_extras_without_episodes_has_no_executor_share():
+    core, _ = _core()
+    out = core.step_extras({}, [None, {}])
+    assert "executor_share" not in out and out["executor_wait_p95_s"] == 0.0
