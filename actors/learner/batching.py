@@ -6,7 +6,7 @@ policy); its ``logprobs`` either has one entry per token (entries at masked-out 
 ignored) or one entry per model token, in order; anything else is an error naming the task.
 
 Sharding (decision, the issue is silent): trajectories are dealt to ranks longest-first onto the
-rank with the fewest tokens, then every shard is padded to the same length with copies whose loss
+rank with the fewest tokens, a group's samples together (``shard``), then every shard is padded to the same length with copies whose loss
 mask is all zero, so that every rank runs the same number of micro-batches (DeepSpeed's collectives
 must match) while the padding adds nothing to the loss.
 
@@ -120,21 +120,50 @@ def pack(trajectories: Sequence[Trajectory], advantages: Sequence[float],
     return PackedBatch(ids, attn, lmask, rlp, adv)
 
 
+def _units(trajectories: Sequence[Trajectory]) -> list[list[int]]:
+    """Runs of consecutive trajectories with the same prompt (a group's K samples, in step order):
+    the units ``shard`` keeps on one rank so the learner can run their prompt once (prefix.py)."""
+    units: list[list[int]] = []
+    key = None
+    for i, t in enumerate(trajectories):
+        k = (t.task_id, tuple(t.token_ids[:t.prompt_len])) if t.prompt_len else None
+        if k is not None and k == key:
+            units[-1].append(i)
+        else:
+            units.append([i])
+        key = k
+    return units
+
+
 def shard(trajectories: Sequence[Trajectory], advantages: Sequence[float], world: int,
           micro_batch_size: int, pad_id: int = 0) -> list[PackedBatch]:
-    """Split a step over ``world`` ranks with equal row counts (a multiple of the micro-batch)."""
+    """Split a step over ``world`` ranks with equal row counts (a multiple of the micro-batch).
+
+    Units of samples sharing a prompt (``_units``), longest first, go whole to the rank with the
+    fewest tokens among those with room for them under ceil(rows / world); a unit that fits
+    nowhere whole is dealt row by row (longest first) to the least-loaded ranks with room."""
     if not trajectories:
         raise BatchError("a learner step needs at least one trajectory")
-    order = sorted(range(len(trajectories)), key=lambda i: -len(trajectories[i].token_ids))
+    size = [len(t.token_ids) for t in trajectories]
+    cap = -(-len(trajectories) // world)
     buckets: list[list[int]] = [[] for _ in range(world)]
     load = [0] * world
-    for i in order:
-        r = min(range(world), key=lambda k: (load[k], len(buckets[k])))
-        buckets[r].append(i)
-        load[r] += len(trajectories[i].token_ids)
+
+    def put(rows: list[int], ranks: list[int]) -> None:
+        r = min(ranks, key=lambda k: (load[k], len(buckets[k]), k))
+        buckets[r].extend(rows)
+        load[r] += sum(size[i] for i in rows)
+
+    for unit in sorted(_units(trajectories), key=lambda u: -sum(size[i] for i in u)):
+        whole = [r for r in range(world) if len(buckets[r]) + len(unit) <= cap]
+        if whole:
+            put(unit, whole)
+            continue
+        for i in sorted(unit, key=lambda i: -size[i]):
+            put([i], [r for r in range(world) if len(buckets[r]) < cap])
     rows = max(len(b) for b in buckets)
     rows = -(-rows // micro_batch_size) * micro_batch_size if rows > micro_batch_size else rows
-    filler = order[-1]
+    filler = min(range(len(trajectories)), key=lambda i: size[i])
     out = []
     for bucket in buckets:
         idx = bucket + [filler] * (rows - len(bucket))

@@ -70,6 +70,9 @@ class LearnerConfig(BaseModel):
     grad_clip: float = Field(1.0, ge=0)
     micro_batch_size: int = Field(4, ge=1)
     gradient_checkpointing: bool = False
+    prefix_sharing: bool = Field(True, description=(
+        "run the prompt that a micro-batch's samples share once, not once per sample "
+        "(actors/learner/prefix.py); the plain path runs under gradient checkpointing"))
     seed: int = 0
     master_port: Optional[int] = Field(None, ge=1024, le=65535)
     num_cpus_per_rank: float = Field(0.5, gt=0)

@@ -31,6 +31,7 @@ from typing import Iterator, Optional
 
 from actors.learner import grpo
 from actors.learner.batching import PackedBatch, scored_logprobs
+from actors.learner.prefix import prefix_shared_logprobs
 from actors.learner.config import LearnerConfig
 from actors.learner.export import record_source, save_hf
 
@@ -144,7 +145,8 @@ class LearnerEngine:
             mb = batch.slice(rows.start, rows.stop).to(self.device)
             width = mb.loss_mask.shape[1]
             self.engine.set_gradient_accumulation_boundary(k == n_micro - 1)
-            logp = scored_logprobs(self.engine, mb.input_ids, mb.attention_mask, mb.loss_mask)
+            forward = prefix_shared_logprobs if self.cfg.prefix_sharing else scored_logprobs
+            logp = forward(self.engine, mb.input_ids, mb.attention_mask, mb.loss_mask)
             loss, st = grpo.policy_loss(
                 logp, old[rows, :width].to(self.device), mb.advantages, mb.loss_mask,
                 ratio_clip=lc.ratio_clip,

@@ -37,6 +37,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="prompt tokens per sample (the demo's prompts are ~2,900)")
     parser.add_argument("--micro-batch", type=int, default=4, help="micro-batch size per rank")
     parser.add_argument("--lr", type=float, default=1e-3, help="peak learning rate")
+    parser.add_argument("--no-prefix-sharing", action="store_true",
+                        help="run every sample's prompt (learner.prefix_sharing: false)")
     parser.add_argument("--model", default=None, help="HF model dir (default: the tiny policy)")
     parser.add_argument("--gpus-per-rank", type=float, default=0.0, help="0 = CPU ranks")
     parser.add_argument("--seed", type=int, default=0)
@@ -134,6 +136,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = LearnerConfig(model_path=path, ranks=args.ranks, zero_stage=args.zero, lr=args.lr,
                         warmup_steps=0, total_steps=max(args.steps, 2), seed=args.seed,
                         micro_batch_size=args.micro_batch, num_gpus_per_rank=args.gpus_per_rank,
+                        prefix_sharing=not args.no_prefix_sharing,
                         num_cpus_per_rank=0.5 if args.gpus_per_rank == 0 else 1.0)
     t0 = time.perf_counter()
     learner = LearnerGroup(cfg)

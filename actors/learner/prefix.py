@@ -1,0 +1,125 @@
+"""Prefix-shared log-probs: a group's prompt runs through the model once, not once per sample.
+
+The K trajectories of a GRPO group share their prompt (system prompt, tool schemas, instruction):
+in the agentic demo ~2.9k of ~3.9k tokens per trajectory, so a plain forward over the K rows runs
+the prompt K times (docs/benchmarks.md, "Why the demo's learner step ..."). Here a micro-batch is
+cut into *segments*, runs of consecutive rows that share their first P tokens; a segment runs
+
+1. the shared prefix once, as one row, keeping its keys/values (``use_cache``), then
+2. the rows' suffixes (positions P.. of each row) in one batch, attending to the prefix's
+   keys/values expanded over the rows (a view: no copy), with explicit position ids;
+
+and the LM head runs only at scored positions, as in ``batching.scored_logprobs``. Gradients flow
+through the expanded keys/values into the prefix's forward (autograd sums them over the rows), so
+log-probs and gradients equal the plain path's within float tolerance (tested to 1e-5).
+
+Choices (the issue is silent):
+- P stops before the first scored position of any row of the segment (every scored logit comes
+  from the suffix pass) and leaves every row at least one suffix token; a segment shares only when
+  P >= ``min_prefix`` (default 32 tokens: below that the second pass costs more than it saves);
+  rows that share nothing with their neighbours run together in one plain forward.
+- Not used with gradient checkpointing (transformers drops the cache under it) or for models
+  without a cache-aware forward (``supports_prefix_sharing``): the plain path runs instead.
+- Rows are made adjacent by ``batching.shard``, which deals a group's trajectories to one rank
+  together where the equal-rows rule allows.
+
+May import: torch, transformers, actors.learner.batching, the standard library.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from actors.learner.batching import scored_logprobs
+
+MIN_PREFIX = 32
+
+
+def _lcp(a: torch.Tensor, b: torch.Tensor, limit: int) -> int:
+    """Length of the common prefix of 1-D tensors ``a`` and ``b``, at most ``limit``."""
+    n = min(limit, a.shape[0], b.shape[0])
+    diff = (a[:n] != b[:n]).nonzero()
+    return int(diff[0]) if diff.numel() else n
+
+
+def segments(input_ids: torch.Tensor, attention_mask: torch.Tensor, loss_mask: torch.Tensor,
+             min_prefix: int = MIN_PREFIX) -> list[tuple[int, int, int]]:
+    """``(start, stop, P)`` over the rows, in order: rows [start, stop) share their first P tokens
+    (P = 0: no sharing, one plain forward). Greedy: a segment grows while the shared prefix stays
+    >= ``min_prefix``."""
+    lengths = attention_mask.sum(-1).tolist()
+    scored = loss_mask.bool()
+    first = [int(row.nonzero()[0]) if row.any() else 1 << 30 for row in scored]
+    # a row's usable prefix: before its first scored position, leaving >= 1 suffix token
+    reach = [min(f, n - 1) for f, n in zip(first, lengths)]
+    out: list[tuple[int, int, int]] = []
+    i, rows = 0, input_ids.shape[0]
+    while i < rows:
+        p, j = reach[i], i + 1
+        while j < rows:
+            q = min(p, reach[j], _lcp(input_ids[i], input_ids[j], p))
+            if q < min_prefix:
+                break
+            p, j = q, j + 1
+        if j - i >= 2:
+            out.append((i, j, p))
+            i = j
+            continue
+        if out and out[-1][2] == 0:  # no neighbour shares with row i: join the plain run
+            out[-1] = (out[-1][0], i + 1, 0)
+        else:
+            out.append((i, i + 1, 0))
+        i += 1
+    return out
+
+
+def supports_prefix_sharing(model: Any) -> bool:
+    """Whether ``model`` (a transformers causal LM, possibly inside a DeepSpeed engine) can take a
+    precomputed cache in training: it must not be gradient-checkpointing."""
+    module = getattr(model, "module", model)
+    for name in ("is_activation_checkpointing", "is_gradient_checkpointing"):  # new, old name
+        if hasattr(type(module), name):
+            return not getattr(module, name)
+    return True
+
+
+def _shared(model, ids: torch.Tensor, attn: torch.Tensor, lmask: torch.Tensor,
+            p: int) -> torch.Tensor:
+    from transformers.cache_utils import DynamicCache
+
+    rows, width = ids.shape
+    config = getattr(model, "module", model).config
+    prefix = DynamicCache(config=config)
+    model(input_ids=ids[:1, :p], attention_mask=attn[:1, :p], cache=prefix, use_cache=True,
+          logits_to_keep=1)
+    cache = DynamicCache([(layer.keys.expand(rows, -1, -1, -1),
+                           layer.values.expand(rows, -1, -1, -1)) for layer in prefix.layers],
+                         config=config)
+    keep = lmask.any(0).nonzero().squeeze(-1)  # all >= p by construction of segments
+    if keep.numel() == 0:
+        return lmask.new_zeros(lmask.shape)
+    positions = torch.arange(p, width, device=ids.device).expand(rows, -1)
+    out = model(input_ids=ids[:, p:], attention_mask=attn, position_ids=positions, cache=cache,
+                use_cache=True, logits_to_keep=keep - p)
+    logits = out.logits.float()
+    picked = logits.gather(-1, ids[:, keep + 1].unsqueeze(-1)).squeeze(-1)
+    scored = picked - torch.logsumexp(logits, dim=-1)
+    return lmask.new_zeros(lmask.shape).index_copy(1, keep, scored)
+
+
+def prefix_shared_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                           loss_mask: torch.Tensor, min_prefix: int = MIN_PREFIX) -> torch.Tensor:
+    """[B, L-1] log-probs equal to ``batching.scored_logprobs`` (scored positions; 0 elsewhere),
+    running each segment's shared prefix once."""
+    if not supports_prefix_sharing(model):
+        return scored_logprobs(model, input_ids, attention_mask, loss_mask)
+    parts = []
+    for start, stop, p in segments(input_ids, attention_mask, loss_mask, min_prefix):
+        ids, attn, lmask = input_ids[start:stop], attention_mask[start:stop], loss_mask[start:stop]
+        if p == 0:
+            parts.append(scored_logprobs(model, ids, attn, lmask))
+        else:
+            parts.append(_shared(model, ids, attn, lmask, p))
+    return torch.cat(parts) if len(parts) > 1 else parts[0]
