@@ -40,10 +40,13 @@ import os
 import shutil
 import signal
 import site
+import queue
 import subprocess
 import sys
+import threading
+from concurrent.futures import Future
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from sandbox.config import PROJECT_ROOT, SandboxConfig
 from sandbox.docker_backend import DockerChild, docker_problem
@@ -230,10 +233,56 @@ def _pdeathsig() -> list[str]:
 
 def start_child(cfg: SandboxConfig, backend: str, scratch: str, uid: Optional[int],
                 log_path: str) -> Any:
-    """Start a child for ``backend``: a ``ProcessChild`` or a ``DockerChild``."""
+    """Start a child for ``backend``: a ``ProcessChild`` or a ``DockerChild``.
+
+    Started from ``_SPAWNER``'s thread, never the caller's: the parent-death signal (bwrap's
+    ``--die-with-parent``, ``setpriv --pdeathsig``) fires when the *thread* that forked the child
+    exits, and callers often ask from short-lived threads (``asyncio.run``'s executor, a thread
+    pool being shut down), which killed a worker's child between two episodes."""
     if backend == "docker":
-        return DockerChild(cfg, child_config(cfg, backend, "/tmp", uid), child_env(), log_path)
-    return ProcessChild(child_argv(cfg, backend, scratch, uid), scratch, log_path)
+        return _SPAWNER.run(DockerChild, cfg, child_config(cfg, backend, "/tmp", uid),
+                            child_env(), log_path)
+    return _SPAWNER.run(ProcessChild, child_argv(cfg, backend, scratch, uid), scratch, log_path)
+
+
+class _Spawner:
+    """One daemon thread per process that starts every sandbox child, so a child's
+    parent-death signal follows the process, not whichever thread asked (``start_child``).
+    Started on first use, and again in a forked process (threads do not survive ``fork``)."""
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread: Optional[threading.Thread] = None
+        self._pid = 0
+        self._lock = threading.Lock()
+
+    def run(self, fn: Callable[..., Any], *args: Any) -> Any:
+        with self._lock:
+            if self._thread is None or self._pid != os.getpid() or not self._thread.is_alive():
+                self._jobs, self._pid = queue.SimpleQueue(), os.getpid()
+                self._thread = threading.Thread(target=self._serve, args=(self._jobs,),
+                                                name="sandbox-spawner", daemon=True)
+                self._thread.start()
+            jobs = self._jobs
+        if threading.current_thread() is self._thread:
+            return fn(*args)
+        done: Future = Future()
+        jobs.put((done, fn, args))
+        return done.result()
+
+    @staticmethod
+    def _serve(jobs: queue.SimpleQueue) -> None:
+        while True:
+            done, fn, args = jobs.get()
+            try:
+                done.set_result(fn(*args))
+            except BaseException as e:  # noqa: BLE001 - handed to the caller
+                done.set_exception(e)
+
+
+_SPAWNER = _Spawner()
+# a fork taken while another thread held the lock must not inherit it held
+os.register_at_fork(after_in_child=lambda: setattr(_SPAWNER, "_lock", threading.Lock()))
 
 
 class ProcessChild:

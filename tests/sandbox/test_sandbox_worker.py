@@ -252,3 +252,21 @@ def test_sysv_ipc_is_limited_where_the_child_is_root_of_its_namespace_else_refus
              for b in ("bwrap", "unshare", "docker", "none")}
     assert modes == {"bwrap": "limited" if is_root() else "refused", "unshare": "limited",
                      "docker": "refused", "none": "host"}
+
+
+def test_a_child_started_from_a_thread_that_exits_keeps_serving():
+    """The parent-death signal follows the thread that forked the child: a worker first used from
+    a short-lived thread (asyncio.run's executor, as the warm start and local drivers do) lost its
+    child when that thread ended, and the next episode died in reset with SIGKILL."""
+    import asyncio
+    import threading
+
+    with SandboxWorker(**FAST) as w:
+        asyncio.run(asyncio.to_thread(_reference_episode, w))  # the loop's threads end here
+        pid = w.pid
+        t = threading.Thread(target=_reference_episode, args=(w,))
+        t.start()
+        t.join()
+        _, result = _reference_episode(w)
+        assert result.reward == 1.0
+        assert pid is not None and w.pid == pid  # the same child throughout, never replaced
