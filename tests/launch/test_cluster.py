@@ -231,7 +231,7 @@ def _rows(run_dir: Path) -> list[dict]:
 def test_job_submit_survives_node_loss(cluster, tmp_path):
     import yaml
 
-    steps = 3
+    steps = 6  # enough after the kill that groups must still be rolled out: replacements run
     cfg_path, run_dir = tmp_path / "two_node.yaml", tmp_path / "run"
     cfg_path.write_text(yaml.safe_dump(_train_config(cluster.pool_dir, steps)))
     job_id = f"envsched-{os.getpid()}-{int(time.time())}"

@@ -66,7 +66,10 @@ def test_worker_killed_mid_step_then_resume(ray_local, tmp_path):
         assert ctl.run()["steps"] == 2
         assert roles.restarts >= 1 and ctl.adm.released >= 1 and ctl.dropped == []
         assert set(absorbed.values()) == {1}
-        assert ctl.adm.accepted == len(ctl.selections_log) == sum(absorbed.values())
+        assert ctl.adm.accepted == sum(absorbed.values())
+        # every hand-out accepted once or still in flight at the end (max_staleness 1 admits the
+        # next step's groups while the last step trains; the checkpoint carries them on)
+        assert ctl.adm.accepted + len(ctl.unfinished()) == len(ctl.selections_log)
         rows = read_metrics(run_dir)
         assert [r["step"] for r in rows] == [1, 2]
         assert all(r["staleness_max"] <= 1 for r in rows)
