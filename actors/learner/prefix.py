@@ -19,7 +19,7 @@ Choices (the issue is silent):
   P >= ``min_prefix`` (default 32 tokens: below that the second pass costs more than it saves);
   rows that share nothing with their neighbours run together in one plain forward.
 - Not used with gradient checkpointing (transformers drops the cache under it) or for models
-  without a cache-aware forward (``supports_prefix_sharing``): the plain path runs instead.
+  whose forward takes no ``cache`` (``supports_prefix_sharing``): the plain path runs instead.
 - Rows are made adjacent by ``batching.shard``, which deals a group's trajectories to one rank
   together where the equal-rows rule allows.
 
@@ -28,6 +28,7 @@ May import: torch, transformers, actors.learner.batching, the standard library.
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import torch
@@ -77,8 +78,12 @@ def segments(input_ids: torch.Tensor, attention_mask: torch.Tensor, loss_mask: t
 
 def supports_prefix_sharing(model: Any) -> bool:
     """Whether ``model`` (a transformers causal LM, possibly inside a DeepSpeed engine) can take a
-    precomputed cache in training: it must not be gradient-checkpointing."""
+    precomputed cache in training: its forward takes ``cache`` (transformers 5; an older one
+    would swallow the keyword in ``**kwargs`` and silently run the suffix without its prefix),
+    and it is not gradient-checkpointing."""
     module = getattr(model, "module", model)
+    if "cache" not in inspect.signature(module.forward).parameters:
+        return False
     for name in ("is_activation_checkpointing", "is_gradient_checkpointing"):  # new, old name
         if hasattr(type(module), name):
             return not getattr(module, name)

@@ -82,3 +82,16 @@ def test_shard_keeps_a_groups_samples_together_on_one_rank():
         tasks = [int(a) // 4 for a in s.advantages.tolist()]
         assert tasks[:4] == [tasks[0]] * 4 and tasks[4:] == [tasks[4]] * 4
     assert sorted(a for s in shards for a in s.advantages.tolist()) == list(range(16))
+
+
+def test_a_forward_without_a_cache_argument_takes_the_plain_path():
+    """An older transformers forward would swallow ``cache=`` in ``**kwargs`` and run the suffix
+    without its prefix: such a model must never take the shared path."""
+    from actors.learner.prefix import supports_prefix_sharing
+
+    class Old(torch.nn.Module):
+        def forward(self, input_ids=None, attention_mask=None, past_key_values=None, **kwargs):
+            raise AssertionError("not called")
+
+    model, _ = load_policy(build_tiny_policy())
+    assert supports_prefix_sharing(model) and not supports_prefix_sharing(Old())
