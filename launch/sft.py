@@ -96,14 +96,16 @@ def _sequence_loss(model: Any, tok: list[int], mask: list[int]) -> tuple[Any, fl
     the episode's own tokens are trained through: about half the cost of a full backward.
     """
     import torch
+    from transformers.cache_utils import DynamicCache
 
     first = mask.index(1)
     ids = torch.tensor([tok])
     past = None
     if first > 1:
+        past = DynamicCache(config=model.config)
         with torch.no_grad():
-            past = model(input_ids=ids[:, :first - 1], use_cache=True).past_key_values
-    logits = model(input_ids=ids[:, first - 1:-1], past_key_values=past, use_cache=False).logits[0]
+            model(input_ids=ids[:, :first - 1], cache=past, use_cache=True, logits_to_keep=1)
+    logits = model(input_ids=ids[:, first - 1:-1], cache=past, use_cache=False).logits[0]
     target = ids[0, first:]
     weight = torch.tensor(mask[first:], dtype=torch.float32)
     nll = torch.nn.functional.cross_entropy(logits, target, reduction="none")
