@@ -73,11 +73,17 @@ def scored_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor
         keep = torch.zeros(1, dtype=torch.long, device=input_ids.device)
     out = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False,
                 logits_to_keep=keep)
-    logits = out.logits.float()
+    return place_logprobs(out.logits, input_ids, keep, loss_mask)
+
+
+def place_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, keep: torch.Tensor,
+                   loss_mask: torch.Tensor) -> torch.Tensor:
+    """Log-probs of the next tokens from ``logits`` [B, len(keep), V] computed at positions
+    ``keep``, placed into a zero [B, L-1] tensor shaped like ``loss_mask``."""
+    logits = logits.float()
     picked = logits.gather(-1, input_ids[:, keep + 1].unsqueeze(-1)).squeeze(-1)
     scored = picked - torch.logsumexp(logits, dim=-1)
-    full = scored.new_zeros(loss_mask.shape)
-    return full.index_copy(1, keep, scored)
+    return scored.new_zeros(loss_mask.shape).index_copy(1, keep, scored)
 
 
 def _aligned_logprobs(traj: Trajectory, where: str) -> list[float]:

@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from actors.learner.batching import scored_logprobs
+from actors.learner.batching import place_logprobs, scored_logprobs
 
 MIN_PREFIX = 32
 
@@ -108,10 +108,7 @@ def _shared(model, ids: torch.Tensor, attn: torch.Tensor, lmask: torch.Tensor,
     positions = torch.arange(p, width, device=ids.device).expand(rows, -1)
     out = model(input_ids=ids[:, p:], attention_mask=attn, position_ids=positions, cache=cache,
                 use_cache=True, logits_to_keep=keep - p)
-    logits = out.logits.float()
-    picked = logits.gather(-1, ids[:, keep + 1].unsqueeze(-1)).squeeze(-1)
-    scored = picked - torch.logsumexp(logits, dim=-1)
-    return lmask.new_zeros(lmask.shape).index_copy(1, keep, scored)
+    return place_logprobs(out.logits, ids, keep, lmask)
 
 
 def prefix_shared_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
