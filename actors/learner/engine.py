@@ -102,17 +102,27 @@ class LearnerEngine:
         out = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False)
         return grpo.token_logprobs(out.logits, mb.input_ids)
 
-    def logprobs(self, batch: PackedBatch, reference: bool = False):
-        """[B, L-1] log-probs of every next token under the current (or reference) weights."""
+    def _scored_forward(self, model, mb: PackedBatch):
+        """Log-probs at the positions the loss reads (0 elsewhere): the training forward, which
+        runs a group's shared prompt once when ``prefix_sharing`` is on (prefix.py)."""
+        forward = prefix_shared_logprobs if self.cfg.prefix_sharing else scored_logprobs
+        return forward(model, mb.input_ids, mb.attention_mask, mb.loss_mask)
+
+    def logprobs(self, batch: PackedBatch, reference: bool = False, scored_only: bool = False):
+        """[B, L-1] log-probs of every next token under the current (or reference) weights.
+        ``scored_only``: only at the positions ``batch.loss_mask`` scores (0 elsewhere), with the
+        training forward; what the loss needs of the recomputed and reference log-probs, without
+        running every position's LM head or each sample's copy of the prompt."""
         import torch
 
         model = self.ref if reference else self.engine.module
+        forward = self._scored_forward if scored_only else self._forward_logprobs
         was_training = model.training
         model.eval()
         rows = []
         with torch.no_grad():
             for mb in batch.micro_batches(self.cfg.micro_batch_size):
-                lp = self._forward_logprobs(model, mb.to(self.device)).float().cpu()
+                lp = forward(model, mb.to(self.device)).float().cpu()
                 rows.append(torch.nn.functional.pad(lp, (0, batch.loss_mask.shape[1] - lp.shape[1])))
         model.train(was_training)
         return torch.cat(rows)
@@ -134,8 +144,10 @@ class LearnerEngine:
         count = batch.loss_mask.sum().item() if lc.loss_agg == "token_mean" \
             else (batch.loss_mask.sum(-1) > 0).sum().item()
         normaliser = max(self._all_reduce_sum(float(count)), 1.0) / self.world
-        old = self.logprobs(batch) if lc.old_logprobs == "recompute" else batch.rollout_logprobs
-        ref = self.logprobs(batch, reference=True) if self.ref is not None else None
+        old = self.logprobs(batch, scored_only=True) if lc.old_logprobs == "recompute" \
+            else batch.rollout_logprobs
+        ref = self.logprobs(batch, reference=True, scored_only=True) if self.ref is not None \
+            else None
         self.engine.train()
         micro = self.cfg.micro_batch_size
         totals = {"loss": 0.0, "tokens": 0.0, "clip_frac_sum": 0.0, "ratio_sum": 0.0, "kl_sum": 0.0}
@@ -145,8 +157,7 @@ class LearnerEngine:
             mb = batch.slice(rows.start, rows.stop).to(self.device)
             width = mb.loss_mask.shape[1]
             self.engine.set_gradient_accumulation_boundary(k == n_micro - 1)
-            forward = prefix_shared_logprobs if self.cfg.prefix_sharing else scored_logprobs
-            logp = forward(self.engine, mb.input_ids, mb.attention_mask, mb.loss_mask)
+            logp = self._scored_forward(self.engine, mb)
             loss, st = grpo.policy_loss(
                 logp, old[rows, :width].to(self.device), mb.advantages, mb.loss_mask,
                 ratio_clip=lc.ratio_clip,
