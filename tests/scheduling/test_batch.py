@@ -75,7 +75,7 @@ def test_a_reused_penalty_gives_the_same_batches_and_pickles_without_its_buffers
     copy = pickle.loads(pickle.dumps(reused))
     assert copy.batch == [] and not copy.dense.any() and copy.dense.shape == reused.dense.shape
     reused.reset()
-    assert not reused.dense.any() and not reused.rows.any() and not reused.upto.any()
+    assert not reused.dense.any() and not reused.upto.any() and not reused.val.any()
 
 
 def _build(g, q, exposure, step, cfg=CFG, eligible=None, exploit=None, obs=None):
