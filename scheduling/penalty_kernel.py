@@ -1,4 +1,4 @@
-"""Compiled inner loops of Eq. 5's penalty (numba): one similarity, one exact penalised argmax.
+"""Compiled inner loops of Eq. 5's penalty (numba): the similarities, the exact penalised argmax.
 
 ``S_full(i, m)`` is the dot product of task i's stored features (CSR row, storage order) with
 member m's dense feature row. It is summed exactly as ``np.add.reduceat`` sums one segment of the
