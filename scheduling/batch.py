@@ -109,10 +109,25 @@ class PickContext:
     penalty: BatchPenalty
     in_batch: np.ndarray
     env_batch: np.ndarray
+    free: np.ndarray            # ~in_batch
+    task_ok: np.ndarray         # C_task: streak < c_task (fixed within the step)
     env_window: np.ndarray
     streak: np.ndarray
     notes: list[str]
     relaxed: dict[str, int] = field(default_factory=dict)   # picks that needed each relaxation
+
+
+def start_context(step: int, env_of: np.ndarray, n_env: int, penalty: Any,
+                  exposure: ExposureState, cfg: EnvSchedConfig,
+                  relaxed: Optional[dict[str, int]] = None) -> PickContext:
+    """An empty batch under construction for ``step``, its constraints read from ``exposure``."""
+    n = env_of.size
+    streak = exposure.prior_streak(step)
+    return PickContext(step=step, env_of=env_of, batch=[], penalty=penalty,
+                       in_batch=np.zeros(n, bool), env_batch=np.zeros(n_env, np.int64),
+                       free=np.ones(n, bool), task_ok=streak < cfg.c_task,
+                       env_window=exposure.prior_env_window(step), streak=streak, notes=[],
+                       relaxed=relaxed if relaxed is not None else {})
 
 
 def allowed(ctx: PickContext, base: np.ndarray, cfg: EnvSchedConfig, dropped: set[str]
@@ -122,9 +137,11 @@ def allowed(ctx: PickContext, base: np.ndarray, cfg: EnvSchedConfig, dropped: se
         env_ok &= ctx.env_batch < cfg.c1
     if "C3" not in dropped:
         env_ok &= ctx.env_window + ctx.env_batch < cfg.c3
-    ok = base & ~ctx.in_batch & env_ok[ctx.env_of]
+    ok = env_ok[ctx.env_of]
+    ok &= base
+    ok &= ctx.free
     if "C_task" not in dropped:
-        ok &= ctx.streak < cfg.c_task
+        ok &= ctx.task_ok
     return ok
 
 
@@ -155,6 +172,7 @@ def add(ctx: PickContext, i: int) -> None:
     ctx.batch.append(i)
     ctx.penalty.add(i)
     ctx.in_batch[i] = True
+    ctx.free[i] = False
     ctx.env_batch[ctx.env_of[i]] += 1
 
 
@@ -172,12 +190,7 @@ def build_batch(step: int, q: np.ndarray, obs_count: np.ndarray, graph: Any,
         penalty = BatchPenalty(graph, cfg.batch_size)
     else:
         penalty.reset()
-    ctx = PickContext(step=step, env_of=env_of, batch=[], penalty=penalty,
-                      in_batch=np.zeros(graph.n, bool),
-                      env_batch=np.zeros(exposure.n_env, np.int64),
-                      env_window=exposure.prior_env_window(step),
-                      streak=exposure.prior_streak(step), notes=[],
-                      relaxed=relaxed if relaxed is not None else {})
+    ctx = start_context(step, env_of, exposure.n_env, penalty, exposure, cfg, relaxed)
     out: list[Selection] = []
     cum_env = exposure.env_cum[env_of]
 
@@ -188,7 +201,7 @@ def build_batch(step: int, q: np.ndarray, obs_count: np.ndarray, graph: Any,
         sel = ok.copy()
         for key in keys:
             sel &= key == key[sel].min()
-        i, pen = penalised_argmax(q_order[sel[q_order]], q, ctx.penalty, cfg.lambda_sim)
+        i, pen = penalised_argmax(q_order, q, ctx.penalty, cfg.lambda_sim, sel)
         return i, {"q": float(q[i]), "penalty": pen, "score": float(q[i]) - pen,
                    "env_batch_count": float(ctx.env_batch[env_of[i]]),
                    "env_cumulative": float(cum_env[i]), "observations": float(obs_count[i]),
@@ -199,8 +212,7 @@ def build_batch(step: int, q: np.ndarray, obs_count: np.ndarray, graph: Any,
     exploit_order = sort_desc(np.arange(graph.n), exploit, tiebreak)   # fixed within the step
 
     def exploit_pick(ok: np.ndarray) -> tuple[int, dict]:
-        i, pen = penalised_argmax(exploit_order[ok[exploit_order]], exploit, ctx.penalty,
-                                  cfg.lambda_sim)
+        i, pen = penalised_argmax(exploit_order, exploit, ctx.penalty, cfg.lambda_sim, ok)
         return i, {"q": float(q[i]), "omega": float(omega[i]), "penalty": pen,
                    "score": float(exploit[i]) - pen}
 

@@ -63,7 +63,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from scheduling.base import Batch, GroupResult, Scheduler, SchedulerError, Selection
-from scheduling.batch import (RELAXATIONS, ExposureState, PickContext, add, pick_one,
+from scheduling.batch import (RELAXATIONS, ExposureState, add, pick_one, start_context,
                               tiebreak_rank)
 from scheduling.cold_start import cold_start_batch
 from scheduling.config import EnvSchedConfig
@@ -215,12 +215,9 @@ class EnvSchedBayes(Scheduler):
         else:
             n_cov = min(int(live_env.sum()), int(self.params.max_coverage * B))
         g = self.graph
-        ctx = PickContext(step=step, env_of=g.env_of, batch=[],
-                          penalty=BatchPenalty(g, B) if self.params.lambda_sim > 0 else
-                          _NoPenalty(), in_batch=np.zeros(g.n, bool),
-                          env_batch=np.zeros(len(g.env_ids), np.int64),
-                          env_window=self.exposure.prior_env_window(step),
-                          streak=self.exposure.prior_streak(step), notes=[])
+        ctx = start_context(step, g.env_of, len(g.env_ids),
+                            BatchPenalty(g, B) if self.params.lambda_sim > 0 else _NoPenalty(),
+                            self.exposure, self.cfg)
         q_cov, q_exp = percentile_rank(draw), percentile_rank(V)
         phases = (("exploitation", B - n_cov, q_exp, self._order(q_exp)),
                   ("coverage", n_cov, q_cov, self._order(q_cov)))
@@ -235,11 +232,10 @@ class EnvSchedBayes(Scheduler):
                     ok = ok & live if (ok & live).any() else ok
                     for key in (ctx.env_batch[g.env_of], cum_env):
                         ok &= key == key[ok].min()
-                cands = order[ok[order]]
                 if phase == "coverage" or self.params.lambda_sim == 0.0:
-                    i, pen = int(cands[0]), 0.0
+                    i, pen = int(order[np.argmax(ok[order])]), 0.0     # the first one allowed
                 else:
-                    i, pen = penalised_argmax(cands, q, ctx.penalty, self.params.lambda_sim)
+                    i, pen = penalised_argmax(order, q, ctx.penalty, self.params.lambda_sim, ok)
                 a, b = post["alpha"][i], post["beta"][i]
                 return i, {"q": float(q[i]), "penalty": pen, "expected_variance": float(V[i]),
                            "draw": float(draw[i]), "posterior_mean": float(a / (a + b))}

@@ -43,7 +43,7 @@ import numpy as np
 from scipy.stats import rankdata
 
 from scheduling.config import EnvSchedConfig
-from scheduling.variance import group_variance
+from scheduling.variance import group_mean, group_variance
 
 STATS = ("v", "m", "d")
 
@@ -57,9 +57,9 @@ class NeighbourGraph(Protocol):
 
 def group_stats(rewards: np.ndarray, floor: float = 0.01) -> tuple[float, float, float]:
     """Eqs. 2 and 9: (m, v, d) of one complete group of K rewards."""
-    m = float(np.mean(np.asarray(rewards, dtype=np.float64)))
+    m = group_mean(rewards)
     v = group_variance(rewards)
-    d = float(np.clip(v / max(m * (1.0 - m), floor), 0.0, 1.0))
+    d = min(max(v / max(m * (1.0 - m), floor), 0.0), 1.0)    # clip_[0,1]; NaN stays NaN
     return m, v, d
 
 

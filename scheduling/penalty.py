@@ -53,12 +53,12 @@ class BatchPenalty:
         # X's dtype, as the numpy version multiplied in place into float32 member rows
         self._buf = np.zeros(self._widest * capacity, dtype=np.float32)
         self._vals = np.zeros(64, dtype=np.float32)
+        self._every = np.ones(graph.n, dtype=bool)      # the mask of "no mask"
 
     def reset(self) -> None:
         """Empty the batch for the next one, keeping the buffer: only the entries the members
         wrote are cleared."""
-        for k, j in enumerate(self.batch):
-            self.dense[self.X.indices[self.X.indptr[j]:self.X.indptr[j + 1]], k] = 0.0
+        kernel.clear_members(self.dense, np.asarray(self.batch, dtype=np.int64), *self._csr[:2])
         self.batch = []
         self.val[:] = 0.0
         self.upto[:] = 0
@@ -89,17 +89,22 @@ class BatchPenalty:
         kernel.refresh(np.asarray(rows, dtype=np.int64), self.val, self.upto, len(self.batch),
                        *self._csr, self.dense, self._buf, self._vals)
 
-    def argmax(self, cands: np.ndarray, score: np.ndarray, lam: float) -> int:
-        """``penalised_argmax``'s index (the compiled scan of ``penalty_kernel``)."""
+    def argmax(self, cands: np.ndarray, score: np.ndarray, lam: float,
+               mask: Optional[np.ndarray] = None) -> int:
+        """``penalised_argmax``'s index (the compiled scan of ``penalty_kernel``); -1 when no
+        candidate passes ``mask``."""
         return int(kernel.penalised_argmax(np.asarray(cands, dtype=np.int64),
+                                           self._every if mask is None else mask,
                                            np.asarray(score, dtype=np.float64), float(lam),
                                            self.val, self.upto, len(self.batch), *self._csr,
                                            self.dense, self._buf, self._vals))
 
 
 def penalised_argmax(cands: np.ndarray, score: np.ndarray, penalty: BatchPenalty,
-                     lam: float) -> tuple[int, float]:
-    """Eq. 5 over ``cands`` (sorted by score desc, index asc): (task index, its penalty).
+                     lam: float, mask: Optional[np.ndarray] = None) -> tuple[int, float]:
+    """Eq. 5 over ``cands`` (sorted by score desc, index asc), or over those c of them with
+    ``mask[c]`` (a bool array over all tasks; the same as passing ``cands[mask[cands]]``, without
+    building it): (task index, its penalty).
 
     Exact and lazy (``penalty_kernel.penalised_argmax``): the penalty only grows as the batch
     grows, so a stale cached value gives an upper bound score - lam * cached on the penalised
@@ -107,11 +112,9 @@ def penalised_argmax(cands: np.ndarray, score: np.ndarray, penalty: BatchPenalty
     so far are brought up to date, and the walk stops at the first score that cannot beat it.
     The same result as evaluating every candidate, ties to the earlier one.
     """
-    if cands.size == 0:
+    i = penalty.argmax(cands, score, lam, mask)     # empty batch: the first candidate wins
+    if i < 0:
         raise ValueError("penalised_argmax needs at least one candidate")
-    if not penalty.batch:            # no penalty yet: the first candidate wins
-        return int(cands[0]), float(lam * penalty.val[cands[0]])
-    i = penalty.argmax(cands, score, lam)
     return i, float(lam * penalty.val[i])
 
 

@@ -26,6 +26,9 @@ import numpy as np
 from numba import njit
 
 
+BLOCK = 16        # members per evaluation block of the argmax walk: 16 float32 = 64 bytes
+
+
 @njit(cache=True, nogil=True)
 def _block(a, s, n):
     """numpy's pairwise sum of a[s:s+n] for 1 <= n <= 128 (no split)."""
@@ -120,6 +123,15 @@ def _max_sim(indptr, indices, data, dense, i, lo_m, hi_m, buf, vals):
 
 
 @njit(cache=True, nogil=True)
+def clear_members(dense, batch, indptr, indices):
+    """Zero the dense columns the members of ``batch`` wrote (column k: member batch[k])."""
+    for k in range(batch.size):
+        j = batch[k]
+        for e in range(indptr[j], indptr[j + 1]):
+            dense[indices[e], k] = 0.0
+
+
+@njit(cache=True, nogil=True)
 def refresh(targets, val, upto, k_batch, indptr, indices, data, dense, buf, vals):
     """Bring each task of ``targets`` up to date with members [upto[i], k_batch)."""
     for t in range(targets.size):
@@ -132,25 +144,38 @@ def refresh(targets, val, upto, k_batch, indptr, indices, data, dense, buf, vals
 
 
 @njit(cache=True, nogil=True)
-def penalised_argmax(cands, score, lam, val, upto, k_batch, indptr, indices, data, dense, buf,
-                     vals):
-    """argmax over ``cands`` (sorted by score desc) of score - lam * max-similarity, first on
-    ties; updates ``val`` / ``upto`` of the candidates it evaluates. Returns -1 for no
-    candidates."""
+def penalised_argmax(cands, ok, score, lam, val, upto, k_batch, indptr, indices, data, dense,
+                     buf, vals):
+    """argmax over the tasks c of ``cands`` (sorted by score desc) with ``ok[c]`` of
+    score - lam * max-similarity, first on ties; updates ``val`` / ``upto`` of the candidates it
+    evaluates. Returns -1 for no candidates."""
     best = -np.inf
     arg = -1
     for t in range(cands.size):
         c = cands[t]
+        if not ok[c]:
+            continue
         sc = score[c]
         if sc <= best:           # penalties are >= 0: no later candidate can beat best
             break
         if upto[c] < k_batch:
             if sc - lam * val[c] <= best:   # an upper bound that cannot win (or tie earlier)
                 continue
-            s = _max_sim(indptr, indices, data, dense, c, upto[c], k_batch, buf, vals)
-            if s > val[c]:
-                val[c] = s
-            upto[c] = k_batch
+            # members in blocks of BLOCK (one cache line of a feature's dense row): a block that
+            # lifts the penalty enough to rule c out ends the evaluation, val / upto stay exact
+            # for the members seen
+            lo = upto[c]
+            while lo < k_batch:
+                hi = min(lo - lo % BLOCK + BLOCK, k_batch)
+                s = _max_sim(indptr, indices, data, dense, c, lo, hi, buf, vals)
+                if s > val[c]:
+                    val[c] = s
+                upto[c] = hi
+                lo = hi
+                if sc - lam * val[c] <= best:
+                    break
+            if upto[c] < k_batch:
+                continue
         x = sc - lam * val[c]
         if x > best:
             best = x

@@ -27,12 +27,12 @@ from typing import Any, Sequence
 import numpy as np
 
 from scheduling.base import Batch, GroupResult, Scheduler, SchedulerError, Selection, TaskInfo
-from scheduling.variance import group_variance
+from scheduling.variance import group_mean, group_variance
 
 
 def group_stats(rewards: np.ndarray) -> tuple[float, float]:
     """(mean, population variance) of one group's K rewards (Eq. 2)."""
-    return float(rewards.mean()), group_variance(rewards)
+    return group_mean(rewards), group_variance(rewards)
 
 
 def is_nontrivial(rewards: np.ndarray) -> bool:
