@@ -183,34 +183,3 @@ def topk_cross_vectorised(Xu: sp.csr_matrix, group: np.ndarray, env_of: np.ndarr
         rr, cc = np.nonzero(ok & (cs <= k))
         out_idx[r[rr], cs[rr, cc] - 1] = cand[rr, cc]
         out_sim[r[rr], cs[rr, cc] - 1] = sims[rr, cc]
-
-
-def merge_topk(prev_idx: np.ndarray, prev_sim: np.ndarray, new_idx: np.ndarray,
-               new_sim: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """Top-k of (previous top-k) + (new candidates) per row, ordered (-sim, index).
-
-    Exact for growing candidate sets: top-k(A + D) = top-k(top-k(A) + D). ``new_sim`` is -inf
-    where a new candidate is not allowed for the row (wrong environment, the row itself);
-    ``new_idx`` ascending. Only new candidates at or above a row's k-th previous similarity can
-    enter (every one when the row has fewer than k), so just those are sorted with the previous
-    k: a few columns per row instead of every new candidate.
-    """
-    n = prev_idx.shape[0]
-    prev_v = np.where(prev_idx >= 0, prev_sim, -np.inf)
-    kth = prev_v[:, -1] if k else np.full(n, np.inf, dtype=prev_v.dtype)
-    enter = (new_sim >= kth[:, None]) & np.isfinite(new_sim)
-    cnt = enter.sum(axis=1)
-    q = int(cnt.max()) if n else 0
-    rr, cc = np.nonzero(enter)                      # row-major: new_idx order within a row
-    at = np.arange(rr.size) - np.repeat(np.cumsum(cnt) - cnt, cnt)
-    add_idx = np.full((n, q), -1, dtype=np.int64)
-    add_sim = np.full((n, q), -np.inf, dtype=prev_v.dtype)
-    add_idx[rr, at] = new_idx[cc]
-    add_sim[rr, at] = new_sim[rr, cc]
-    C = np.concatenate([prev_idx.astype(np.int64), add_idx], axis=1)
-    V = np.concatenate([prev_v, add_sim], axis=1)
-    order = np.lexsort((C, -V), axis=-1)[:, :k]
-    idx, sim = np.take_along_axis(C, order, axis=1), np.take_along_axis(V, order, axis=1)
-    ok = np.isfinite(sim)
-    return (np.where(ok, idx, -1).astype(np.int32),
-            np.where(ok, sim, 0.0).astype(np.float32))

@@ -50,7 +50,8 @@ from envs.opdesc import (Extractor, OpDescription, OpDescriptionError, check_aga
                          pool_descriptions)
 from envs.spec import Environment, TaskSpec
 from scheduling.abstraction import abstract_text
-from scheduling.candidates import (one_blas_thread, merge_topk, rank_cross, rank_within,
+from scheduling import topk_kernel
+from scheduling.candidates import (one_blas_thread, rank_cross, rank_within,
                                    topk_cross_vectorised)
 from scheduling.graph_config import GraphConfig, GraphError, content_hash
 from scheduling.graph_io import load_graph, save_graph
@@ -256,14 +257,8 @@ class DualGraph:
         if out is None:
             out = (np.full((self.n, k), -1, dtype=np.int32), np.zeros((self.n, k), np.float32))
         out_idx, out_sim = out
-        found = np.zeros(sel.size, dtype=np.int64)
-        if idx.shape[1] and k:
-            hit = (idx >= 0) & obs[np.maximum(idx, 0)]
-            cs = np.cumsum(hit, axis=1)
-            r, c = np.nonzero(hit & (cs <= k))
-            out_idx[sel[r], cs[r, c] - 1] = idx[r, c]
-            out_sim[sel[r], cs[r, c] - 1] = sim[r, c]
-            found = np.minimum(cs[:, -1], k)
+        found = topk_kernel.first_observed(idx, sim, obs, sel.astype(np.int64), k, out_idx,
+                                           out_sim)
         env_obs = np.bincount(self.env_of[obs], minlength=len(self.env_ids))
         if relation == "within":
             avail = env_obs[self.env_of[sel]] - obs[sel]
@@ -281,14 +276,11 @@ class DualGraph:
         new = np.nonzero(obs & ~memo[0])[0]
         if new.size == 0 or k == 0:
             return prev_idx.copy(), prev_sim.copy()
-        new_sim = _gram_groups(self._X_abs_groups, self.abs_group[new])[self.abs_group]
-        new_sim[self.env_of[:, None] == self.env_of[new][None, :]] = -np.inf
-        kth = np.where(prev_idx[:, -1] >= 0, prev_sim[:, -1], -np.inf)
-        rows = np.nonzero(new_sim.max(axis=1) >= kth)[0]
-        rows = rows[np.isfinite(new_sim[rows].max(axis=1))]
+        gram = np.ascontiguousarray(_gram_groups(self._X_abs_groups, self.abs_group[new]),
+                                    dtype=np.float32)
         out_idx, out_sim = prev_idx.copy(), prev_sim.copy()
-        out_idx[rows], out_sim[rows] = merge_topk(prev_idx[rows], prev_sim[rows], new,
-                                                  new_sim[rows], k)
+        topk_kernel.cross_merge(out_idx, out_sim, new.astype(np.int64), gram, self.abs_group,
+                                self.env_of)
         return out_idx, out_sim
 
     def _exact_topk(self, relation: str, rows: np.ndarray, obs: np.ndarray, k: int,

@@ -28,7 +28,9 @@ class BatchPenalty:
 
     The batch only grows, so a task's cached maximum stays valid and is brought up to date with
     the members added since it was last evaluated (``upto``). Members are kept as dense float32
-    columns (F x B, one batch at a time); a similarity is computed by ``penalty_kernel`` exactly as
+    columns over the features some member has (``slot`` maps a feature to its row, row 0 is the
+    zero row of every other feature; ~9k of 43k rows at N = 2,550, so the rows a walk gathers
+    stay in cache); a similarity is computed by ``penalty_kernel`` exactly as
     ``np.add.reduceat`` sums the candidate's stored entries times the member's row, so its value
     does not depend on when or with which other rows it is evaluated.
 
@@ -41,9 +43,11 @@ class BatchPenalty:
         X = graph.X_full
         self.X = X
         self.batch: list[int] = []
-        # feature-major (F x B): a feature's members are adjacent, so one pass over a task's
+        # feature-major (rows x B): a feature's members are adjacent, so one pass over a task's
         # entries gathers its products with every member it has not seen
-        self.dense = np.zeros((X.shape[1], capacity), dtype=np.float32)
+        self.dense = np.zeros((X.shape[1] + 1, capacity), dtype=np.float32)
+        self.slot = np.zeros(X.shape[1], dtype=np.int64)
+        self._used = 0
         self.val = np.zeros(graph.n)
         self.upto = np.zeros(graph.n, dtype=np.int64)
         self._csr = (np.ascontiguousarray(X.indptr), np.ascontiguousarray(X.indices),
@@ -52,13 +56,16 @@ class BatchPenalty:
         # a row's products with every member, and the pairwise partial sums: float32 whatever
         # X's dtype, as the numpy version multiplied in place into float32 member rows
         self._buf = np.zeros(self._widest * capacity, dtype=np.float32)
-        self._vals = np.zeros(64, dtype=np.float32)
+        self._acc = np.zeros((8, capacity), dtype=np.float32)
+        self._vals = np.zeros((64, capacity), dtype=np.float32)
         self._every = np.ones(graph.n, dtype=bool)      # the mask of "no mask"
 
     def reset(self) -> None:
-        """Empty the batch for the next one, keeping the buffer: only the entries the members
-        wrote are cleared."""
-        kernel.clear_members(self.dense, np.asarray(self.batch, dtype=np.int64), *self._csr[:2])
+        """Empty the batch for the next one, keeping the buffer: only the rows the members
+        used are cleared."""
+        self.dense[1:self._used + 1] = 0.0
+        self.slot[:] = 0
+        self._used = 0
         self.batch = []
         self.val[:] = 0.0
         self.upto[:] = 0
@@ -75,8 +82,9 @@ class BatchPenalty:
         if k == self.dense.shape[1]:
             self.dense = np.hstack([self.dense, np.zeros_like(self.dense)])
             self._buf = np.zeros(self._widest * self.dense.shape[1], dtype=np.float32)
-        lo, hi = self.X.indptr[j], self.X.indptr[j + 1]
-        self.dense[self.X.indices[lo:hi], k] = self.X.data[lo:hi]
+            self._acc = np.zeros((8, self.dense.shape[1]), dtype=np.float32)
+            self._vals = np.zeros((64, self.dense.shape[1]), dtype=np.float32)
+        self._used = kernel.add_member(self.dense, self.slot, self._used, k, int(j), *self._csr)
         self.batch.append(j)
 
     def get(self, rows: np.ndarray) -> np.ndarray:
@@ -87,7 +95,7 @@ class BatchPenalty:
     def refresh(self, rows: np.ndarray) -> None:
         """Bring ``rows`` up to date with every member."""
         kernel.refresh(np.asarray(rows, dtype=np.int64), self.val, self.upto, len(self.batch),
-                       *self._csr, self.dense, self._buf, self._vals)
+                       *self._csr, self.slot, self.dense, self._buf, self._acc, self._vals)
 
     def argmax(self, cands: np.ndarray, score: np.ndarray, lam: float,
                mask: Optional[np.ndarray] = None) -> int:
@@ -97,7 +105,8 @@ class BatchPenalty:
                                            self._every if mask is None else mask,
                                            np.asarray(score, dtype=np.float64), float(lam),
                                            self.val, self.upto, len(self.batch), *self._csr,
-                                           self.dense, self._buf, self._vals))
+                                           self.slot, self.dense, self._buf, self._acc,
+                                           self._vals))
 
 
 def penalised_argmax(cands: np.ndarray, score: np.ndarray, penalty: BatchPenalty,
