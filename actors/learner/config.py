@@ -35,6 +35,9 @@ class GRPOConfig(BaseModel):
     adv_clip: Optional[float] = Field(0.2, gt=0)
     ratio_clip: Optional[float] = Field(0.2, gt=0, lt=1)
     kl_coef: float = Field(0.0, ge=0)
+    negative_scale: float = Field(1.0, gt=0, le=1, description=(
+        "multiplies negative advantages after the clip (1 = the paper's symmetric GRPO); below 1 "
+        "a failed sample is pushed down less than a success is pushed up (docs/demo.md)"))
     old_logprobs: Literal["rollout", "recompute"] = "rollout"
     importance_correction: bool = False
     importance_cap: float = Field(2.0, gt=0)

@@ -5,6 +5,7 @@ Advantages (one per trajectory; paper Section 3.1: "batch-whitened, [-0.2, 0.2]-
     (1) group-relative   a_i = r_i - mean_g(r)            [ / (std_g(r) + eps)  if group_std_norm ]
     (2) batch whitening  a_i = (a_i - mean_B(a)) / (std_B(a) + eps)             [ if whiten ]
     (3) clip             a_i = clamp(a_i, -c, c)            c = adv_clip (0.2)  [ if adv_clip ]
+    (4) negatives        a_i = s a_i  where a_i < 0         s = negative_scale  [ 1: the paper ]
 
 g is the trajectory's group (the K samples of one task), B every trajectory of the step. ``std`` is
 the sample standard deviation (n - 1, as torch.std and verl/TRL use); a group of one, or of
@@ -61,8 +62,8 @@ def whiten(values: np.ndarray, eps: float = 1e-6) -> np.ndarray:
 
 def compute_advantages(groups: Sequence[Sequence[float]], *, group_std_norm: bool = True,
                        whiten_batch: bool = True, clip: Optional[float] = 0.2,
-                       eps: float = 1e-6) -> list[np.ndarray]:
-    """Equations (1)-(3) for a step's groups; returns one array per group, in input order."""
+                       eps: float = 1e-6, negative_scale: float = 1.0) -> list[np.ndarray]:
+    """Equations (1)-(4) for a step's groups; returns one array per group, in input order."""
     per_group = group_advantages(groups, std_norm=group_std_norm, eps=eps)
     sizes = [len(a) for a in per_group]
     flat = np.concatenate(per_group) if per_group else np.zeros(0)
@@ -70,6 +71,8 @@ def compute_advantages(groups: Sequence[Sequence[float]], *, group_std_norm: boo
         flat = whiten(flat, eps)
     if clip is not None:
         flat = np.clip(flat, -clip, clip)
+    if negative_scale != 1.0:
+        flat = np.where(flat < 0, negative_scale * flat, flat)
     return np.split(flat, np.cumsum(sizes)[:-1]) if per_group else []
 
 

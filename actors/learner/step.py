@@ -5,7 +5,7 @@ calls the ranks, kept here so it is tested without Ray:
 
 - ``step_advantages(groups, loss)``: equations (1)-(3) of ``actors.learner.grpo`` over the whole
   step (so batch whitening sees every trajectory), with the switches of ``loss`` (``GRPOConfig``:
-  ``group_std_norm``, ``whiten``, ``adv_clip`` = c, ``eps``); one list of advantages per group, in
+  ``group_std_norm``, ``whiten``, ``adv_clip`` = c, ``eps``, ``negative_scale``); one list of advantages per group, in
   the groups' trajectory order;
 - ``step_shards(groups, cfg)``: the step's trajectories with their advantages dealt to
   ``cfg.ranks`` ranks by ``batching.shard`` (equal row counts, multiples of
@@ -28,7 +28,8 @@ from envs.trajectory import Group
 def step_advantages(groups: Sequence[Group], loss: GRPOConfig) -> list[list[float]]:
     """Advantages of every trajectory of the step, grouped as ``groups`` are."""
     adv = grpo.compute_advantages([g.rewards for g in groups], group_std_norm=loss.group_std_norm,
-                                  whiten_batch=loss.whiten, clip=loss.adv_clip, eps=loss.eps)
+                                  whiten_batch=loss.whiten, clip=loss.adv_clip, eps=loss.eps,
+                                  negative_scale=loss.negative_scale)
     return [a.tolist() for a in adv]
 
 

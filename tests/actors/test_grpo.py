@@ -42,6 +42,22 @@ def test_whitening_then_clip_to_point_two():
     assert [a.tolist() for a in clipped] == [[0.2, -0.2], [0.0, 0.0, 0.0]]
 
 
+def test_negative_scale_shrinks_only_negative_advantages_after_the_clip():
+    out = grpo.compute_advantages([[3, 1], [2, 2, 2]], group_std_norm=False, clip=0.2,
+                                  negative_scale=0.25)
+    assert [a.tolist() for a in out] == [[0.2, -0.05], [0.0, 0.0, 0.0]]
+    from types import SimpleNamespace
+
+    from actors.learner.step import step_advantages
+    groups = [SimpleNamespace(rewards=[1.0, 0.0, 0.0, 0.0])]     # step_advantages reads .rewards
+    plain = step_advantages(groups, GRPOConfig())
+    scaled = step_advantages(groups, GRPOConfig(negative_scale=0.5))
+    assert scaled[0][0] == plain[0][0] > 0
+    assert scaled[0][1:] == [0.5 * a for a in plain[0][1:]] and plain[0][1] < 0
+    with pytest.raises(ValidationError):
+        GRPOConfig(negative_scale=0.0)
+
+
 def test_whitening_across_groups():
     # centred [.5,-.5] and [-.5,-.5,.5,.5]: sample std sqrt(6 * .25 / 5) = 0.547723 -> +-0.912871
     out = grpo.compute_advantages([[1, 0], [0, 0, 1, 1]], group_std_norm=False, clip=1.0, eps=0.0)
