@@ -74,7 +74,7 @@ from launch.metrics import MetricsLogger, step_metrics
 from launch.roles_contract import RolesContract
 from launch.tracker import TicketTracker, failure
 
-POLL_S = 0.25   # the collect slice while a learner step is pending: how late its end is noticed
+POLL_S = 0.1    # the collect slice while a learner step is pending: how late its end is noticed
 
 
 @dataclass
@@ -167,10 +167,10 @@ class Controller:
             while self.step < self.total_steps:
                 self._apply_control()
                 self._collect(timeout=0.0)   # absorb what is back before selecting more
+                self._start_step_if_ready()  # a full batch never waits on the admission below
                 self._admit()
                 self._collect(timeout=POLL_S if self.learning else 1.0)
-                if self.learning is None and self.adm.buffered >= self.adm.batch:
-                    self._start_step()
+                self._start_step_if_ready()
                 record = self._finish_step() if self.learning else None
                 if record is None:   # no step ended in this iteration
                     continue
@@ -298,6 +298,15 @@ class Controller:
         self.occupancy.update(len(self.tickets.inflight))
 
     # ---- (3) learning ------------------------------------------------------------------------
+    def _batch_ready(self) -> bool:
+        return self.learning is None and self.adm.buffered >= self.adm.batch
+
+    def _start_step_if_ready(self) -> None:
+        """Start the next learner step as soon as none is pending and B groups are buffered (not
+        after the loop's blocking collect: that cost up to a second of learner idle per step)."""
+        if self._batch_ready():
+            self._start_step()
+
     def _start_step(self) -> None:
         """Hand the oldest B buffered groups to the learner; returns at once."""
         batch = [self.buffer.popleft() for _ in range(self.adm.batch)]

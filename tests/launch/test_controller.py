@@ -354,6 +354,49 @@ def test_groups_are_collected_absorbed_and_admitted_while_the_learner_trains(
     assert set(roles.absorbed.values()) == {1} and ctl.learning is None
 
 
+class RecordingRoles(SlowLearnerRoles):
+    """SlowLearnerRoles that log the controller's waits, learner step ends (with the groups then
+    buffered) and learner step starts, in order."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.log, self.ctl = [], None
+
+    def wait(self, handles, timeout):
+        self.log.append(("wait", timeout))
+        return super().wait(handles, timeout)
+
+    def train(self, groups):
+        self.log.append(("train", None))
+        return super().train(groups)
+
+    def train_result(self, handle, timeout):
+        out = super().train_result(handle, timeout)
+        if out is not None:
+            self.log.append(("done", self.ctl.adm.buffered))
+        return out
+
+
+def test_a_full_batch_starts_the_next_learner_step_without_a_blocking_wait(small_pool, tmp_path):
+    """When a learner step ends with B groups already buffered, the next one starts before the
+    loop blocks on rollouts (a blocking collect there cost up to 1 s of learner idle per step)."""
+    cfg = _cfg(small_pool, controller__max_staleness=2, run__steps=6)
+    roles = RecordingRoles(cfg, small_pool, tmp_path)
+    ctl = Controller(cfg, roles, tmp_path)
+    roles.ctl = ctl
+    assert ctl.run()["steps"] == 6
+    ready_ends = [i for i, (kind, buffered) in enumerate(roles.log)
+                  if kind == "done" and buffered >= cfg.run.batch_size]
+    assert ready_ends, "no step ended with a full batch buffered: the test shows nothing"
+    for i in ready_ends:
+        after = roles.log[i + 1:]
+        starts = [j for j, (kind, _) in enumerate(after) if kind == "train"]
+        if not starts:      # the last step
+            continue
+        blocking = [e for e in after[:starts[0]] if e[0] == "wait" and e[1] > 0]
+        assert blocking == [], f"learner step start waited on rollouts: {blocking}"
+
+
 def test_rollout_idle_share_is_worker_time_without_a_group(monkeypatch):
     """Hand-worked: 2 workers, 4 slots; 0 groups for 1 s, 1 group for 2 s, 3 groups for 1 s:
     idle = (1 * 1 + 2 * 0.5 + 1 * 0) / 4 = 0.5; occupancy = (0 + 2 * 0.25 + 0.75) / 4."""
