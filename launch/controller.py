@@ -7,9 +7,10 @@ with its id and a fixed episode seed); (2) wait for any group to finish; an acce
 to the FIFO buffer and to the scheduler actor (``absorb``); a failed one (actor died, timeout,
 every trajectory an env error) gives its slot back and is re-issued with the same ticket id and
 seed, up to ``controller.retries`` times, then dropped and logged (``launch/tracker.py``, one
-retry path for training and evaluation tickets); (3) when B groups are buffered, the learner
-trains on the oldest B while rollout workers keep generating the groups already admitted; the new
-weights are published with version v+1.
+retry path for training and evaluation tickets); (3) when B groups are buffered and no step is
+pending, the learner trains on the oldest B at once (checked before the loop blocks collecting)
+while rollout workers keep generating the groups already admitted; the new weights are published
+with version v+1.
 
 The learner step is a future (``roles.train`` returns a handle at once): while it trains, the loop
 keeps admitting, collecting and absorbing, so groups that finish meanwhile are credited to the
