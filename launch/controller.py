@@ -29,7 +29,8 @@ step is asked for. ``selection_unseen_groups`` records, per trained group, how m
 were not yet absorbed when its step was selected (history the selection could not see).
 ``rollout_idle_share`` is the share of wall time rollout workers had no group in flight (from the
 in-flight count over time, with the least-busy placement of ``Roles.submit``), next to
-``learner_idle_share``.
+``learner_idle_share``: 1 - learner time / the step's wall time less any evaluation run in it
+(an evaluation is waiting by design, not the learner starved of groups).
 
 Bounded staleness is by admission control (``launch/admission.py``), never by discarding groups.
 ``roles`` is anything that implements ``launch/roles_contract.py:RolesContract``; on Ray,
@@ -179,7 +180,9 @@ class Controller:
                     record.update({k: v for k, v in self._evaluate().items() if k != "step"})
                 now = time.perf_counter()
                 record["time_step_s"] = now - t_last
-                record["learner_idle_share"] = 1.0 - record["time_learner_s"] / (now - t_last)
+                # the evaluation's time is not the learner waiting on rollouts: left out
+                window = max(now - t_last - record.get("eval_seconds", 0.0), 1e-9)
+                record["learner_idle_share"] = max(0.0, 1.0 - record["time_learner_s"] / window)
                 record.update(self.occupancy.take())
                 t_last = now
                 log.log(self.step, record)
