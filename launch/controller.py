@@ -89,6 +89,13 @@ class _LearnerStep:
     t0: float
 
 
+def learner_idle_share(learner_s: float, step_s: float, eval_s: float = 0.0) -> float:
+    """1 - learner time / (the step's wall time less an evaluation run in it): the evaluation is
+    waiting by design, not the learner starved of groups."""
+    window = max(step_s - eval_s, 1e-9)
+    return max(0.0, 1.0 - learner_s / window)
+
+
 class Occupancy:
     """Rollout-worker occupancy over wall time, from the number of groups in flight.
 
@@ -180,9 +187,8 @@ class Controller:
                     record.update({k: v for k, v in self._evaluate().items() if k != "step"})
                 now = time.perf_counter()
                 record["time_step_s"] = now - t_last
-                # the evaluation's time is not the learner waiting on rollouts: left out
-                window = max(now - t_last - record.get("eval_seconds", 0.0), 1e-9)
-                record["learner_idle_share"] = max(0.0, 1.0 - record["time_learner_s"] / window)
+                record["learner_idle_share"] = learner_idle_share(
+                    record["time_learner_s"], now - t_last, record.get("eval_seconds", 0.0))
                 record.update(self.occupancy.take())
                 t_last = now
                 log.log(self.step, record)
@@ -302,13 +308,10 @@ class Controller:
         self.occupancy.update(len(self.tickets.inflight))
 
     # ---- (3) learning ------------------------------------------------------------------------
-    def _batch_ready(self) -> bool:
-        return self.learning is None and self.adm.buffered >= self.adm.batch
-
     def _start_step_if_ready(self) -> None:
         """Start the next learner step as soon as none is pending and B groups are buffered (not
         after the loop's blocking collect: that cost up to a second of learner idle per step)."""
-        if self._batch_ready():
+        if self.learning is None and self.adm.buffered >= self.adm.batch:
             self._start_step()
 
     def _start_step(self) -> None:

@@ -53,12 +53,16 @@ class BatchPenalty:
         self._csr = (np.ascontiguousarray(X.indptr), np.ascontiguousarray(X.indices),
                      np.ascontiguousarray(X.data))
         self._widest = max(int(np.diff(X.indptr).max()) if X.shape[0] else 0, 1)
-        # a row's products with every member, and the pairwise partial sums: float32 whatever
-        # X's dtype, as the numpy version multiplied in place into float32 member rows
+        self._scratch(capacity)
+        self._every = np.ones(graph.n, dtype=bool)      # the mask of "no mask"
+
+    def _scratch(self, capacity: int) -> None:
+        """The kernel's work space for up to ``capacity`` members: a row's products with every
+        member, the pairwise accumulators and partial sums; float32 whatever X's dtype, as the
+        numpy version multiplied in place into float32 member rows."""
         self._buf = np.zeros(self._widest * capacity, dtype=np.float32)
         self._acc = np.zeros((8, capacity), dtype=np.float32)
         self._vals = np.zeros((64, capacity), dtype=np.float32)
-        self._every = np.ones(graph.n, dtype=bool)      # the mask of "no mask"
 
     def reset(self) -> None:
         """Empty the batch for the next one, keeping the buffer: only the rows the members
@@ -81,9 +85,7 @@ class BatchPenalty:
         k = len(self.batch)
         if k == self.dense.shape[1]:
             self.dense = np.hstack([self.dense, np.zeros_like(self.dense)])
-            self._buf = np.zeros(self._widest * self.dense.shape[1], dtype=np.float32)
-            self._acc = np.zeros((8, self.dense.shape[1]), dtype=np.float32)
-            self._vals = np.zeros((64, self.dense.shape[1]), dtype=np.float32)
+            self._scratch(self.dense.shape[1])
         self._used = kernel.add_member(self.dense, self.slot, self._used, k, int(j), *self._csr)
         self.batch.append(j)
 

@@ -40,8 +40,10 @@ BLOCK = 16        # members per evaluation block of the argmax walk: 16 float32 
 @njit(cache=True, nogil=True)
 def _block_rows(a, s, n, w, acc, out):
     """``out[j]`` = numpy's pairwise sum of a[s + j], a[s + w + j], ... (n elements, 1 <= n <=
-    128, no split) for every j < w at once: the same additions as ``_block`` per j, in lockstep
-    across j (contiguous, so the loop over j vectorises). ``acc``: (8, >= w) scratch."""
+    128, no split) for every j < w at once: per j, numpy's additions (fewer than 8: in order;
+    else 8 interleaved accumulators combined as ((0+1)+(2+3))+((4+5)+(6+7)), then the
+    remainder in order), in lockstep across j (contiguous, so the loop over j vectorises).
+    ``acc``: (8, >= w) scratch."""
     if n < 8:
         for j in range(w):
             out[j] = a[s + j]
@@ -75,8 +77,9 @@ def _block_rows(a, s, n, w, acc, out):
 @njit(cache=True, nogil=True)
 def _pairwise_rows(a, s, n, w, acc, vals):
     """``vals[0, j]`` = numpy's pairwise sum of a[s + j], a[s + w + j], ... (n >= 1 elements) for
-    every j < w: ``_pairwise``'s splits, the same for every j, run in lockstep. ``vals``:
-    (>= 64, >= w) partial sums."""
+    every j < w: numpy's splits (blocks of <= 128; a longer run split at n // 2 rounded down to
+    a multiple of 8, left + right), the same for every j, run in lockstep on an explicit stack
+    (numba's cache cannot hold recursive functions). ``vals``: (>= 64, >= w) partial sums."""
     if n <= 128:
         _block_rows(a, s, n, w, acc, vals[0])
         return

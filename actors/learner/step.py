@@ -3,10 +3,10 @@
 The logic ``LearnerGroup`` (the Ray handle in ``learner_actor.py``) runs on the driver before it
 calls the ranks, kept here so it is tested without Ray:
 
-- ``step_advantages(groups, loss)``: equations (1)-(3) of ``actors.learner.grpo`` over the whole
+- ``step_advantages(groups, loss)``: equations (1)-(4) of ``actors.learner.grpo`` over the whole
   step (so batch whitening sees every trajectory), with the switches of ``loss`` (``GRPOConfig``:
-  ``group_std_norm``, ``whiten``, ``adv_clip`` = c, ``eps``, ``negative_scale``); one list of advantages per group, in
-  the groups' trajectory order;
+  ``group_std_norm``, ``whiten``, ``adv_clip`` = c, ``eps``, ``negative_scale``); one list of
+  advantages per group, in the groups' trajectory order;
 - ``step_shards(groups, cfg)``: the step's trajectories with their advantages dealt to
   ``cfg.ranks`` ranks by ``batching.shard`` (equal row counts, multiples of
   ``cfg.micro_batch_size``), one ``PackedBatch`` per rank.

@@ -397,6 +397,16 @@ def test_a_full_batch_starts_the_next_learner_step_without_a_blocking_wait(small
         assert blocking == [], f"learner step start waited on rollouts: {blocking}"
 
 
+def test_learner_idle_share_leaves_the_evaluation_out():
+    """Hand-worked: a 10 s step with a 4 s evaluation and a 5 s learner step: the learner waited
+    1 s of the 6 s that were not the evaluation."""
+    from launch.controller import learner_idle_share
+
+    assert learner_idle_share(5.0, 10.0, 4.0) == pytest.approx(1 / 6)
+    assert learner_idle_share(5.0, 10.0) == pytest.approx(0.5)      # no evaluation in the step
+    assert learner_idle_share(6.0, 6.0) == 0.0
+
+
 def test_rollout_idle_share_is_worker_time_without_a_group(monkeypatch):
     """Hand-worked: 2 workers, 4 slots; 0 groups for 1 s, 1 group for 2 s, 3 groups for 1 s:
     idle = (1 * 1 + 2 * 0.5 + 1 * 0) / 4 = 0.5; occupancy = (0 + 2 * 0.25 + 0.75) / 4."""
