@@ -6,7 +6,9 @@ model-generated tokens. Each loss ingredient is a switch in ``GRPOConfig`` (see 
 
 Decisions where the paper is silent: no KL term by default (``kl_coef = 0``); the cosine decays to
 ``min_lr_ratio * lr`` (0 by default) at ``total_steps``; gradient clipping at norm 1.0; the token-mean
-loss is taken over every model token of the whole step (all ranks), not per sequence.
+loss is taken over every model token of the whole step (all ranks), not per sequence; one optimiser
+step per learner step (``mini_batches = 1``: the paper's "single-epoch steps" is one pass over the
+batch and does not say into how many updates it is split).
 
 May import: pydantic and the standard library (no torch, so configs load anywhere).
 """
@@ -72,6 +74,11 @@ class LearnerConfig(BaseModel):
     weight_decay: float = Field(0.0, ge=0)
     grad_clip: float = Field(1.0, ge=0)
     micro_batch_size: int = Field(4, ge=1)
+    mini_batches: int = Field(1, ge=1, description=(
+        "optimiser steps per learner step: the step's micro-batches, in order, split into this "
+        "many consecutive runs, each its own token-mean loss and optimiser step (verl's "
+        "ppo_mini_batch_size, as a count; still one pass over the data); 1 = one step on the "
+        "whole batch"))
     gradient_checkpointing: bool = False
     prefix_sharing: bool = Field(True, description=(
         "run the prompt that a micro-batch's samples share once, not once per sample "

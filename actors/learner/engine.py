@@ -5,14 +5,18 @@ WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT. On CPU it runs DeepSpeed's 
 gloo in fp32; on GPUs NCCL in bf16 (``LearnerConfig.dtype``). The optimiser is ``torch.optim.Adam``
 (not DeepSpeed's cpu_adam, which would need a JIT build), wrapped by ZeRO of the configured stage.
 
-One ``train_step`` is one optimiser step over this rank's shard: micro-batches of
-``micro_batch_size`` accumulate gradients (the accumulation boundary is set by hand, so the number of
-micro-batches may change from step to step as long as it is equal on every rank, which
-``batching.shard`` guarantees). The token-mean normaliser is the step's model-token count over all
-ranks (all-reduced), multiplied by the world size because DeepSpeed averages gradients over ranks;
-the result is exactly the loss of the whole step.
+One ``train_step`` is one pass over this rank's shard in ``mini_batches`` optimiser steps
+(``mini_batch_runs``; 1 by default): micro-batches of ``micro_batch_size`` accumulate gradients
+within a run (the accumulation boundary is set by hand, so the number of micro-batches may change
+from step to step as long as it is equal on every rank, which ``batching.shard`` guarantees). The
+token-mean normaliser is the run's model-token count over all ranks (all-reduced), multiplied by
+the world size because DeepSpeed averages gradients over ranks; with one run the result is exactly
+the loss of the whole step. The ratio's "old" log-probs are those of the step's start for every
+run (PPO's mini-batch epochs), so the clip bounds how far the later runs move.
 
-Learning rate (paper Section 3.1: cosine, 10 warm-up steps), with s the optimiser steps taken:
+Learning rate (paper Section 3.1: cosine, 10 warm-up steps), with s the learner steps taken (set
+on the optimiser at the start of each step, so every optimiser step of a learner step uses it, and
+a resumed run recomputes it from the step counter):
     f(s) = (s + 1) / W                                    for s < W
     f(s) = m + (1 - m) * (1 + cos(pi * (s - W) / (T - W))) / 2   after; m = min_lr_ratio, T = total.
 
@@ -42,6 +46,20 @@ def lr_factor(step: int, warmup: int, total: int, min_ratio: float = 0.0) -> flo
         return (step + 1) / warmup
     progress = min(1.0, (step - warmup) / max(1, total - warmup))
     return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def mini_batch_runs(n_micro: int, mini_batches: int) -> list[range]:
+    """The step's ``n_micro`` micro-batches (indices) as ``min(mini_batches, n_micro)``
+    consecutive runs, one optimiser step each; sizes differ by at most one, larger runs first.
+    Every rank has the same ``n_micro`` (``batching.shard``), so every rank steps together."""
+    runs = max(1, min(mini_batches, n_micro))
+    base, extra = divmod(n_micro, runs)
+    out, start = [], 0
+    for i in range(runs):
+        stop = start + base + (1 if i < extra else 0)
+        out.append(range(start, stop))
+        start = stop
+    return out
 
 
 def deepspeed_config(cfg: LearnerConfig, bf16: bool) -> dict:
@@ -83,12 +101,10 @@ class LearnerEngine:
         model = AutoModelForCausalLM.from_pretrained(cfg.model_path, dtype=dtype)
         if cfg.gradient_checkpointing:
             model.gradient_checkpointing_enable()
-        opt = torch.optim.Adam(model.parameters(), lr=cfg.lr, betas=cfg.betas, eps=cfg.adam_eps,
-                               weight_decay=cfg.weight_decay)
-        sched = torch.optim.lr_scheduler.LambdaLR(
-            opt, lambda s: lr_factor(s, cfg.warmup_steps, cfg.total_steps, cfg.min_lr_ratio))
-        self.engine, _, _, self.scheduler = deepspeed.initialize(
-            model=model, optimizer=opt, lr_scheduler=sched,
+        self.optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr, betas=cfg.betas,
+                                          eps=cfg.adam_eps, weight_decay=cfg.weight_decay)
+        self.engine, _, _, _ = deepspeed.initialize(
+            model=model, optimizer=self.optimizer,
             config=deepspeed_config(cfg, dtype == torch.bfloat16))
         self.ref = None
         if cfg.loss.kl_coef > 0:
@@ -136,57 +152,78 @@ class LearnerEngine:
         torch.distributed.all_reduce(t)
         return float(t.item())
 
+    def current_lr(self) -> float:
+        """The rate of the learner step about to run (the schedule in the module docstring)."""
+        c = self.cfg
+        return c.lr * lr_factor(self.step, c.warmup_steps, c.total_steps, c.min_lr_ratio)
+
+    def _token_count(self, mask) -> float:
+        """Loss-normaliser count of ``mask``'s rows over all ranks (model tokens for token_mean,
+        trajectories with a model token for seq_mean), over the world size (DeepSpeed averages
+        gradients over ranks)."""
+        local = mask.sum().item() if self.cfg.loss.loss_agg == "token_mean" \
+            else (mask.sum(-1) > 0).sum().item()
+        return max(self._all_reduce_sum(float(local)), 1.0) / self.world
+
     def train_step(self, batch: PackedBatch) -> dict[str, float]:
-        """One optimiser step over this rank's shard; returns step metrics identical on all ranks
-        except ``rank``, ``local_*`` and ``time_s``."""
+        """One pass over this rank's shard in ``mini_batches`` optimiser steps; returns step
+        metrics identical on all ranks except ``rank``, ``local_*`` and ``time_s``."""
         t0 = time.perf_counter()
         lc = self.cfg.loss
-        count = batch.loss_mask.sum().item() if lc.loss_agg == "token_mean" \
-            else (batch.loss_mask.sum(-1) > 0).sum().item()
-        normaliser = max(self._all_reduce_sum(float(count)), 1.0) / self.world
         old = self.logprobs(batch, scored_only=True) if lc.old_logprobs == "recompute" \
             else batch.rollout_logprobs
         ref = self.logprobs(batch, reference=True, scored_only=True) if self.ref is not None \
             else None
+        lr = self.current_lr()
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
         self.engine.train()
         micro = self.cfg.micro_batch_size
         totals = {"loss": 0.0, "tokens": 0.0, "clip_frac_sum": 0.0, "ratio_sum": 0.0, "kl_sum": 0.0}
-        n_micro = -(-len(batch) // micro)
-        for k in range(n_micro):
-            rows = slice(k * micro, (k + 1) * micro)
-            mb = batch.slice(rows.start, rows.stop).to(self.device)
-            width = mb.loss_mask.shape[1]
-            self.engine.set_gradient_accumulation_boundary(k == n_micro - 1)
-            logp = self._scored_forward(self.engine, mb)
-            loss, st = grpo.policy_loss(
-                logp, old[rows, :width].to(self.device), mb.advantages, mb.loss_mask,
-                ratio_clip=lc.ratio_clip,
-                behav_logp=mb.rollout_logprobs if lc.importance_correction else None,
-                importance_cap=lc.importance_cap,
-                ref_logp=None if ref is None else ref[rows, :width].to(self.device),
-                kl_coef=lc.kl_coef, agg=lc.loss_agg, normaliser=normaliser)
-            self.engine.backward(loss, scale_wrt_gas=False)
-            totals["loss"] += float(loss.detach())
-            for key, v in st.items():
-                totals[key] += v
-        totals["lr"] = float(self.scheduler.get_last_lr()[0])  # the rate this step used
-        self.engine.step()
+        grad_norms = []
+        for run in mini_batch_runs(-(-len(batch) // micro), self.cfg.mini_batches):
+            normaliser = self._token_count(
+                batch.loss_mask[run.start * micro:run.stop * micro])
+            for k in run:
+                rows = slice(k * micro, (k + 1) * micro)
+                mb = batch.slice(rows.start, rows.stop).to(self.device)
+                width = mb.loss_mask.shape[1]
+                self.engine.set_gradient_accumulation_boundary(k == run.stop - 1)
+                logp = self._scored_forward(self.engine, mb)
+                loss, st = grpo.policy_loss(
+                    logp, old[rows, :width].to(self.device), mb.advantages, mb.loss_mask,
+                    ratio_clip=lc.ratio_clip,
+                    behav_logp=mb.rollout_logprobs if lc.importance_correction else None,
+                    importance_cap=lc.importance_cap,
+                    ref_logp=None if ref is None else ref[rows, :width].to(self.device),
+                    kl_coef=lc.kl_coef, agg=lc.loss_agg, normaliser=normaliser)
+                self.engine.backward(loss, scale_wrt_gas=False)
+                totals["loss"] += float(loss.detach())
+                for key, v in st.items():
+                    totals[key] += v
+            self.engine.step()
+            grad_norms.append(self.engine.get_global_grad_norm())
         self.step += 1
-        return self._step_metrics(totals, t0)
+        totals["lr"] = lr
+        return self._step_metrics(totals, grad_norms, t0)
 
-    def _step_metrics(self, totals: dict[str, float], t0: float) -> dict[str, float]:
+    def _step_metrics(self, totals: dict[str, float], grad_norms: list,
+                      t0: float) -> dict[str, float]:
+        """``loss`` is the sum of the runs' losses (the step's loss with one run); ``grad_norm``
+        the mean over the runs of each optimiser step's norm before clipping."""
         lr = totals.pop("lr")
         g = {k: self._all_reduce_sum(v) for k, v in totals.items()}
         tokens = max(g["tokens"], 1.0)
-        grad_norm = self.engine.get_global_grad_norm()
+        norms = [float(n) for n in grad_norms if n is not None]
         return {
             "step": self.step,
+            "optimizer_steps": float(len(grad_norms)),
             "loss": g["loss"] / self.world,
             "tokens": g["tokens"],
             "clip_frac": g["clip_frac_sum"] / tokens,
             "ratio_mean": g["ratio_sum"] / tokens,
             "kl": g["kl_sum"] / tokens,
-            "grad_norm": float(grad_norm) if grad_norm is not None else float("nan"),
+            "grad_norm": sum(norms) / len(norms) if norms else float("nan"),
             "lr": lr,
             "rank": self.rank,
             "local_tokens": totals["tokens"],
