@@ -83,10 +83,6 @@ class LearnerConfig(BaseModel):
     prefix_sharing: bool = Field(True, description=(
         "run the prompt that a micro-batch's samples share once, not once per sample "
         "(actors/learner/prefix.py); the plain path runs under gradient checkpointing"))
-    reference_cache_mb: float = Field(256.0, ge=0, description=(
-        "with a KL term and prefix_sharing: the frozen reference model's prompt keys/values kept "
-        "across steps, least recently used dropped beyond this many MiB (a task's prompt is the "
-        "same whenever it is scheduled, so its reference forward runs once); 0 = off"))
     seed: int = 0
     master_port: Optional[int] = Field(None, ge=1024, le=65535)
     num_cpus_per_rank: float = Field(0.5, gt=0)

@@ -35,7 +35,7 @@ from typing import Iterator, Optional
 
 from actors.learner import grpo
 from actors.learner.batching import PackedBatch, scored_logprobs
-from actors.learner.prefix import PrefixCache, prefix_shared_logprobs
+from actors.learner.prefix import prefix_shared_logprobs
 from actors.learner.config import LearnerConfig
 from actors.learner.export import record_source, save_hf
 
@@ -107,12 +107,9 @@ class LearnerEngine:
             model=model, optimizer=self.optimizer,
             config=deepspeed_config(cfg, dtype == torch.bfloat16))
         self.ref = None
-        self.ref_cache = None
         if cfg.loss.kl_coef > 0:
             self.ref = AutoModelForCausalLM.from_pretrained(cfg.model_path, dtype=dtype)
             self.ref.to(self.device).eval().requires_grad_(False)
-            if cfg.prefix_sharing and cfg.reference_cache_mb > 0:
-                self.ref_cache = PrefixCache(int(cfg.reference_cache_mb * 2 ** 20))
         self.step = 0
 
     # -- log-probs ---------------------------------------------------------------------------
@@ -121,14 +118,11 @@ class LearnerEngine:
         out = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False)
         return grpo.token_logprobs(out.logits, mb.input_ids)
 
-    def _scored_forward(self, model, mb: PackedBatch, prefix_cache: Optional[PrefixCache] = None):
+    def _scored_forward(self, model, mb: PackedBatch):
         """Log-probs at the positions the loss reads (0 elsewhere): the training forward, which
-        runs a group's shared prompt once when ``prefix_sharing`` is on (prefix.py), and for the
-        frozen reference not at all once its keys/values are in ``prefix_cache``."""
-        if not self.cfg.prefix_sharing:
-            return scored_logprobs(model, mb.input_ids, mb.attention_mask, mb.loss_mask)
-        return prefix_shared_logprobs(model, mb.input_ids, mb.attention_mask, mb.loss_mask,
-                                      prefix_cache=prefix_cache)
+        runs a group's shared prompt once when ``prefix_sharing`` is on (prefix.py)."""
+        forward = prefix_shared_logprobs if self.cfg.prefix_sharing else scored_logprobs
+        return forward(model, mb.input_ids, mb.attention_mask, mb.loss_mask)
 
     def logprobs(self, batch: PackedBatch, reference: bool = False, scored_only: bool = False):
         """[B, L-1] log-probs of every next token under the current (or reference) weights.
@@ -138,15 +132,13 @@ class LearnerEngine:
         import torch
 
         model = self.ref if reference else self.engine.module
+        forward = self._scored_forward if scored_only else self._forward_logprobs
         was_training = model.training
         model.eval()
         rows = []
         with torch.no_grad():
             for mb in batch.micro_batches(self.cfg.micro_batch_size):
-                mb = mb.to(self.device)
-                lp = self._scored_forward(model, mb, self.ref_cache if reference else None) \
-                    if scored_only else self._forward_logprobs(model, mb)
-                lp = lp.float().cpu()
+                lp = forward(model, mb.to(self.device)).float().cpu()
                 rows.append(torch.nn.functional.pad(lp, (0, batch.loss_mask.shape[1] - lp.shape[1])))
         model.train(was_training)
         return torch.cat(rows)
@@ -231,8 +223,6 @@ class LearnerEngine:
             "clip_frac": g["clip_frac_sum"] / tokens,
             "ratio_mean": g["ratio_sum"] / tokens,
             "kl": g["kl_sum"] / tokens,
-            "reference_cache_hits": float(self.ref_cache.hits if self.ref_cache else 0),
-            "reference_cache_misses": float(self.ref_cache.misses if self.ref_cache else 0),
             "grad_norm": sum(norms) / len(norms) if norms else float("nan"),
             "lr": lr,
             "rank": self.rank,

@@ -22,20 +22,14 @@ Choices (the issue is silent):
   whose forward takes no ``cache`` (``supports_prefix_sharing``): the plain path runs instead.
 - Rows are made adjacent by ``batching.shard``, which deals a group's trajectories to one rank
   together where the equal-rows rule allows.
-- A frozen model (the KL reference) may keep its prefixes' keys/values across calls in a
-  ``PrefixCache``: its weights never change, and a task's prompt is the same every time the task
-  is scheduled, so the prompt's forward runs once per task for the whole run. Never for weights
-  that train (the cache holds no graph, and the values would go stale after a step).
 
 May import: torch, transformers, actors.learner.batching, the standard library.
 """
 
 from __future__ import annotations
 
-import hashlib
 import inspect
-from collections import OrderedDict
-from typing import Any, Optional
+from typing import Any
 
 import torch
 
@@ -96,75 +90,18 @@ def supports_prefix_sharing(model: Any) -> bool:
     return True
 
 
-class PrefixCache:
-    """Keys/values of prefixes run through one frozen model, least recently used dropped once
-    they hold more than ``max_bytes``; keyed by the prefix's token ids. ``hits``/``misses``
-    count lookups."""
-
-    def __init__(self, max_bytes: int):
-        self.max_bytes = int(max_bytes)
-        self.entries: "OrderedDict[bytes, list[tuple[torch.Tensor, torch.Tensor]]]" = OrderedDict()
-        self.bytes = 0
-        self.hits = 0
-        self.misses = 0
-
-    @staticmethod
-    def key(prefix_ids: torch.Tensor) -> bytes:
-        return hashlib.sha256(prefix_ids.detach().cpu().numpy().tobytes()).digest()
-
-    @staticmethod
-    def _size(layers: list[tuple[torch.Tensor, torch.Tensor]]) -> int:
-        return sum(t.numel() * t.element_size() for kv in layers for t in kv)
-
-    def get(self, key: bytes) -> Optional[list[tuple[torch.Tensor, torch.Tensor]]]:
-        layers = self.entries.get(key)
-        if layers is None:
-            self.misses += 1
-            return None
-        self.hits += 1
-        self.entries.move_to_end(key)
-        return layers
-
-    def put(self, key: bytes, layers: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
-        size = self._size(layers)
-        if size > self.max_bytes or key in self.entries:
-            return
-        self.entries[key] = layers
-        self.bytes += size
-        while self.bytes > self.max_bytes:
-            _, old = self.entries.popitem(last=False)
-            self.bytes -= self._size(old)
-
-
-def _prefix_layers(model, ids: torch.Tensor, attn: torch.Tensor, p: int,
-                   prefix_cache: Optional[PrefixCache]) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Keys/values of row 0's first ``p`` tokens, one (keys, values) pair per layer."""
-    from transformers.cache_utils import DynamicCache
-
-    key = PrefixCache.key(ids[0, :p]) if prefix_cache is not None else None
-    if key is not None:
-        layers = prefix_cache.get(key)
-        if layers is not None:
-            return layers
-    config = getattr(model, "module", model).config
-    prefix = DynamicCache(config=config)
-    model(input_ids=ids[:1, :p], attention_mask=attn[:1, :p], cache=prefix, use_cache=True,
-          logits_to_keep=1)
-    layers = [(layer.keys, layer.values) for layer in prefix.layers]
-    if key is not None:
-        prefix_cache.put(key, layers)
-    return layers
-
-
 def _shared(model, ids: torch.Tensor, attn: torch.Tensor, lmask: torch.Tensor,
-            p: int, prefix_cache: Optional[PrefixCache] = None) -> torch.Tensor:
+            p: int) -> torch.Tensor:
     from transformers.cache_utils import DynamicCache
 
     rows, width = ids.shape
     config = getattr(model, "module", model).config
-    layers = _prefix_layers(model, ids, attn, p, prefix_cache)
-    cache = DynamicCache([(k.expand(rows, -1, -1, -1), v.expand(rows, -1, -1, -1))
-                          for k, v in layers], config=config)
+    prefix = DynamicCache(config=config)
+    model(input_ids=ids[:1, :p], attention_mask=attn[:1, :p], cache=prefix, use_cache=True,
+          logits_to_keep=1)
+    cache = DynamicCache([(layer.keys.expand(rows, -1, -1, -1),
+                           layer.values.expand(rows, -1, -1, -1)) for layer in prefix.layers],
+                         config=config)
     keep = lmask.any(0).nonzero().squeeze(-1)  # all >= p by construction of segments
     if keep.numel() == 0:
         return lmask.new_zeros(lmask.shape)
@@ -175,11 +112,9 @@ def _shared(model, ids: torch.Tensor, attn: torch.Tensor, lmask: torch.Tensor,
 
 
 def prefix_shared_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                           loss_mask: torch.Tensor, min_prefix: int = MIN_PREFIX,
-                           prefix_cache: Optional[PrefixCache] = None) -> torch.Tensor:
+                           loss_mask: torch.Tensor, min_prefix: int = MIN_PREFIX) -> torch.Tensor:
     """[B, L-1] log-probs equal to ``batching.scored_logprobs`` (scored positions; 0 elsewhere),
-    running each segment's shared prefix once (or not at all when ``prefix_cache``, for a frozen
-    model under ``torch.no_grad``, already holds it)."""
+    running each segment's shared prefix once."""
     if not supports_prefix_sharing(model):
         return scored_logprobs(model, input_ids, attention_mask, loss_mask)
     parts = []
@@ -188,5 +123,5 @@ def prefix_shared_logprobs(model, input_ids: torch.Tensor, attention_mask: torch
         if p == 0:
             parts.append(scored_logprobs(model, ids, attn, lmask))
         else:
-            parts.append(_shared(model, ids, attn, lmask, p, prefix_cache))
+            parts.append(_shared(model, ids, attn, lmask, p))
     return torch.cat(parts) if len(parts) > 1 else parts[0]

@@ -8,7 +8,7 @@ import random
 import torch
 
 from actors.learner.batching import pack, scored_logprobs, shard
-from actors.learner.prefix import PrefixCache, prefix_shared_logprobs, segments
+from actors.learner.prefix import prefix_shared_logprobs, segments
 from actors.policy import build_tiny_policy, load_policy
 from envs.trajectory import Trajectory
 
@@ -95,29 +95,3 @@ def test_a_forward_without_a_cache_argument_takes_the_plain_path():
 
     model, _ = load_policy(build_tiny_policy())
     assert supports_prefix_sharing(model) and not supports_prefix_sharing(Old())
-
-
-def test_a_frozen_models_prefix_cache_reuses_prompts_and_changes_no_logprob():
-    model, _ = load_policy(build_tiny_policy())
-    model.eval().requires_grad_(False)
-    rng = random.Random(4)
-    vocab = model.config.vocab_size
-    a, b = group(rng, vocab, 40, 3, "a"), group(rng, vocab, 50, 3, "b")
-    cache = PrefixCache(max_bytes=1 << 30)
-    with torch.no_grad():
-        for trajs in (a, b, a, b):
-            batch = pack(trajs, [0.0] * len(trajs))
-            args = (batch.input_ids, batch.attention_mask, batch.loss_mask)
-            cached = prefix_shared_logprobs(model, *args, prefix_cache=cache)
-            assert torch.equal(cached, prefix_shared_logprobs(model, *args))
-            assert torch.allclose(cached, scored_logprobs(model, *args), atol=1e-5)
-    assert (cache.hits, cache.misses, len(cache.entries)) == (2, 2, 2)
-    one = max(cache._size(layers) for layers in cache.entries.values())
-    small = PrefixCache(max_bytes=one + 1)             # room for one prefix: LRU eviction
-    with torch.no_grad():
-        for trajs in (a, b, a):
-            batch = pack(trajs, [0.0] * len(trajs))
-            prefix_shared_logprobs(model, batch.input_ids, batch.attention_mask,
-                                   batch.loss_mask, prefix_cache=small)
-    assert (small.hits, small.misses, len(small.entries)) == (0, 3, 1)
-    assert small.bytes <= small.max_bytes

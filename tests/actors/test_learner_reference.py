@@ -68,7 +68,3 @@ def test_reference_and_recomputed_logprobs_match_the_full_path(setup):
     assert expected > 1e-4, "the policy should have moved away from the reference"
     third = learner.train_step(groups)        # reports KL at the weights before its update
     assert third["kl"] == pytest.approx(expected, rel=1e-3)
-    # steps 2 and 3 took the reference's prompt keys/values from its cache (2 groups each)
-    # the reference ran each group's prompt once (2 misses); every later micro-batch of a group
-    # (2 per group per step at micro_batch_size 2) took it from the cache: 2 + 4 + 4 hits
-    assert (third["reference_cache_misses"], third["reference_cache_hits"]) == (2.0, 10.0)
