@@ -40,6 +40,11 @@ class GRPOConfig(BaseModel):
     negative_scale: float = Field(1.0, gt=0, le=1, description=(
         "multiplies negative advantages after the clip (1 = the paper's symmetric GRPO); below 1 "
         "a failed sample is pushed down less than a success is pushed up (docs/demo.md)"))
+    malformed_credit: Literal["trajectory", "no_positive"] = Field("trajectory", description=(
+        "'trajectory' (the paper): every model token gets its trajectory's advantage; "
+        "'no_positive': the tokens of a turn the parser rejected (a broken tool call, "
+        "info['malformed_spans']) never get a positive one, since a turn that did nothing "
+        "earned none of the reward (docs/demo.md)"))
     old_logprobs: Literal["rollout", "recompute"] = "rollout"
     importance_correction: bool = False
     importance_cap: float = Field(2.0, gt=0)

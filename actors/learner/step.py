@@ -9,7 +9,9 @@ calls the ranks, kept here so it is tested without Ray:
   advantages per group, in the groups' trajectory order;
 - ``step_shards(groups, cfg)``: the step's trajectories with their advantages dealt to
   ``cfg.ranks`` ranks by ``batching.shard`` (equal row counts, multiples of
-  ``cfg.micro_batch_size``), one ``PackedBatch`` per rank.
+  ``cfg.micro_batch_size``), one ``PackedBatch`` per rank; with ``loss.malformed_credit:
+  no_positive`` a trajectory with a positive advantage first loses the loss mask of its malformed
+  turns (``uncredited``).
 
 May import: the learner's plain modules (grpo, batching, config), envs.trajectory, the standard
 library. No Ray.
@@ -17,12 +19,13 @@ library. No Ray.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Sequence
 
 from actors.learner import grpo
 from actors.learner.batching import PackedBatch, shard
 from actors.learner.config import GRPOConfig, LearnerConfig
-from envs.trajectory import Group
+from envs.trajectory import Group, Trajectory
 
 
 def step_advantages(groups: Sequence[Group], loss: GRPOConfig) -> list[list[float]]:
@@ -33,8 +36,23 @@ def step_advantages(groups: Sequence[Group], loss: GRPOConfig) -> list[list[floa
     return [a.tolist() for a in adv]
 
 
+def uncredited(traj: Trajectory, advantage: float) -> Trajectory:
+    """``traj`` with its malformed turns (``info['malformed_spans']``) out of the loss mask when
+    ``advantage > 0``: a broken call is never pushed up because a sibling did worse. With a
+    negative advantage it stays in (pushed down, as it should be)."""
+    spans = traj.info.get("malformed_spans") or []
+    if advantage <= 0 or not spans:
+        return traj
+    mask = list(traj.loss_mask)
+    for start, stop in spans:
+        mask[start:stop] = [0] * (stop - start)
+    return replace(traj, loss_mask=mask)
+
+
 def step_shards(groups: Sequence[Group], cfg: LearnerConfig) -> list[PackedBatch]:
     """The step's trajectories and advantages as one padded batch per rank."""
     trajectories = [t for g in groups for t in g.trajectories]
     advantages = [a for per_group in step_advantages(groups, cfg.loss) for a in per_group]
+    if cfg.loss.malformed_credit == "no_positive":
+        trajectories = [uncredited(t, a) for t, a in zip(trajectories, advantages)]
     return shard(trajectories, advantages, cfg.ranks, cfg.micro_batch_size)

@@ -20,7 +20,9 @@ Termination: a plain reply (no tool call) ends the episode with status ``ok``; a
 when ``max_turns`` calls were already made, a sequence that reached ``max_tokens_per_sequence``,
 or a next segment that would not fit, ends it ``truncated`` (the final state is still verified:
 EnvScaler's reward is a property of the state). Malformed turns follow ``config.malformed`` (see
-``actors.rollout.config``) and are counted per kind in ``info["malformed"]``. A sandbox failure
+``actors.rollout.config``) and are counted per kind in ``info["malformed"]``; their token spans
+(``[start, stop)`` into ``token_ids``) are ``info["malformed_spans"]``, so the learner can tell a
+broken call from the turns that earned the reward (``GRPOConfig.malformed_credit``). A sandbox failure
 ends the episode ``env_error`` (``timeout`` when it was a timeout) with reward 0; the caller may
 retry it on a fresh session.
 
@@ -80,6 +82,7 @@ class _Episode:
     loss_mask: list[int] = field(default_factory=list)
     actions: list[ActionStep] = field(default_factory=list)
     malformed: dict[str, int] = field(default_factory=dict)
+    malformed_spans: list[list[int]] = field(default_factory=list)   # [start, stop) token ids
     versions: list[int] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=lambda: {
         "generate_s": 0.0, "env_s": 0.0, "verify_s": 0.0})
@@ -135,7 +138,8 @@ class AgentLoop:
             logprobs=ep.logprobs, loss_mask=ep.loss_mask, prompt_len=prompt_len,
             policy_version=min(ep.versions, default=self.engine.version), seed=seed,
             timings=ep.timings,
-            info={"turns": ep.turns, "malformed": ep.malformed, "policy_versions": ep.versions,
+            info={"turns": ep.turns, "malformed": ep.malformed,
+                  "malformed_spans": ep.malformed_spans, "policy_versions": ep.versions,
                   "generated_tokens": sum(ep.loss_mask),
                   **({"error": ep.error} if ep.error else {})})
 
@@ -191,6 +195,8 @@ class AgentLoop:
         ep.turns += 1
         if parsed.kind == "malformed":
             ep.malformed[parsed.error_kind] = ep.malformed.get(parsed.error_kind, 0) + 1
+            n = len(ep.token_ids)      # the turn's tokens are the last ones appended
+            ep.malformed_spans.append([n - len(gen.token_ids), n])
             if cfg.malformed == "end_zero":
                 ep.status = "malformed"
                 return None

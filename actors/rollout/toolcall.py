@@ -18,7 +18,9 @@ are both accepted.
 Errors are classified (``MALFORMED_KINDS``) so the loop can count them per kind:
 ``invalid_json``, ``unknown_tool``, ``wrong_arguments`` (not an object, a required parameter
 missing, or a parameter the schema does not declare), ``several_calls``, ``no_closing_tag``,
-``runaway_length`` (the turn hit the per-turn token limit; decided by the loop, not the parser).
+``no_opening_tag`` (hermes: a closing tag with no opening one is a broken call, not a final
+reply), ``runaway_length`` (the turn hit the per-turn token limit; decided by the loop, not the
+parser).
 
 May import: the standard library only.
 """
@@ -35,7 +37,7 @@ THINK_RE = re.compile(r"<think>.*?(</think>|$)", re.DOTALL)
 END_MARKERS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|eom_id|>", "<|end_of_text|>",
                "</s>")
 MALFORMED_KINDS = ("invalid_json", "unknown_tool", "wrong_arguments", "several_calls",
-                   "no_closing_tag", "runaway_length")
+                   "no_closing_tag", "no_opening_tag", "runaway_length")
 Tools = dict[str, dict[str, Any]]
 
 
@@ -71,6 +73,8 @@ class HermesParser:
     def parse(self, text: str, tools: Tools) -> ParsedTurn:
         visible = strip_turn(text)
         n_open = visible.count(OPEN)
+        if n_open == 0 and CLOSE in visible:
+            return _malformed("no_opening_tag", f"{CLOSE} without {OPEN}")
         if n_open == 0:
             return ParsedTurn(kind="final", content=visible)
         if n_open > 1:

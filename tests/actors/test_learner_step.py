@@ -43,3 +43,22 @@ def test_step_shards_give_every_rank_equal_rows_and_every_trajectory_once():
                   if m > 0)
     # group a: mean 2/3 -> [1/3, -2/3, 1/3]; group b: mean 1/2 -> [-1/2, 1/2]
     assert real == pytest.approx(sorted([1 / 3, -2 / 3, 1 / 3, -0.5, 0.5]))
+
+
+def test_no_positive_credit_masks_a_malformed_turn_only_where_the_advantage_is_positive():
+    # group a: rewards [1, 0] -> advantages [+0.5, -0.5]; both samples broke tokens 2..4
+    group = _group("a", [1, 0], n_tokens=8)
+    for t in group.trajectories:
+        t.info["malformed_spans"] = [[2, 5]]
+    loss = dict(group_std_norm=False, whiten=False, adv_clip=None)
+    rows = {}
+    for credit in ("trajectory", "no_positive"):
+        cfg = LearnerConfig(micro_batch_size=2, loss=GRPOConfig(malformed_credit=credit, **loss))
+        [batch] = step_shards([group], cfg)
+        rows[credit] = {round(a, 3): m.tolist() for a, m in zip(batch.advantages.tolist(),
+                                                               batch.loss_mask)}
+    # loss_mask[t] scores token t + 1: tokens 1..7 are model tokens, 2..4 the broken turn
+    assert rows["trajectory"][0.5] == rows["trajectory"][-0.5] == [1.0] * 7
+    assert rows["no_positive"][0.5] == [1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0]
+    assert rows["no_positive"][-0.5] == [1.0] * 7       # a negative push stays on the break
+    assert group.trajectories[0].loss_mask == [0] + [1] * 7   # the group itself is untouched

@@ -79,6 +79,7 @@ MALFORMED = {
     "wrong_arguments": render_call("delete_note", {"id": "n1"}),
     "several_calls": CALL + "\n" + CALL,
     "no_closing_tag": '<tool_call>\n{"name": "list_notes", "arguments": {}}',
+    "no_opening_tag": '{"name": "list_notes", "arguments": {}}\n</tool_call>',
     "runaway_length": "I will now think at length. " * 40,
 }
 
@@ -92,6 +93,10 @@ def test_malformed_turn_gets_an_error_observation_and_the_episode_continues(pool
     assert traj.info["turns"] == 2 and [a.tool for a in traj.actions] == ["delete_note"]
     env_text = tokenizer.decode([t for t, m in zip(traj.token_ids, traj.loss_mask) if not m])
     assert "<tool_response>\nError: " in env_text
+    [(start, stop)] = traj.info["malformed_spans"]      # the broken turn, all model tokens
+    assert all(traj.loss_mask[start:stop])
+    assert start == traj.prompt_len and not traj.loss_mask[stop]
+    assert tokenizer.decode(traj.token_ids[start:stop]).startswith(MALFORMED[kind][:20])
     assert_aligned(traj)
 
 

@@ -40,6 +40,8 @@ def test_arguments_may_be_a_json_string_and_extra_keys_pass_when_allowed():
     (render_call("get_order", {"order_id": "1", "extra": 2}), "wrong_arguments"),
     (render_call("ping", {}) + render_call("ping", {}), "several_calls"),
     ("<tool_call>{}", "no_closing_tag"),
+    ("</tool_call>", "no_opening_tag"),
+    ('{"name": "ping", "arguments": {}}\n</tool_call>', "no_opening_tag"),
     (render_call("nope", {}), "unknown_tool"),
 ])
 def test_malformed_turns_are_classified_with_a_message(text, kind):
