@@ -11,8 +11,9 @@ within a run (the accumulation boundary is set by hand, so the number of micro-b
 from step to step as long as it is equal on every rank, which ``batching.shard`` guarantees). The
 token-mean normaliser is the run's model-token count over all ranks (all-reduced), multiplied by
 the world size because DeepSpeed averages gradients over ranks; with one run the result is exactly
-the loss of the whole step. The ratio's "old" log-probs are those of the step's start for every
-run (PPO's mini-batch epochs), so the clip bounds how far the later runs move.
+the loss of the whole step. Every run takes its ratio against the same "old" log-probs (the
+rollout's, or those recomputed at the step's start), as PPO's mini-batches do, so the clip bounds
+how far the later runs move from them.
 
 Learning rate (paper Section 3.1: cosine, 10 warm-up steps), with s the learner steps taken (set
 on the optimiser at the start of each step, so every optimiser step of a learner step uses it, and

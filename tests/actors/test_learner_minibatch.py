@@ -26,13 +26,13 @@ def test_mini_batch_runs_split_consecutively_and_never_exceed_the_micro_batches(
     assert mini_batch_runs(1, 3) == [range(0, 1)]
 
 
-def _learner(path: str, mini_batches: int):
+def _learner(path: str, mini_batches: int, warmup_steps: int = 0):
     from actors.learner.config import LearnerConfig
     from actors.learner.learner_actor import LearnerGroup
 
-    cfg = LearnerConfig(model_path=path, ranks=1, zero_stage=2, lr=3e-3, warmup_steps=0,
-                        total_steps=100, min_lr_ratio=1.0, micro_batch_size=4,
-                        mini_batches=mini_batches, num_cpus_per_rank=0.25,
+    cfg = LearnerConfig(model_path=path, ranks=1, zero_stage=2, lr=3e-3,
+                        warmup_steps=warmup_steps, total_steps=100, min_lr_ratio=1.0,
+                        micro_batch_size=4, mini_batches=mini_batches, num_cpus_per_rank=0.25,
                         loss={"whiten": False, "adv_clip": None})
     return LearnerGroup(cfg)
 
@@ -82,3 +82,17 @@ def test_two_mini_batches_equal_two_single_group_steps(ray_local, groups):
         assert abs(m["checksum_per_rank"][0] - split_sum) > 1e-4
     finally:
         whole.shutdown()
+
+
+def test_the_schedule_counts_learner_steps_not_optimiser_steps(ray_local, groups):
+    path, gs = groups
+    learner = _learner(path, 2, warmup_steps=4)   # warm-up f(s) = (s + 1) / 4
+    try:
+        rates = []
+        for _ in range(2):
+            m = learner.train_step(gs)
+            assert m["optimizer_steps"] == 2.0
+            rates.append(m["lr"])
+        assert rates == pytest.approx([3e-3 / 4, 3e-3 * 2 / 4])   # per optimiser step: 1/4, 3/4
+    finally:
+        learner.shutdown()
