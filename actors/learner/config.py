@@ -74,6 +74,11 @@ class LearnerConfig(BaseModel):
     warmup_steps: int = Field(10, ge=0)
     total_steps: int = Field(200, ge=1)
     min_lr_ratio: float = Field(0.0, ge=0, le=1)
+    optimizer: Literal["adam", "sgd"] = Field("adam", description=(
+        "adam: Adam (the paper's); sgd: plain SGD with ``momentum``, whose step is proportional "
+        "to the gradient, so coordinates with little signal move little (Adam moves every "
+        "coordinate by about lr, noise included)"))
+    momentum: float = Field(0.0, ge=0, lt=1, description="SGD momentum (optimizer: sgd)")
     betas: tuple[float, float] = (0.9, 0.999)
     adam_eps: float = Field(1e-8, gt=0)
     weight_decay: float = Field(0.0, ge=0)
@@ -84,6 +89,11 @@ class LearnerConfig(BaseModel):
         "many consecutive runs, each its own token-mean loss and optimiser step (verl's "
         "ppo_mini_batch_size, as a count; still one pass over the data); 1 = one step on the "
         "whole batch"))
+    frozen_parameters: list[str] = Field(default_factory=list, description=(
+        "regular expressions (re.search) over parameter names; matching parameters get no "
+        "gradient and no optimiser state, and keep their starting values (e.g. "
+        "'embed_tokens' freezes the token embeddings, and a tied LM head with them); every "
+        "pattern must match at least one parameter"))
     gradient_checkpointing: bool = False
     prefix_sharing: bool = Field(True, description=(
         "run the prompt that a micro-batch's samples share once, not once per sample "

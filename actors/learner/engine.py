@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -61,6 +62,27 @@ def mini_batch_runs(n_micro: int, mini_batches: int) -> list[range]:
         out.append(range(start, stop))
         start = stop
     return out
+
+
+def freeze_parameters(model, patterns: list[str], where: str) -> list:
+    """Turn off ``requires_grad`` on the parameters whose name matches one of ``patterns``
+    (``re.search``); returns the trainable ones. A pattern that matches nothing, or patterns that
+    freeze everything, raise ValueError naming the model, so a typo never trains what it meant to
+    freeze."""
+    named = list(model.named_parameters())
+    for pattern in patterns:
+        if not any(re.search(pattern, name) for name, _ in named):
+            raise ValueError(f"learner.frozen_parameters: {pattern!r} matches no parameter of "
+                             f"{where} (names look like {named[0][0]!r})")
+    trainable = []
+    for name, p in named:
+        if any(re.search(pattern, name) for pattern in patterns):
+            p.requires_grad_(False)
+        else:
+            trainable.append(p)
+    if not trainable:
+        raise ValueError(f"learner.frozen_parameters {patterns} freeze every parameter of {where}")
+    return trainable
 
 
 def deepspeed_config(cfg: LearnerConfig, bf16: bool) -> dict:
@@ -102,8 +124,13 @@ class LearnerEngine:
         model = AutoModelForCausalLM.from_pretrained(cfg.model_path, dtype=dtype)
         if cfg.gradient_checkpointing:
             model.gradient_checkpointing_enable()
-        self.optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr, betas=cfg.betas,
-                                          eps=cfg.adam_eps, weight_decay=cfg.weight_decay)
+        trainable = freeze_parameters(model, cfg.frozen_parameters, cfg.model_path)
+        if cfg.optimizer == "sgd":
+            self.optimizer = torch.optim.SGD(trainable, lr=cfg.lr, momentum=cfg.momentum,
+                                             weight_decay=cfg.weight_decay)
+        else:
+            self.optimizer = torch.optim.Adam(trainable, lr=cfg.lr, betas=cfg.betas,
+                                              eps=cfg.adam_eps, weight_decay=cfg.weight_decay)
         self.engine, _, _, _ = deepspeed.initialize(
             model=model, optimizer=self.optimizer,
             config=deepspeed_config(cfg, dtype == torch.bfloat16))
