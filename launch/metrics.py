@@ -172,6 +172,11 @@ def summarize(rows: Iterable[dict[str, Any]], eval_rows: Sequence[dict[str, Any]
                "eval_reward_gain": float(last["eval_reward"]) - float(first["eval_reward"]),
                "eval_success_first": float(first["eval_success"]),
                "eval_success_last": float(last["eval_success"])}
+        for key in sorted(first):   # eval_reward_<part>: each part of a held-out split
+            if key.startswith("eval_reward_") and key != "eval_reward_var" and key in last:
+                out[f"{key}_first"] = float(first[key])
+                out[f"{key}_last"] = float(last[key])
+                out[f"{key}_gain"] = float(last[key]) - float(first[key])
     third = max(1, len(rows) // 3)
     mean = lambda rs, k: float(np.nanmean([r.get(k) if r.get(k) is not None else np.nan  # noqa
                                            for r in rs]))
@@ -200,4 +205,10 @@ def format_summary(summary: dict[str, Any]) -> str:
                      f"{int(g('eval_step_first'))} -> {g('eval_reward_last'):.3f} at step "
                      f"{int(g('eval_step_last'))} ({g('eval_reward_gain'):+.3f}); success "
                      f"{g('eval_success_first'):.0%} -> {g('eval_success_last'):.0%}")
+    parts = [f"{key[len('eval_reward_'):-len('_first')]} {g(key):.3f} -> "
+             f"{g(key[:-len('_first')] + '_last'):.3f} ({g(key[:-len('_first')] + '_gain'):+.3f})"
+             for key in summary if key.startswith("eval_reward_") and key.endswith("_first")
+             and key != "eval_reward_first"]
+    if parts:
+        lines.append("eval by part: " + "; ".join(parts))
     return "\n".join(lines)

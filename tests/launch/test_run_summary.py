@@ -55,6 +55,21 @@ def test_summary_reports_first_and_last_evaluation():
                            "sft_seconds": 0.0, "startup_seconds": 0.0, "train_seconds": 1.0})
     assert "0.250 at step 0 -> 0.400 at step 3 (+0.150)" in text and "10% -> 25%" in text
     assert "eval" not in format_summary({**summarize(rows), "run_dir": "r"})
+    assert "eval by part" not in text
+
+
+def test_summary_reports_each_part_of_a_heldout_split():
+    rows = [{"step": 1, "reward_mean": 0.3}]
+    evals = [{"step": 0, "eval_reward": 0.5, "eval_success": 0.4, "eval_reward_var": 0.05,
+              "eval_reward_train": 0.645, "eval_reward_heldout_task": 0.031},
+             {"step": 30, "eval_reward": 0.54, "eval_success": 0.45, "eval_reward_var": 0.06,
+              "eval_reward_train": 0.705, "eval_reward_heldout_task": 0.031}]
+    s = summarize(rows, evals)
+    assert s["eval_reward_train_gain"] == pytest.approx(0.06)
+    assert s["eval_reward_heldout_task_gain"] == 0.0 and "eval_reward_var_gain" not in s
+    text = format_summary({**s, "run_dir": "r"})
+    assert "eval by part: heldout_task 0.031 -> 0.031 (+0.000); train 0.645 -> 0.705 (+0.060)" \
+        in text
 
 
 def test_eval_tasks_cover_every_environment_and_are_fixed():
