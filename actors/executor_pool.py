@@ -45,6 +45,7 @@ import asyncio
 import logging
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Coroutine, Optional, TypeVar, Union
 
 import ray
@@ -63,6 +64,7 @@ from sandbox.errors import SandboxError
 
 log = logging.getLogger(__name__)
 _CLAIM_S = 10.0  # how long Ray's available_resources() may not yet show an actor we started
+_OPEN_THREADS = 256  # blocking opens and replays in flight at once (see ExecutorPool._in_thread)
 
 
 class ExecutorConfig(BaseModel):
@@ -226,6 +228,7 @@ class ExecutorPool:
         self._next = 0
         self._claims: list[tuple[float, dict[str, float]]] = []
         self.placement_fallbacks = 0
+        self._threads: Optional[ThreadPoolExecutor] = None
         restarts = 0 if self.config.resources else self.config.max_restarts  # see 'Placement'
         self._options = dict(
             num_cpus=self.config.num_cpus_per_executor, max_restarts=restarts,
@@ -333,7 +336,18 @@ class ExecutorPool:
         return EnvSession(self, index, actor, session_id, task, seed, info)
 
     async def aopen_session(self, task: TaskSpec, seed: int) -> EnvSession:
-        return await asyncio.to_thread(self.open_session, task, seed)
+        return await self._in_thread(self.open_session, task, seed)
+
+    async def _in_thread(self, fn: Any, *args: Any) -> Any:
+        """Run a blocking open or replay on the pool's own threads. ``asyncio.to_thread`` uses
+        the loop's default executor, min(32, CPUs + 4) threads: 6 on a 2-core machine, so at most
+        6 of 16 concurrent episodes could be opening a session at once (the rest queued behind
+        them, their engine rows idle), and callers waiting for a free sandbox could hold every
+        thread. Threads are started on demand, up to ``_OPEN_THREADS``."""
+        with self._slots.cond:
+            if self._threads is None:
+                self._threads = ThreadPoolExecutor(_OPEN_THREADS, thread_name_prefix="executor-open")
+        return await asyncio.get_running_loop().run_in_executor(self._threads, fn, *args)
 
     def replay(self, task_id: str, actions: Actions, seed: Optional[int] = None) -> VerifyResult:
         """Replay ``actions`` from ``task_id``'s initial state in a free sandbox."""
@@ -354,7 +368,7 @@ class ExecutorPool:
 
     async def areplay(self, task_id: str, actions: Actions,
                       seed: Optional[int] = None) -> VerifyResult:
-        return await asyncio.to_thread(self.replay, task_id, actions, seed)
+        return await self._in_thread(self.replay, task_id, actions, seed)
 
     def wait_time_stats(self) -> dict[str, float]:
         """How long ``open_session``/``replay`` callers waited for a free sandbox."""
@@ -383,5 +397,8 @@ class ExecutorPool:
         with self._slots.cond:
             self._slots.accepting.clear()
             indices = list(self._actors)
+            threads, self._threads = self._threads, None
+        if threads is not None:
+            threads.shutdown(wait=False)
         for index in indices:
             self._stop(index)

@@ -110,6 +110,34 @@ def test_callers_wait_for_a_free_sandbox_and_waits_are_recorded(ray_local, pool)
         ex.shutdown()
 
 
+def test_callers_waiting_for_a_sandbox_do_not_hold_the_event_loops_threads(ray_local, pool):
+    """40 async opens wait for the one busy sandbox; the loop's default executor (at most 32
+    threads, 6 on 2 cores) must stay free for other work, e.g. an engine's weight update."""
+    ex = ExecutorPool(pool, _config(workers_per_executor=1, acquire_timeout_s=20.0,
+                                    name_prefix="threads"))
+
+    async def scenario():
+        first = await ex.aopen_session(pool.task("od-0"), seed=0)
+        waiters = [asyncio.ensure_future(ex.aopen_session(pool.task("od-1"), seed=k))
+                   for k in range(40)]
+        await asyncio.sleep(0.5)
+        assert ex.wait_time_stats()["waiting_now"] == 40
+        other = await asyncio.wait_for(asyncio.to_thread(lambda: "done"), timeout=5.0)
+        await first.aclose()
+        for k in range(40):  # each waiter in turn gets the sandbox, then frees it
+            done, _ = await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED, timeout=60)
+            assert done
+            for fut in done:
+                waiters.remove(fut)
+                await fut.result().aclose()
+        return other
+
+    try:
+        assert asyncio.run(scenario()) == "done"
+    finally:
+        ex.shutdown()
+
+
 def test_resize_grows_and_retires_idle_executors(ray_local, pool):
     ex = ExecutorPool(pool, _config(num_executors=1, workers_per_executor=1, prestart=False,
                                     name_prefix="resize"))

@@ -212,17 +212,32 @@ class HFEngine(Engine):
         return cache, mask
 
     def _sample(self, reqs: list[_Request], logits) -> None:
-        """Append one token per request from ``logits`` [B, V] (transformers' warper order)."""
-        logprobs = torch.log_softmax(logits, dim=-1)
+        """Append one token per request from ``logits`` [B, V] (transformers' warper order).
+
+        Rows that share their sampling settings are warped and soft-maxed in one op (row-wise
+        ops: each row's probabilities are those it would get alone); only the draw is per row,
+        from the row's own generator, so tokens do not depend on the batch. One op per row, not
+        five: at 16 rows the per-row version took a quarter of the engine's time."""
+        tokens = [0] * len(reqs)
+        greedy: list[int] = []
+        groups: dict[tuple, list[int]] = {}
         for i, req in enumerate(reqs):
             s = req.sampling
             if s.temperature > 0:
-                probs = torch.softmax(_warp(logits[i:i + 1], s), dim=-1)
-                token = int(torch.multinomial(probs, 1, generator=req.generator))
+                groups.setdefault((s.temperature, s.top_k, s.top_p), []).append(i)
             else:
-                token = int(logits[i].argmax())
+                greedy.append(i)
+        if greedy:
+            for i, token in zip(greedy, logits[greedy].argmax(-1).tolist()):
+                tokens[i] = token
+        for rows in groups.values():
+            probs = torch.softmax(_warp(logits[rows], reqs[rows[0]].sampling), dim=-1)
+            for j, i in enumerate(rows):
+                tokens[i] = int(torch.multinomial(probs[j:j + 1], 1, generator=reqs[i].generator))
+        logprobs = torch.log_softmax(logits, dim=-1)[torch.arange(len(reqs)), tokens].tolist()
+        for req, token, logprob in zip(reqs, tokens, logprobs):
             req.tokens.append(token)
-            req.logprobs.append(float(logprobs[i, token]))
+            req.logprobs.append(logprob)
 
     # -- prefix cache and weights ----------------------------------------------------------------
 
