@@ -28,6 +28,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, required=True, help="comparison directory")
     parser.add_argument("--timeout-per-run", type=float, default=None,
                         help="seconds; a run past it is recorded as crashed")
+    parser.add_argument("--no-share-step0", action="store_true",
+                        help="every run evaluates its own step 0 (by default the first run's "
+                             "step-0 evaluation, identical by construction, is given to the others)")
     parser.add_argument("overrides", nargs="*", metavar="key.sub=value",
                         help="dotted config overrides applied to every run")
 
@@ -51,6 +54,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(str(e)) from None
     if not cfg.eval.enabled:
         raise UserError("compare needs the fixed-set evaluation: set eval.enabled=true")
-    m = compare(cfg, names, list(range(args.seeds)), args.out, timeout_s=args.timeout_per_run)
+    m = compare(cfg, names, list(range(args.seeds)), args.out, timeout_s=args.timeout_per_run,
+                share_step0=not args.no_share_step0)
     print((args.out / "report.md").read_text())
     return 0 if all(r["status"] == "finished" for r in m["runs"]) else 1

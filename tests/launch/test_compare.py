@@ -4,6 +4,7 @@ finished runs are skipped, crashed runs are reported, and the report pairs seeds
 from __future__ import annotations
 
 import json
+import shutil
 import math
 
 import pytest
@@ -141,9 +142,20 @@ def test_compare_end_to_end_two_schedulers_two_seeds_then_rerun_skips(tmp_path):
         evals = read_jsonl(run / "eval.jsonl")
         assert [e["step"] for e in evals] == [0, 2]
         assert all("eval_reward_heldout_env" in e for e in evals)
+        first = r["scheduler"] == "envsched" and r["seed"] == 0  # the first run evaluates step 0
+        assert evals[0].get("shared_from") == (None if first else "envsched-s0")
         for row in read_jsonl(run / "groups.jsonl"):  # what was trained: never a held-out task
             assert row["task_id"] not in held
     assert "| envsched |" in (tmp_path / "report.md").read_text()
     lines.clear()
     compare(cfg, ["envsched", "random"], [0, 1], tmp_path, log=lines.append)
     assert sum("finished earlier, skipped" in x for x in lines) == 4
+    # The premise of sharing: a run that evaluates its own step 0 gets the shared record exactly.
+    shutil.rmtree(tmp_path / "runs" / "random-s1")
+    compare(cfg, ["envsched", "random"], [0, 1], tmp_path, log=lines.append, share_step0=False)
+    own = read_jsonl(tmp_path / "runs" / "random-s1" / "eval.jsonl")[0]
+    shared = read_jsonl(tmp_path / "runs" / "random-s0" / "eval.jsonl")[0]
+    assert "shared_from" not in own and own["step"] == 0
+    for key in ("eval_reward", "eval_reward_train", "eval_reward_heldout_task",
+                "eval_reward_heldout_env", "eval_success", "task_rewards"):
+        assert own[key] == shared[key], key
