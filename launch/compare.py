@@ -18,10 +18,10 @@ The step-0 evaluation is run once: it is a function of the shared warm start, th
 config and its fixed seeds only (episode seeds come from ``eval.seed``, never ``run.seed``; the HF
 engine draws each sequence from its own seeded generator, so the batch around it does not matter),
 so every run would compute the same record. The first run that evaluates step 0 writes it to
-``OUT/eval_step0.jsonl``; every new run starts with that record in its ``eval.jsonl`` (marked
-``shared_from``), and the controller, which skips an evaluation already on file, goes straight to
-training. On the default CPU comparison that is 8 of 9 evaluations of 384 episodes (~2.5 min each)
-saved. ``share_step0=False`` (``--no-share-step0``) makes every run evaluate its own step 0;
+``OUT/eval_step0.jsonl``, keyed by a hash of its config less scheduler and seed; every new run with
+the same key starts with that record in its ``eval.jsonl`` (marked ``shared_from``), and the
+controller, which skips an evaluation already on file, goes straight to training. On the default
+CPU comparison that saves 8 of 9 evaluations of 192 episodes (~70 s each). ``share_step0=False`` (``--no-share-step0``) makes every run evaluate its own step 0;
 tests/launch/test_compare.py checks that a run evaluating itself gets the shared record exactly.
 
 ``scheduler.params`` of the config apply to the scheduler the config names; every other scheduler
@@ -46,6 +46,7 @@ standard library; matplotlib inside the plotting function.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -138,29 +139,41 @@ def _train(spec: RunSpec, config: dict[str, Any], timeout_s: Optional[float]) ->
 STEP0 = "eval_step0.jsonl"
 
 
-def _own_step0(run_dir: Path) -> Optional[dict[str, Any]]:
-    """``run_dir``'s own step-0 evaluation record (not one it was given), if it has one."""
-    for row in read_eval(run_dir):
+def _inputs_key(config: dict[str, Any]) -> str:
+    """What a run's step-0 evaluation can depend on: its whole config but the scheduler and the
+    seed (the warm start's path, the pool, the sampling settings, the evaluation's own)."""
+    d = {k: v for k, v in config.items() if k != "scheduler"}
+    d["run"] = {k: v for k, v in d["run"].items() if k != "seed"}
+    return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _own_step0(spec: RunSpec, key: str) -> Optional[dict[str, Any]]:
+    """``spec``'s own step-0 evaluation record (not one it was given), if it has one and was
+    trained with the same inputs (``key``)."""
+    cfg_path = spec.dir / "compare_config.yaml"
+    if not cfg_path.is_file() or _inputs_key(yaml.safe_load(cfg_path.read_text())) != key:
+        return None
+    for row in read_eval(spec.dir):
         if row.get("step") == 0 and "shared_from" not in row:
             return row
     return None
 
 
-def _share_step0(out: Path, spec: RunSpec, specs: Sequence[RunSpec]) -> Optional[str]:
-    """Give the new run ``spec`` the comparison's step-0 evaluation; the source run's name, or
-    None when no run has evaluated step 0 yet (then ``spec`` evaluates it itself)."""
-    shared = out / STEP0
-    if not shared.is_file():
-        for other in specs:
-            row = _own_step0(other.dir) if other.dir.is_dir() else None
-            if row is not None:
-                shared.write_text(json.dumps({**row, "evaluated_in": other.name},
-                                             sort_keys=True) + "\n")
-                break
-        else:
+def _share_step0(out: Path, spec: RunSpec, specs: Sequence[RunSpec], config: dict[str, Any]
+                 ) -> Optional[str]:
+    """Give the new run ``spec`` (trained with ``config``) the comparison's step-0 evaluation;
+    the source run's name, or None when no run with the same inputs has evaluated step 0 yet
+    (then ``spec`` evaluates it itself). A rerun with other overrides never gets a stale one."""
+    key, shared = _inputs_key(config), out / STEP0
+    row = json.loads(shared.read_text()) if shared.is_file() else None
+    if row is None or row.get("inputs") != key:
+        found = next(((o, r) for o in specs for r in [_own_step0(o, key)] if r is not None), None)
+        if found is None:
             return None
-    row = json.loads(shared.read_text())
+        row = {**found[1], "evaluated_in": found[0].name, "inputs": key}
+        shared.write_text(json.dumps(row, sort_keys=True) + "\n")
     source = row.pop("evaluated_in")
+    row.pop("inputs")
     spec.dir.mkdir(parents=True, exist_ok=True)
     with (spec.dir / "eval.jsonl").open("a") as f:
         f.write(json.dumps({**row, "shared_from": source}, sort_keys=True) + "\n")
@@ -186,12 +199,13 @@ def compare(cfg: Any, schedulers: Sequence[str], seeds: Sequence[int], out: Path
         if state == "finished":
             log(f"[compare {n}/{len(specs)}] {spec.name}: finished earlier, skipped")
             continue
-        source = _share_step0(out, spec, specs) if share_step0 and state == "new" else None
+        config = run_config(cfg, spec, pool_dir, policy_dir)
+        source = _share_step0(out, spec, specs, config) if share_step0 and state == "new" else None
         log(f"[compare {n}/{len(specs)}] {spec.name}: "
             f"{'resuming' if state != 'new' else 'training'}"
             f"{f' (step-0 evaluation shared from {source})' if source else ''} ...")
         t = time.perf_counter()
-        err = _train(spec, run_config(cfg, spec, pool_dir, policy_dir), timeout_s)
+        err = _train(spec, config, timeout_s)
         if err is not None:
             (spec.dir / "crashed.txt").write_text(err + "\n")
             log(f"[compare {n}/{len(specs)}] {spec.name}: CRASHED ({err[:200]}); "

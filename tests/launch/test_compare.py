@@ -76,6 +76,33 @@ def test_run_config_changes_only_scheduler_seed_and_shared_inputs(tmp_path):
     assert strip(a) == strip(b)
 
 
+def test_step0_evaluation_is_shared_only_between_runs_with_the_same_inputs(tmp_path):
+    from launch.compare import _share_step0, plan, run_config
+    from launch.metrics import read_jsonl
+
+    cfg = _cfg()
+    first, second, third, fourth = plan(["envsched", "random"], [0, 1], tmp_path)
+    config = run_config(cfg, first, tmp_path / "pool", "/p/sft")
+    assert _share_step0(tmp_path, first, [first], config) is None  # nobody evaluated yet
+    first.dir.mkdir(parents=True)
+    (first.dir / "compare_config.yaml").write_text(yaml.safe_dump(config))
+    own = {"step": 0, "eval_reward": 0.25, "task_rewards": {"t": 0.25}}
+    (first.dir / "eval.jsonl").write_text(json.dumps(own) + "\n")
+    specs = [first, second, third, fourth]
+    # another scheduler and seed: same inputs, so the record is given, marked with its source
+    assert _share_step0(tmp_path, second, specs,
+                        run_config(cfg, second, tmp_path / "pool", "/p/sft")) == "envsched-s0"
+    assert read_jsonl(second.dir / "eval.jsonl") == [{**own, "shared_from": "envsched-s0"}]
+    # a rerun with another sampling temperature or warm start must evaluate its own step 0
+    hotter = _cfg()
+    hotter.rollout.temperature = 0.5
+    assert _share_step0(tmp_path, third, specs,
+                        run_config(hotter, third, tmp_path / "pool", "/p/sft")) is None
+    assert _share_step0(tmp_path, fourth, specs,
+                        run_config(cfg, fourth, tmp_path / "pool", "/other/sft")) is None
+    assert not third.dir.exists() and not fourth.dir.exists()
+
+
 def _fake_run(d, seed_var, eval_rows, finished=True):
     d.mkdir(parents=True)
     rows = [{"step": s, "groups": 2, "reward_var_mean": v, "zero_var_share": 0.5,
