@@ -228,7 +228,7 @@ class ExecutorPool:
         self._next = 0
         self._claims: list[tuple[float, dict[str, float]]] = []
         self.placement_fallbacks = 0
-        self._threads: Optional[ThreadPoolExecutor] = None
+        self._threads = ThreadPoolExecutor(_OPEN_THREADS, thread_name_prefix="executor-open")
         restarts = 0 if self.config.resources else self.config.max_restarts  # see 'Placement'
         self._options = dict(
             num_cpus=self.config.num_cpus_per_executor, max_restarts=restarts,
@@ -344,9 +344,6 @@ class ExecutorPool:
         6 of 16 concurrent episodes could be opening a session at once (the rest queued behind
         them, their engine rows idle), and callers waiting for a free sandbox could hold every
         thread. Threads are started on demand, up to ``_OPEN_THREADS``."""
-        with self._slots.cond:
-            if self._threads is None:
-                self._threads = ThreadPoolExecutor(_OPEN_THREADS, thread_name_prefix="executor-open")
         return await asyncio.get_running_loop().run_in_executor(self._threads, fn, *args)
 
     def replay(self, task_id: str, actions: Actions, seed: Optional[int] = None) -> VerifyResult:
@@ -397,8 +394,6 @@ class ExecutorPool:
         with self._slots.cond:
             self._slots.accepting.clear()
             indices = list(self._actors)
-            threads, self._threads = self._threads, None
-        if threads is not None:
-            threads.shutdown(wait=False)
+        self._threads.shutdown(wait=False)
         for index in indices:
             self._stop(index)

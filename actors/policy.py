@@ -32,6 +32,7 @@ May import: torch, transformers, tokenizers, huggingface_hub (fetching a policy 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -105,9 +106,12 @@ def _corpus(seed: int, lines: int = 6000):
                    % (_identifier(rng), json.dumps({_identifier(rng): _json_value(rng, 2)})))
 
 
-def _generator_text(seed: int, tasks_per_env: int = 3) -> list[str]:
+@functools.lru_cache(maxsize=8)
+def _generator_text(seed: int, tasks_per_env: int = 3) -> tuple[str, ...]:
     """Text of two rounds of built-in environments (every domain and its alternative): system
-    prompts, tool schemas, task instructions and a few rows of each database table."""
+    prompts, tool schemas, task instructions and a few rows of each database table. Cached: the
+    recipe hash and the tokenizer build both need it, and every ``build_tiny_policy`` call
+    hashes it."""
     from envs.generator import build_environment
     from envs.generator.domains import DOMAINS
 
@@ -122,7 +126,7 @@ def _generator_text(seed: int, tasks_per_env: int = 3) -> list[str]:
             for table in list(state.values())[:6]:
                 if isinstance(table, dict):
                     lines.extend(json.dumps(row) for row in list(table.values())[:4])
-    return lines
+    return tuple(lines)
 
 
 def _train_tokenizer(seed: int):

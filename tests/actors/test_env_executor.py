@@ -111,15 +111,18 @@ def test_callers_wait_for_a_free_sandbox_and_waits_are_recorded(ray_local, pool)
 
 
 def test_callers_waiting_for_a_sandbox_do_not_hold_the_event_loops_threads(ray_local, pool):
-    """40 async opens wait for the one busy sandbox; the loop's default executor (at most 32
-    threads, 6 on 2 cores) must stay free for other work, e.g. an engine's weight update."""
+    """20 async opens and 20 async replays wait for the one busy sandbox; the loop's default
+    executor (at most 32 threads, 6 on 2 cores) must stay free for other work, e.g. an engine's
+    weight update."""
     ex = ExecutorPool(pool, _config(workers_per_executor=1, acquire_timeout_s=20.0,
                                     name_prefix="threads"))
 
     async def scenario():
         first = await ex.aopen_session(pool.task("od-0"), seed=0)
         waiters = [asyncio.ensure_future(ex.aopen_session(pool.task("od-1"), seed=k))
-                   for k in range(40)]
+                   for k in range(20)]
+        waiters += [asyncio.ensure_future(ex.areplay("od-2", list(REFERENCE), seed=0))
+                    for _ in range(20)]
         await asyncio.sleep(0.5)
         assert ex.wait_time_stats()["waiting_now"] == 40
         other = await asyncio.wait_for(asyncio.to_thread(lambda: "done"), timeout=5.0)
@@ -129,7 +132,11 @@ def test_callers_waiting_for_a_sandbox_do_not_hold_the_event_loops_threads(ray_l
             assert done
             for fut in done:
                 waiters.remove(fut)
-                await fut.result().aclose()
+                got = fut.result()
+                if hasattr(got, "aclose"):   # a session; a replay returns its VerifyResult
+                    await got.aclose()
+                else:
+                    assert got.reward == 1.0
         return other
 
     try:

@@ -80,6 +80,9 @@ def test_sgd_steps_scale_with_the_gradient_and_adam_steps_do_not(ray_local, tiny
     # ~lr per coordinate either way, far from SGD's 2: only coordinates whose gradient is near
     # Adam's eps (1e-8) scale, a little (1.06 on the 0.82 M-parameter tiny policy)
     assert 0.95 < float(ratio) < 1.25
+    moved = adam1[name].abs() > 1e-5   # coordinates whose gradient is well above eps
+    per = (adam2[name][moved] / adam1[name][moved]).median()
+    assert float(per) == pytest.approx(1.0, abs=0.05)   # exactly lr per coordinate either way
 
 
 def test_frozen_parameters_keep_their_values(ray_local, tiny):

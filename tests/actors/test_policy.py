@@ -86,3 +86,12 @@ def test_template_drops_reasoning_of_earlier_turns_as_qwen3_does(policy):
 def test_load_policy_names_a_missing_directory(tmp_path):
     with pytest.raises(FileNotFoundError, match="no config.json"):
         load_policy(tmp_path)
+
+
+def test_the_recipe_hash_covers_the_generator_text(monkeypatch):
+    """A changed built-in generator must build a new policy, never reuse the cached one."""
+    from actors import policy
+
+    before = policy._recipe(0)
+    monkeypatch.setattr(policy, "_generator_text", lambda seed: ("another generator",))
+    assert policy._recipe(0) != before
