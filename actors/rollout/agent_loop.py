@@ -27,6 +27,13 @@ ends the episode ``env_error`` (``timeout`` when it was a timeout) with reward 0
 retry it on a fresh session.
 
 Sessions implement ``EnvSession`` (the executor pool's sticky session, or ``InProcessSession``).
+``run`` also takes a session that is still opening (any awaitable of one; ``GroupRunner`` passes
+its open in flight): the prompt needs nothing from the sandbox, so the first turn is generated
+while the sandbox resets, and the session is awaited only when a tool call or the verifier needs
+it (or earlier, between turns, once it has failed). Opening the sandbox is then hidden behind
+the first turn's prefill instead of leaving the engine idle while every episode of a batch opens
+at once (docs/benchmarks.md). A failed open ends the episode like any sandbox failure, its error
+``opening a session failed: ...``; ``timings["open_wait_s"]`` is how long the loop waited for it.
 
 May import: actors.rollout (config, chat, toolcall, engines.base), envs, sandbox.errors, the
 standard library. No Ray, no torch.
@@ -38,7 +45,7 @@ import asyncio
 import json
 import time
 from dataclasses import dataclass, field
-from typing import Any, Optional, Protocol
+from typing import Any, Awaitable, Optional, Protocol, Union
 
 from actors.rollout.chat import ChatFormat
 from actors.rollout.config import RolloutConfig
@@ -85,7 +92,9 @@ class _Episode:
     malformed_spans: list[list[int]] = field(default_factory=list)   # [start, stop) token ids
     versions: list[int] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=lambda: {
-        "generate_s": 0.0, "env_s": 0.0, "verify_s": 0.0})
+        "generate_s": 0.0, "env_s": 0.0, "verify_s": 0.0, "open_wait_s": 0.0})
+    session: Any = None     # the EnvSession, once open
+    opening: Any = None     # an awaitable of it while it opens
     turns: int = 0
     status: str = "ok"
     final_reply: str = ""
@@ -114,17 +123,23 @@ class AgentLoop:
         """Tokens of one tool response, from the end of a model turn to the next turn's start."""
         return self.chat.tool_segment(observation, stopped=not cut)
 
-    async def run(self, env: Environment, task: TaskSpec, session: EnvSession,
+    async def run(self, env: Environment, task: TaskSpec,
+                  session: Union[EnvSession, Awaitable[EnvSession]],
                   seed: Optional[int] = None) -> Trajectory:
         start = time.perf_counter()
         ep = _Episode(self.chat.prompt(env.system_prompt(), task.instruction, env.tools))
+        if hasattr(session, "astep"):
+            ep.session = session
+        else:
+            ep.opening = asyncio.ensure_future(session)
         prompt_len = len(ep.token_ids)
         reward, checks = 0.0, []
         try:
-            await self._turns(ep, env, task, session, seed)
+            await self._turns(ep, env, task, seed)
             if ep.status in ("ok", "truncated"):
                 t0 = time.perf_counter()
-                result = await asyncio.wait_for(session.averify(), self.config.verify_timeout_s)
+                sandbox = await self._sandbox(ep)
+                result = await asyncio.wait_for(sandbox.averify(), self.config.verify_timeout_s)
                 ep.timings["verify_s"] = time.perf_counter() - t0
                 reward, checks = result.reward, result.checks
         except (asyncio.TimeoutError, TimeoutError) as e:
@@ -143,11 +158,28 @@ class AgentLoop:
                   "generated_tokens": sum(ep.loss_mask),
                   **({"error": ep.error} if ep.error else {})})
 
-    async def _turns(self, ep: _Episode, env: Environment, task: TaskSpec, session: EnvSession,
+    async def _sandbox(self, ep: _Episode) -> EnvSession:
+        """The episode's session, waiting for it to open (its own opener holds the deadline)."""
+        if ep.session is None:
+            t0 = time.perf_counter()
+            try:
+                ep.session = await ep.opening
+            except (asyncio.TimeoutError, TimeoutError) as e:
+                raise SandboxError("timeout", f"opening a session failed: {e!r}") from None
+            except SandboxError as e:
+                raise SandboxError(e.kind, f"opening a session failed: {e.message}",
+                                   e.where) from None
+            finally:
+                ep.timings["open_wait_s"] += time.perf_counter() - t0
+        return ep.session
+
+    async def _turns(self, ep: _Episode, env: Environment, task: TaskSpec,
                      seed: Optional[int]) -> None:
         cfg = self.config
         params = tool_parameters(env.tools)
         for turn in range(cfg.max_turns + 1):
+            if ep.session is None and ep.opening.done():
+                await self._sandbox(ep)   # a failed open ends the episode before more turns
             room = cfg.max_tokens_per_sequence - len(ep.token_ids)
             if room < 1:
                 ep.status = "truncated"
@@ -163,7 +195,7 @@ class AgentLoop:
                                          cfg.generate_timeout_s)
             ep.timings["generate_s"] += time.perf_counter() - t0
             ep.extend(gen.token_ids, gen.logprobs, mask=1)
-            observation = await self._act(ep, gen, budget, params, session)
+            observation = await self._act(ep, gen, budget, params)
             if observation is None:
                 return
             cut = gen.finish_reason == "length"
@@ -174,8 +206,7 @@ class AgentLoop:
             ep.extend(seg)
         ep.status = "truncated"
 
-    async def _act(self, ep: _Episode, gen, budget: int, params: dict, session: EnvSession
-                   ) -> Optional[Any]:
+    async def _act(self, ep: _Episode, gen, budget: int, params: dict) -> Optional[Any]:
         """Handle one generated turn; the observation to append, or None when the episode ends."""
         cfg = self.config
         if gen.finish_reason == "length" and budget < cfg.max_tokens_per_turn:
@@ -201,6 +232,7 @@ class AgentLoop:
                 ep.status = "malformed"
                 return None
             return f"Error: {parsed.error}"
+        session = await self._sandbox(ep)
         t0 = time.perf_counter()
         step = await asyncio.wait_for(session.astep(parsed.name, parsed.arguments),
                                       cfg.step_timeout_s)

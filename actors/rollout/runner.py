@@ -10,8 +10,12 @@ one complete ``Group``; the logic of the RolloutWorker actor, without Ray.
   sandboxes this runner can hold; ``set_capacity`` after a resize): an episode holds its sandbox
   while it waits for the engine, so more live episodes than sandboxes would only queue on
   ``aopen_session`` and time out there.
-- Stickiness: an episode opens one session (``aopen_session(task, seed)``, awaited with
-  ``session_timeout_s``) and uses it for every tool call and the verifier, then closes it.
+- Stickiness: an episode opens one session (``aopen_session(task, seed)``, with
+  ``session_timeout_s``) and uses it for every tool call and the verifier, then closes it. The open
+  runs while the first turn is generated (``AgentLoop.run`` takes the open in flight): in a
+  batched engine the episodes of a wave start together, and their opens would otherwise leave the
+  engine idle all at once. ``timings``: ``open_s`` is how long the open took, ``open_wait_s``
+  how long the episode waited for it after its first turn (``actors.rollout.summary``).
 - Failures: an episode that ends ``env_error`` or ``timeout`` (including a session that could not
   be opened) is retried on a fresh session up to ``config.episode_retries`` times with the same
   seed; after that the last attempt is kept with its status. A group always has K trajectories.
@@ -34,6 +38,7 @@ from typing import Any, Optional
 
 from actors.executors import Executors
 from actors.rollout.agent_loop import AgentLoop, EnvSession
+from actors.rollout.summary import episode_wall_s, executor_wait_s
 from actors.ticket import Ticket
 from envs.spec import Environment, TaskSpec
 from envs.trajectory import Group, Trajectory
@@ -106,36 +111,43 @@ class GroupRunner:
 
     async def _attempt(self, env: Environment, task: TaskSpec, seed: int) -> Trajectory:
         t0 = time.perf_counter()
+        opened: list[float] = []
+        opening = asyncio.ensure_future(self._open(task, seed))
+        opening.add_done_callback(lambda _: opened.append(time.perf_counter()))
         try:
-            session = await self._open(task, seed)
-        except (asyncio.TimeoutError, TimeoutError, SandboxError) as e:
-            status = "env_error" if isinstance(e, SandboxError) and e.kind != "timeout" \
-                else "timeout"
-            return Trajectory(task_id=task.task_id, reward=0.0, status=status, seed=seed,
-                              policy_version=self.loop.engine.version,
-                              info={"error": f"opening a session failed: {e!r}"},
-                              timings={"open_s": time.perf_counter() - t0})
-        opened = time.perf_counter()
-        try:
-            traj = await self.loop.run(env, task, session, seed)
+            traj = await self.loop.run(env, task, opening, seed)
         finally:
-            close_error = await self._close(session)
-        traj.timings["open_s"] = opened - t0
-        traj.timings["close_s"] = time.perf_counter() - opened - traj.timings["total_s"]
+            t1 = time.perf_counter()
+            close_error = await self._close_opened(opening)
+        traj.timings["open_s"] = (opened[0] if opened else t1) - t0
+        traj.timings["close_s"] = time.perf_counter() - t1
         if close_error:
             traj.info["close_error"] = close_error
         return traj
 
     async def _open(self, task: TaskSpec, seed: int) -> EnvSession:
         """Open with ``session_timeout_s``. An opener may run in a thread that a timeout cannot
-        stop, so a session that opens after we gave up is closed when it arrives rather than
-        holding its sandbox forever."""
+        stop, so a session that opens after we gave up (timed out, or the episode ended or was
+        cancelled first) is closed when it arrives rather than holding its sandbox forever."""
         pending = asyncio.ensure_future(self.executors.aopen_session(task, seed))
-        done, _ = await asyncio.wait({pending}, timeout=self.config.session_timeout_s)
+        try:
+            done, _ = await asyncio.wait({pending}, timeout=self.config.session_timeout_s)
+        except asyncio.CancelledError:
+            pending.add_done_callback(_close_late_session)
+            raise
         if pending in done:
             return pending.result()
         pending.add_done_callback(_close_late_session)
         raise TimeoutError(f"no session within {self.config.session_timeout_s} s")
+
+    async def _close_opened(self, opening: "asyncio.Future") -> str:
+        """Close the episode's session; one still opening (the episode ended before it needed
+        it) is waited for first, within its own deadline, so no sandbox outlives its episode. A
+        failed open has nothing to close (its error is the episode's)."""
+        await asyncio.wait({opening})
+        if opening.cancelled() or opening.exception() is not None:
+            return ""
+        return await self._close(opening.result())
 
     async def _close(self, session: Any) -> str:
         """Close errors do not change the episode's outcome; they are reported in ``info``."""
@@ -149,12 +161,9 @@ class GroupRunner:
         self._stats["episodes"] += 1
         self._stats[f"status_{traj.status}"] += 1
         self._malformed.update(traj.info.get("malformed", {}))
-        t = traj.timings
-        self._time["generate_s"] += t.get("generate_s", 0.0)
-        self._time["executor_s"] += sum(t.get(x, 0.0) for x in ("open_s", "env_s", "verify_s",
-                                                                 "close_s"))
-        self._time["episode_s"] += t.get("open_s", 0.0) + t.get("total_s", 0.0) + \
-            t.get("close_s", 0.0)
+        self._time["generate_s"] += traj.timings.get("generate_s", 0.0)
+        self._time["executor_s"] += executor_wait_s(traj.timings)
+        self._time["episode_s"] += episode_wall_s(traj.timings)
 
     def metrics(self) -> dict[str, Any]:
         return {**self._stats, **{f"malformed_{k}": v for k, v in self._malformed.items()},

@@ -2,8 +2,8 @@
 
 Within-group reward variance is the paper's Eq. 2, ``v = 1/K * sum_k (r_k - m)^2`` (population
 variance, its one definition ``scheduling.variance.group_variance``); a group is non-trivial when
-``v > 0``. The executor share is the time episodes spent waiting on their sandbox (open + tool
-steps + verify + close) over their total time.
+``v > 0``. The executor share is the time episodes spent waiting on their sandbox (the open
+after the first turn, tool steps, verify, close; ``executor_wait_s``) over their wall time.
 
 May import: envs.trajectory, scheduling.variance, the standard library.
 """
@@ -17,6 +17,18 @@ from envs.trajectory import Group
 from scheduling.variance import group_variance
 
 
+def executor_wait_s(timings: dict[str, float]) -> float:
+    """Seconds an episode waited on its sandbox: the open it still waited for after its first
+    turn (``open_wait_s``; the open itself runs while that turn is generated), tool calls, the
+    verifier and the close."""
+    return sum(timings.get(k, 0.0) for k in ("open_wait_s", "env_s", "verify_s", "close_s"))
+
+
+def episode_wall_s(timings: dict[str, float]) -> float:
+    """An episode's wall time: the agent loop (from the open's start) and the close."""
+    return timings.get("total_s", 0.0) + timings.get("close_s", 0.0)
+
+
 def summarize(groups: Iterable[Group], wall_s: float) -> dict[str, Any]:
     groups = list(groups)
     trajs = [t for g in groups for t in g.trajectories]
@@ -24,12 +36,12 @@ def summarize(groups: Iterable[Group], wall_s: float) -> dict[str, Any]:
     timing = Counter()
     malformed = Counter()
     for t in trajs:
-        for key in ("generate_s", "env_s", "verify_s", "open_s", "close_s"):
+        for key in ("generate_s", "env_s", "verify_s", "open_s", "open_wait_s", "close_s"):
             timing[key] += t.timings.get(key, 0.0)
-        timing["episode_s"] += sum(t.timings.get(k, 0.0) for k in ("open_s", "total_s",
-                                                                   "close_s"))
+        timing["episode_s"] += episode_wall_s(t.timings)
+        timing["executor_s"] += executor_wait_s(t.timings)
         malformed.update(t.info.get("malformed", {}))
-    executor_s = sum(timing[k] for k in ("env_s", "verify_s", "open_s", "close_s"))
+    executor_s = timing["executor_s"]
     share = (lambda x: x / timing["episode_s"]) if timing["episode_s"] else (lambda x: 0.0)
     return {
         "groups": len(groups),

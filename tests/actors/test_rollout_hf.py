@@ -173,3 +173,41 @@ def test_a_weight_update_waits_for_the_running_batch_and_clears_the_prefix_cache
     assert during.logprobs == pytest.approx(before.logprobs, abs=1e-6)
     assert not engine._caches
     engine.update_weights({name: original}, engine.version + 1)
+
+
+def test_newcomers_are_prefilled_together_and_each_equals_the_unbatched_path(engine):
+    """One admission with a cached prefix, no prefix, and one prompt twice (a group): one forward,
+    the shared prompt computed once, and every request's tokens and log-probs those of
+    ``model.generate`` on it alone (within 1e-5)."""
+    from actors.rollout.engines.hf_engine import _Request
+
+    tok = engine.tokenizer
+    never = (len(tok) + 7,)
+    a = tok.encode("<|im_start|>user\nfind the guest<|im_end|>\n<|im_start|>assistant\n")
+    first = asyncio.run(engine.generate(a, SamplingParams(max_tokens=5, seed=1,
+                                                          stop_token_ids=never)))
+    resumed = a + first.token_ids + tok.encode("<|im_end|>\n<|im_start|>user\nok<|im_end|>\n")
+    b = tok.encode("<|im_start|>user\nclose the reservation of room 12 today<|im_end|>\n")
+    requests = [(resumed, 3), (b, 4), (b, 5), (tok.encode("<|im_start|>user\nhi"), 6)]
+    assert engine._lookup(resumed) is not None and engine._lookup(b) is None
+    loop = asyncio.new_event_loop()
+    reqs = []
+    for prompt, seed in requests:
+        sampling = SamplingParams(max_tokens=6, temperature=0.9, seed=seed, stop_token_ids=never)
+        gen = torch.Generator()
+        gen.manual_seed(seed)
+        reqs.append(_Request(list(prompt), sampling, frozenset(never), loop.create_future(), loop,
+                             gen))
+    before = dict(engine.stats)
+    with engine._cond, torch.no_grad():   # the engine thread is idle: it waits on this lock
+        engine._prefill(reqs)
+        batch = engine._stack(reqs)
+        while not all(r.done() for r in reqs):
+            batch = engine._decode(reqs, batch)
+    loop.close()
+    assert engine.stats["prefill_forwards"] - before["prefill_forwards"] == 1
+    assert engine.stats["prefills"] - before["prefills"] == 3   # b once for both requests
+    for (prompt, _), req in zip(requests, reqs):
+        tokens, logprobs = reference_generate(engine.model, prompt, req.sampling, never)
+        assert req.tokens == tokens
+        assert torch.allclose(torch.tensor(req.logprobs), logprobs, atol=1e-5, rtol=0)

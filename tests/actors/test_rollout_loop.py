@@ -211,3 +211,61 @@ def test_a_session_that_opens_after_the_timeout_is_closed_not_leaked(pool, token
     assert [t.status for t in group.trajectories] == ["timeout", "timeout"]
     stats = sessions.wait_time_stats()   # both opened late, both closed: every session free
     assert (stats["count"], stats["free_sandboxes"]) == (2, 2)
+
+
+def test_the_first_turn_is_generated_while_the_session_opens(pool, tokenizer):
+    """The open runs beside the first turn's generation: the engine is called before the open
+    ends, the episode is the same as with an open session, and the timings say so."""
+    from actors.rollout.runner import GroupRunner
+    from actors.rollout.session import InProcessSessions
+
+    events = []
+
+    class SlowSessions(InProcessSessions):
+        async def aopen_session(self, task, seed):
+            events.append("open")
+            await asyncio.sleep(0.3)
+            events.append("opened")
+            return await super().aopen_session(task, seed)
+
+    class Logged(ScriptedEngine):
+        async def generate(self, prompt_token_ids, sampling, task_id=None):
+            events.append("generate")
+            return await super().generate(prompt_token_ids, sampling, task_id)
+
+    engine = Logged(tokenizer, ScriptedEngine.from_pool(tokenizer, pool).scripts)
+    runner = GroupRunner(AgentLoop(engine, tokenizer, RolloutConfig(k=1)), pool,
+                         SlowSessions(pool, workers=1))
+    traj = asyncio.run(runner.run_group(Ticket.direct("notes-2"))).trajectories[0]
+    assert sorted(events[:2]) == ["generate", "open"] and events[2] == "opened"
+    reference = run(ScriptedEngine.from_pool(tokenizer, pool), tokenizer, pool, "notes-2",
+                    seed=traj.seed)
+    assert (traj.status, traj.reward, traj.token_ids) == ("ok", 1.0, reference.token_ids)
+    t = traj.timings
+    assert 0.25 < t["open_s"] < t["total_s"] and 0.2 < t["open_wait_s"] < t["open_s"]
+
+
+@pytest.mark.parametrize("failure,status", [("load", "env_error"), ("timeout", "timeout")])
+def test_a_failed_open_ends_the_episode_and_is_retried(pool, tokenizer, failure, status):
+    from actors.rollout.runner import GroupRunner
+    from actors.rollout.session import InProcessSessions
+
+    calls = []
+
+    class FailingSessions(InProcessSessions):
+        async def aopen_session(self, task, seed):
+            calls.append(seed)
+            if failure == "timeout":
+                await asyncio.sleep(1)
+            raise SandboxError("load_error", "env code broken", f"env {task.env_id}")
+
+    sessions = FailingSessions(pool, workers=1)
+    loop = AgentLoop(ScriptedEngine.from_pool(tokenizer, pool), tokenizer,
+                     RolloutConfig(k=1, episode_retries=1, session_timeout_s=0.1))
+    traj = asyncio.run(GroupRunner(loop, pool, sessions).run_group(
+        Ticket.direct("notes-1"))).trajectories[0]
+    assert (traj.status, traj.reward, traj.info["attempts"]) == (status, 0.0, 2)
+    assert traj.info["error"].startswith(f"[{status if status == 'timeout' else 'load_error'}] "
+                                         "opening a session failed")
+    assert len(calls) == 2 and traj.actions == []
+    assert sessions.wait_time_stats()["free_sandboxes"] == 1
