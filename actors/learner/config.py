@@ -101,10 +101,6 @@ class LearnerConfig(BaseModel):
     seed: int = 0
     master_port: Optional[int] = Field(None, ge=1024, le=65535)
     num_cpus_per_rank: float = Field(0.5, gt=0)
-    num_threads: int = Field(0, ge=0, description=(
-        "torch intra-op threads per rank; 0 keeps the process default (under Ray, "
-        "OMP_NUM_THREADS from num_cpus_per_rank, at least 1). On a shared CPU machine more "
-        "threads than reserved CPUs let a rank use cores the other roles leave idle"))
     num_gpus_per_rank: float = Field(0.0, ge=0)
     timeout_s: float = Field(600.0, gt=0)
     loss: GRPOConfig = Field(default_factory=GRPOConfig)

@@ -49,10 +49,6 @@ class LearnerActor:
         # process-wide DS_ACCELERATOR (a CPU driver's, a node's) never wins over this rank's GPU
         os.environ["DS_ACCELERATOR"] = self.cfg.accelerator
         os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(REPO / ".cache" / "torch_extensions"))
-        if self.cfg.num_threads:
-            import torch
-
-            torch.set_num_threads(self.cfg.num_threads)
 
     def address(self, configured_port: bool = True) -> tuple[str, int]:
         """This node's IP and a free port on it (``master_port`` when set and asked for)."""

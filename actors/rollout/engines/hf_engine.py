@@ -306,9 +306,11 @@ class HFEngine(Engine):
         """The cache of the longest stored prefix of ``prompt``, cut to leave at least the last
         prompt token to compute (its logits sample the first token); None when there is none."""
         best = None
-        for key in self._caches:
-            if len(key) <= len(prompt) and (best is None or len(key) > len(best)) \
-                    and tuple(prompt[:len(key)]) == key:
+        for key in self._caches:   # cheap probes first: a full compare slices the whole prompt
+            n = len(key)
+            if 0 < n <= len(prompt) and (best is None or n > len(best)) \
+                    and key[-1] == prompt[n - 1] and key[n // 2] == prompt[n // 2] \
+                    and tuple(prompt[:n]) == key:
                 best = key
         if best is None or len(prompt) < 2:
             return None
@@ -391,12 +393,28 @@ class _GrowingLayer(DynamicLayer):
 
 
 def _warp(scores, s: SamplingParams):
-    """Temperature, then top-k, then top-p, as transformers' sampling warpers apply them."""
+    """Temperature, then top-k, then top-p, as transformers' sampling warpers apply them.
+
+    With both top-k and top-p, top-p is computed over the k survivors of top-k (``torch.topk``,
+    already sorted) instead of sorting the whole vocabulary: the masked entries have
+    probability 0 and are dropped either way, and a [B, V] sort was the largest single cost of
+    sampling (at V = 4,096 and 16 rows, 2.7 ms of a ~20 ms decode step). When the k-th value is
+    tied (top-k then keeps more than k entries) the full sort is used, so the kept set is
+    always transformers' own."""
     if s.temperature != 1.0:
         scores = scores / s.temperature
-    if s.top_k > 0 and s.top_k < scores.shape[-1]:
-        kth = torch.topk(scores, s.top_k)[0][..., -1, None]
-        scores = scores.masked_fill(scores < kth, float("-inf"))
+    vocab = scores.shape[-1]
+    if s.top_k > 0 and s.top_k < vocab:
+        top, index = torch.topk(scores, s.top_k)
+        kth = top[..., -1, None]
+        kept = scores >= kth
+        scores = scores.masked_fill(~kept, float("-inf"))
+        if s.top_p < 1.0 and bool((kept.sum(-1) == s.top_k).all()):
+            ordered, index = top.flip(-1), index.flip(-1)   # ascending, as the warper sorts
+            drop = ordered.softmax(dim=-1).cumsum(dim=-1) <= (1 - s.top_p)
+            drop[..., -1:] = False
+            full = torch.zeros_like(kept).scatter(1, index, drop)
+            return scores.masked_fill(full, float("-inf"))
     if s.top_p < 1.0:
         ordered, index = torch.sort(scores, descending=False)
         cumulative = ordered.softmax(dim=-1).cumsum(dim=-1)
