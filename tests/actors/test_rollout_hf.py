@@ -175,9 +175,9 @@ def test_a_weight_update_waits_for_the_running_batch_and_clears_the_prefix_cache
     engine.update_weights({name: original}, engine.version + 1)
 
 
-def test_newcomers_are_prefilled_together_and_each_equals_the_unbatched_path(engine):
-    """One admission with a cached prefix, no prefix, and one prompt twice (a group): one forward,
-    the shared prompt computed once, and every request's tokens and log-probs those of
+def test_newcomers_admitted_together_each_equal_the_unbatched_path(engine):
+    """One admission with a cached prefix, no prefix, and one prompt twice (a group): the shared
+    prompt is computed once, and every request's tokens and log-probs are those of
     ``model.generate`` on it alone (within 1e-5)."""
     from actors.rollout.engines.hf_engine import _Request
 
@@ -205,7 +205,6 @@ def test_newcomers_are_prefilled_together_and_each_equals_the_unbatched_path(eng
         while not all(r.done() for r in reqs):
             batch = engine._decode(reqs, batch)
     loop.close()
-    assert engine.stats["prefill_forwards"] - before["prefill_forwards"] == 1
     assert engine.stats["prefills"] - before["prefills"] == 3   # b once for both requests
     for (prompt, _), req in zip(requests, reqs):
         tokens, logprobs = reference_generate(engine.model, prompt, req.sampling, never)

@@ -3,11 +3,10 @@
 Continuous batching: ``generate`` queues a request; one engine thread runs a decode loop in which
 every active request advances by one token per forward pass (one ``[B, 1]`` step for all B
 sequences). New requests join, and finished ones leave, between steps: the batch's KV cache is
-split into per-sequence caches, the newcomers are prefilled together (``_prefill``: each distinct
-prompt's uncached suffix, all in one forward), and the rows are re-stacked with left padding (zero
-keys/values under a 0 attention mask, explicit position ids, so every row sees exactly its own
-tokens). Up to ``max_batch_size`` requests
-run at once; the rest wait in the queue. Tiny models are dominated by per-step overhead, so B
+split into per-sequence caches, the newcomers are prefilled (``_prefill``: each distinct prompt's
+uncached suffix in one forward), and the rows are re-stacked with left padding (zero keys/values
+under a 0 attention mask, explicit position ids, so every row sees exactly its own tokens). Up
+to ``max_batch_size`` requests run at once; the rest wait in the queue. Tiny models are dominated by per-step overhead, so B
 sequences cost about as much as one (docs/benchmarks.md).
 
 Per sequence: its own stop ids and token limit, its own ``torch.Generator`` (seeded by
@@ -22,16 +21,13 @@ group share their prompt, so the engine keeps the KV caches of its last ``prefix
 prefixes a new request. Cached tensors are never modified in place, so entries are shared, not
 copied.
 
-Newcomers admitted together are prefilled in one forward (in the agent loop they arrive in
-waves: the K episodes of a group with one prompt, then every episode's tool result at about the
-same time). Identical prompts are computed once and their requests sample from the same logits,
-each with its own generator. The distinct prompts' suffixes are laid out as
-``[left pad][cached prefix][suffix][right pad]``: the prefixes are left-padded into one cache as
-in decoding, the suffixes right-padded to the longest, the attention mask zero on both pads.
-Padding on the right keeps every pad query behind real tokens (no fully masked attention row),
-and each row's cache stays one contiguous slice; its first token is sampled from the logits at
-its last real position. One forward for W newcomers instead of W: at 16 episodes per wave the
-per-forward overhead of the tiny model, not the tokens, was the prefill's cost.
+Newcomers admitted together with one prompt (the K episodes of a group, first turn) are
+prefilled once and sample their first tokens from the same logits, each with its own generator
+(before, each one after the first resumed from the stored prompt with a one-token forward over
+the whole cache). Distinct prompts are prefilled one by one, unpadded: a padded batch of them
+(tried: prefixes left-padded, suffixes right-padded, one forward) was 1.3-2.3x slower on this
+CPU, since a padding mask sends attention to SDPA's math path (a 2k-token prompt then
+materialises its full score matrix) and the padded copies cost more than the forwards saved.
 
 Weight updates drain: no request is admitted until the active ones finish, then the weights are
 loaded, the prefix cache is cleared and the version published; so one generation never mixes two
@@ -103,8 +99,7 @@ class HFEngine(Engine):
         self._pending: list[_Request] = []
         self._update: Optional[tuple[dict, int]] = None
         self._closed = False
-        self.stats = {"steps": 0, "rows": 0, "prefills": 0, "prefill_tokens": 0,
-                      "prefill_forwards": 0}
+        self.stats = {"steps": 0, "rows": 0, "prefills": 0, "prefill_tokens": 0}
         self._thread = threading.Thread(target=self._serve, name="hf-engine", daemon=True)
         self._thread.start()
 
@@ -181,67 +176,31 @@ class HFEngine(Engine):
         return keep
 
     def _prefill(self, reqs: list[_Request]) -> None:
-        """Prefill ``reqs`` in one forward (module docstring) and sample each one's first token:
-        sets ``req.kv`` (the row's cache, its own tensors) and stores each prompt's cache."""
+        """Prefill ``reqs`` (each distinct prompt once, module docstring) and sample each one's
+        first token; sets ``req.kv`` and stores each prompt's cache."""
         distinct: dict[tuple, list[_Request]] = {}
         for req in reqs:
             distinct.setdefault(tuple(req.prompt), []).append(req)
-        rows = [(same[0].prompt, self._lookup(same[0].prompt)) for same in distinct.values()]
-        if len(rows) == 1:
-            kvs, logits = self._prefill_one(*rows[0])
-        else:
-            kvs, logits = self._prefill_many(rows)
-        self.stats["prefill_forwards"] += 1
-        for (prompt, prefix), kv in zip(rows, kvs):
+        order, logits = [], []
+        for same in distinct.values():
+            prompt = same[0].prompt
+            prefix = self._lookup(prompt)
+            start = 0 if prefix is None else prefix[0][0].shape[2]
+            cache = DynamicCache(prefix, config=self.model.config) if prefix else DynamicCache(
+                config=self.model.config)
+            out = self.model(input_ids=torch.tensor([prompt[start:]]),
+                             attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                             position_ids=torch.arange(start, len(prompt))[None],
+                             cache=cache, use_cache=True, logits_to_keep=1)
+            kv = [(layer.keys, layer.values) for layer in cache.layers]
             self._store(prompt, kv)
             self.stats["prefills"] += 1
-            self.stats["prefill_tokens"] += len(prompt) - (prefix[0][0].shape[2] if prefix else 0)
-        order, rows_logits = [], []
-        for row, same in enumerate(distinct.values()):
+            self.stats["prefill_tokens"] += len(prompt) - start
             for req in same:
-                req.kv = kvs[row]
+                req.kv = kv
                 order.append(req)
-                rows_logits.append(row)
-        self._sample(order, logits[rows_logits])
-
-    def _prefill_one(self, prompt: list[int], prefix: Optional[KV]):
-        """One prompt, unpadded: ([its cache], logits [1, V])."""
-        start = 0 if prefix is None else prefix[0][0].shape[2]
-        cache = DynamicCache(prefix, config=self.model.config) if prefix else DynamicCache(
-            config=self.model.config)
-        out = self.model(input_ids=torch.tensor([prompt[start:]]),
-                         attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-                         position_ids=torch.arange(start, len(prompt))[None],
-                         cache=cache, use_cache=True, logits_to_keep=1)
-        return [[(layer.keys, layer.values) for layer in cache.layers]], out.logits[:, -1].float()
-
-    def _prefill_many(self, rows: list[tuple[list[int], Optional[KV]]]):
-        """Several prompts in one padded forward: ([each row's cache], logits [R, V])."""
-        cached = [prefix[0][0].shape[2] if prefix else 0 for _, prefix in rows]
-        suffix = [len(prompt) - p for (prompt, _), p in zip(rows, cached)]
-        width, span = max(cached), max(suffix)
-        cache = DynamicCache(config=self.model.config)
-        if width:
-            shape = next(prefix for _, prefix in rows if prefix)
-            empty = [(k.new_zeros(1, k.shape[1], 0, k.shape[3]),) * 2 for k, _ in shape]
-            cache.layers = [_GrowingLayer([(prefix or empty)[layer] for _, prefix in rows],
-                                          cached, span)
-                            for layer in range(len(shape))]
-        ids = torch.zeros(len(rows), span, dtype=torch.long)
-        mask = torch.zeros(len(rows), width + span, dtype=torch.long)
-        for i, ((prompt, _), p, n) in enumerate(zip(rows, cached, suffix)):
-            ids[i, :n] = torch.tensor(prompt[p:])
-            mask[i, width - p:width + n] = 1
-        positions = torch.tensor(cached)[:, None] + torch.arange(span)[None]
-        last = sorted(set(n - 1 for n in suffix))
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache,
-                         use_cache=True, logits_to_keep=torch.tensor(last))
-        logits = out.logits[torch.arange(len(rows)), [last.index(n - 1) for n in suffix]]
-        kvs = [[(layer.keys[i:i + 1, :, width - p:width + n].clone(),
-                 layer.values[i:i + 1, :, width - p:width + n].clone())
-                for layer in cache.layers]
-               for i, (p, n) in enumerate(zip(cached, suffix))]
-        return kvs, logits.float()
+                logits.append(out.logits[0, -1])
+        self._sample(order, torch.stack(logits).float())
 
     def _stack(self, active: list[_Request]):
         """Left-pad the rows' caches into one batch cache with room to grow in place:
