@@ -19,7 +19,8 @@ the next segment so the sequence stays well formed. Tool calls are parsed by the
 Termination: a plain reply (no tool call) ends the episode with status ``ok``; a tool call
 when ``max_turns`` calls were already made, a sequence that reached ``max_tokens_per_sequence``,
 or a next segment that would not fit, ends it ``truncated`` (the final state is still verified:
-EnvScaler's reward is a property of the state). Malformed turns follow ``config.malformed`` (see
+EnvScaler's reward is a property of the state), as does ``max_malformed_streak`` malformed turns
+in a row (``info["ended_by"] = "malformed_streak"``). Malformed turns follow ``config.malformed`` (see
 ``actors.rollout.config``) and are counted per kind in ``info["malformed"]``; their token spans
 (``[start, stop)`` into ``token_ids``) are ``info["malformed_spans"]``, so the learner can tell a
 broken call from the turns that earned the reward (``GRPOConfig.malformed_credit``). A sandbox failure
@@ -96,6 +97,8 @@ class _Episode:
     session: Any = None     # the EnvSession, once open
     opening: Any = None     # an awaitable of it while it opens
     turns: int = 0
+    malformed_streak: int = 0   # malformed turns in a row, up to the last one
+    ended_by: str = ""          # set when a limit other than the turn/sequence limits ended it
     status: str = "ok"
     final_reply: str = ""
     error: str = ""
@@ -156,6 +159,7 @@ class AgentLoop:
             info={"turns": ep.turns, "malformed": ep.malformed,
                   "malformed_spans": ep.malformed_spans, "policy_versions": ep.versions,
                   "generated_tokens": sum(ep.loss_mask),
+                  **({"ended_by": ep.ended_by} if ep.ended_by else {}),
                   **({"error": ep.error} if ep.error else {})})
 
     async def _sandbox(self, ep: _Episode) -> EnvSession:
@@ -231,7 +235,12 @@ class AgentLoop:
             if cfg.malformed == "end_zero":
                 ep.status = "malformed"
                 return None
+            ep.malformed_streak += 1
+            if cfg.max_malformed_streak and ep.malformed_streak >= cfg.max_malformed_streak:
+                ep.status, ep.ended_by = "truncated", "malformed_streak"
+                return None
             return f"Error: {parsed.error}"
+        ep.malformed_streak = 0
         session = await self._sandbox(ep)
         t0 = time.perf_counter()
         step = await asyncio.wait_for(session.astep(parsed.name, parsed.arguments),

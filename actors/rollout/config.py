@@ -10,6 +10,13 @@ Decisions where the paper is silent:
   ``max_turns``); ``"end_zero"`` ends the episode with reward 0 and status ``malformed``
   (EnvScaler's rule for a tool call that raises).
 - ``max_turns`` counts model turns that asked for a tool; the final plain reply is not a turn.
+- ``max_malformed_streak`` (0: no limit, the default): under ``error_observation``, the episode
+  ends ``truncated`` (its state verified, as at ``max_turns``) when this many model turns in a row
+  were malformed; ``info["ended_by"]`` says ``malformed_streak``. A small policy that has lost the
+  thread fills its remaining turns with broken calls: in 128 episodes of the CPU demo's warm
+  start, 41 had 3 or more malformed turns in a row and none of them made a tool call after such
+  a run (so no reward came after it), while those turns made the slowest groups of a step 3-5x
+  longer and the learner wait (docs/demo.md, 2026-12-03).
 - ``tool_parser``: how a turn's tool call is written (``actors.rollout.toolcall``); ``auto`` picks
   it from the chat template, whose own rendering is used for prompts and tool results.
 - Timeouts (seconds) bound every awaited call: one generation, one tool step, one verify, and
@@ -41,6 +48,9 @@ class RolloutConfig(BaseModel):
     top_p: float = Field(0.99, gt=0.0, le=1.0)
     top_k: int = Field(100, ge=-1, description="-1 or 0 disables top-k")
     malformed: MalformedPolicy = "error_observation"
+    max_malformed_streak: int = Field(0, ge=0, description=(
+        "end the episode (truncated, state verified) after this many malformed turns in a row; "
+        "0: no limit"))
     enable_thinking: bool = Field(True, description="passed to the chat template")
     tool_parser: ToolParserName = Field(
         "auto", description="tool-call format of the policy: hermes (Qwen), llama3_json, mistral; "

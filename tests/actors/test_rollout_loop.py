@@ -269,3 +269,19 @@ def test_a_failed_open_ends_the_episode_and_is_retried(pool, tokenizer, failure,
                                          "opening a session failed")
     assert len(calls) == 2 and traj.actions == []
     assert sessions.wait_time_stats()["free_sandboxes"] == 1
+
+
+def test_a_run_of_malformed_turns_ends_the_episode_and_still_verifies(pool, tokenizer):
+    """``max_malformed_streak``: a valid call resets the count; the third broken turn in a row
+    ends the episode truncated, its state verified (the call made before still counts)."""
+    bad = MALFORMED["unknown_tool"]
+    script = [bad, bad, CALL, bad, bad, bad, render_call("list_notes", {})]
+    engine = ScriptedEngine(tokenizer, {"notes-1": script})
+    traj = run(engine, tokenizer, pool, "notes-1", max_malformed_streak=3)
+    assert (traj.status, traj.info["ended_by"], traj.info["turns"]) == ("truncated",
+                                                                     "malformed_streak", 6)
+    assert traj.reward == 1.0 and [a.tool for a in traj.actions] == ["delete_note"]
+    assert traj.info["malformed"] == {"unknown_tool": 5} and len(traj.info["malformed_spans"]) == 5
+    assert_aligned(traj)
+    unlimited = run(ScriptedEngine(tokenizer, {"notes-1": script}), tokenizer, pool, "notes-1")
+    assert unlimited.info["turns"] == 7 and "ended_by" not in unlimited.info
