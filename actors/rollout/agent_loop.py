@@ -20,8 +20,8 @@ Termination: a plain reply (no tool call) ends the episode with status ``ok``; a
 when ``max_turns`` calls were already made, a sequence that reached ``max_tokens_per_sequence``,
 or a next segment that would not fit, ends it ``truncated`` (the final state is still verified:
 EnvScaler's reward is a property of the state), as does ``max_malformed_streak`` malformed turns
-in a row (``info["ended_by"] = "malformed_streak"``). Malformed turns follow ``config.malformed`` (see
-``actors.rollout.config``) and are counted per kind in ``info["malformed"]``; their token spans
+in a row (``info["ended_by"] = "malformed_streak"``). Malformed turns follow ``config.malformed``
+(see ``actors.rollout.config``) and are counted per kind in ``info["malformed"]``; their token spans
 (``[start, stop)`` into ``token_ids``) are ``info["malformed_spans"]``, so the learner can tell a
 broken call from the turns that earned the reward (``GRPOConfig.malformed_credit``). A sandbox failure
 ends the episode ``env_error`` (``timeout`` when it was a timeout) with reward 0; the caller may
@@ -140,8 +140,8 @@ class AgentLoop:
         try:
             await self._turns(ep, env, task, seed)
             if ep.status in ("ok", "truncated"):
+                sandbox = await self._sandbox(ep)   # any wait goes to open_wait_s, not here
                 t0 = time.perf_counter()
-                sandbox = await self._sandbox(ep)
                 result = await asyncio.wait_for(sandbox.averify(), self.config.verify_timeout_s)
                 ep.timings["verify_s"] = time.perf_counter() - t0
                 reward, checks = result.reward, result.checks

@@ -210,3 +210,36 @@ def test_newcomers_admitted_together_each_equal_the_unbatched_path(engine):
         tokens, logprobs = reference_generate(engine.model, prompt, req.sampling, never)
         assert req.tokens == tokens
         assert torch.allclose(torch.tensor(req.logprobs), logprobs, atol=1e-5, rtol=0)
+
+
+def _warp_by_full_sort(scores, s):
+    """transformers' warpers as written: top-k mask, then top-p over the sorted vocabulary."""
+    if s.temperature != 1.0:
+        scores = scores / s.temperature
+    if 0 < s.top_k < scores.shape[-1]:
+        kth = torch.topk(scores, s.top_k)[0][..., -1, None]
+        scores = scores.masked_fill(scores < kth, float("-inf"))
+    if s.top_p < 1.0:
+        ordered, index = torch.sort(scores, descending=False)
+        drop = ordered.softmax(dim=-1).cumsum(dim=-1) <= (1 - s.top_p)
+        drop[..., -1:] = False
+        scores = scores.masked_fill(drop.scatter(1, index, drop), float("-inf"))
+    return scores
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p", [(0.99, 100, 0.99), (0.7, 20, 0.9),
+                                                     (1.0, 0, 0.5), (1.0, 50, 1.0)])
+def test_top_p_over_the_top_k_survivors_keeps_the_full_sorts_set(temperature, top_k, top_p):
+    """The warper's shortcut (top-p over top-k's k values) keeps exactly the entries the full
+    vocabulary sort keeps, including when the k-th value is tied (the full sort is used)."""
+    from actors.rollout.engines.hf_engine import _warp
+
+    s = SamplingParams(max_tokens=1, temperature=temperature, top_k=top_k, top_p=top_p)
+    gen = torch.Generator().manual_seed(0)
+    for scale in (0.5, 1.0, 3.0, 8.0):
+        scores = torch.randn(16, 4096, generator=gen) * scale
+        if top_k:
+            scores[0, 0] = torch.topk(scores[0], top_k)[0][-1]   # a tie at the k-th value
+        got, want = _warp(scores, s), _warp_by_full_sort(scores, s)
+        assert torch.equal(torch.isinf(got), torch.isinf(want))
+        assert torch.equal(got[~torch.isinf(got)], want[~torch.isinf(want)])

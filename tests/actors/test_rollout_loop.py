@@ -285,3 +285,32 @@ def test_a_run_of_malformed_turns_ends_the_episode_and_still_verifies(pool, toke
     assert_aligned(traj)
     unlimited = run(ScriptedEngine(tokenizer, {"notes-1": script}), tokenizer, pool, "notes-1")
     assert unlimited.info["turns"] == 7 and "ended_by" not in unlimited.info
+
+
+def test_a_session_still_opening_when_the_episode_ends_is_closed(pool, tokenizer):
+    """An episode that ends before it needs its sandbox (a broken first turn under end_zero)
+    waits for the open in flight and closes it: every sandbox is free when the group returns."""
+    from actors.rollout.runner import GroupRunner
+    from actors.rollout.session import InProcessSessions
+
+    closed = []
+
+    class SlowSessions(InProcessSessions):
+        async def aopen_session(self, task, seed):
+            await asyncio.sleep(0.2)
+            session = await super().aopen_session(task, seed)
+            inner = session.aclose
+
+            async def aclose():
+                closed.append(seed)
+                await inner()
+            session.aclose = aclose
+            return session
+
+    sessions = SlowSessions(pool, workers=2)
+    engine = ScriptedEngine(tokenizer, {"notes-1": [MALFORMED["invalid_json"]]})
+    loop = AgentLoop(engine, tokenizer, RolloutConfig(k=2, malformed="end_zero"))
+    group = asyncio.run(GroupRunner(loop, pool, sessions).run_group(Ticket.direct("notes-1")))
+    assert [t.status for t in group.trajectories] == ["malformed", "malformed"]
+    assert sorted(closed) == sorted(t.seed for t in group.trajectories)
+    assert sessions.wait_time_stats()["free_sandboxes"] == 2

@@ -6,8 +6,8 @@ sequences). New requests join, and finished ones leave, between steps: the batch
 split into per-sequence caches, the newcomers are prefilled (``_prefill``: each distinct prompt's
 uncached suffix in one forward), and the rows are re-stacked with left padding (zero keys/values
 under a 0 attention mask, explicit position ids, so every row sees exactly its own tokens). Up
-to ``max_batch_size`` requests run at once; the rest wait in the queue. Tiny models are dominated by per-step overhead, so B
-sequences cost about as much as one (docs/benchmarks.md).
+to ``max_batch_size`` requests run at once; the rest wait in the queue. Tiny models are dominated
+by per-step overhead, so B sequences cost about as much as one (docs/benchmarks.md).
 
 Per sequence: its own stop ids and token limit, its own ``torch.Generator`` (seeded by
 ``sampling.seed``, so a request gives the same tokens whatever else is in the batch), its own
@@ -369,15 +369,19 @@ def _warp(scores, s: SamplingParams):
         kept = scores >= kth
         scores = scores.masked_fill(~kept, float("-inf"))
         if s.top_p < 1.0 and bool((kept.sum(-1) == s.top_k).all()):
-            ordered, index = top.flip(-1), index.flip(-1)   # ascending, as the warper sorts
-            drop = ordered.softmax(dim=-1).cumsum(dim=-1) <= (1 - s.top_p)
-            drop[..., -1:] = False
-            full = torch.zeros_like(kept).scatter(1, index, drop)
+            drop = _top_p_drop(top.flip(-1), s.top_p)   # ascending, as the warper sorts
+            full = torch.zeros_like(kept).scatter(1, index.flip(-1), drop)
             return scores.masked_fill(full, float("-inf"))
     if s.top_p < 1.0:
         ordered, index = torch.sort(scores, descending=False)
-        cumulative = ordered.softmax(dim=-1).cumsum(dim=-1)
-        drop = cumulative <= (1 - s.top_p)
-        drop[..., -1:] = False
+        drop = _top_p_drop(ordered, s.top_p)
         scores = scores.masked_fill(drop.scatter(1, index, drop), float("-inf"))
     return scores
+
+
+def _top_p_drop(ascending, top_p: float):
+    """transformers' top-p rule on scores sorted ascending: drop the entries whose cumulative
+    probability is at most 1 - top_p, never the largest."""
+    drop = ascending.softmax(dim=-1).cumsum(dim=-1) <= (1 - top_p)
+    drop[..., -1:] = False
+    return drop
