@@ -2,6 +2,7 @@
 waiting on the executors (CPU, tiny local policy by default).
 
     envsched bench rollout --engine-only 16 [--prompt-len 64]   # the HF engine's batching alone
+    envsched bench rollout --engine-only 16 --turns 4 --prompt-len 2000   # ... on episodes
     envsched bench rollout [--pool DIR | --envs 2 --tasks-per-env 4] [--engine hf|scripted]
                            [--k 4] [--workers 1] [--set k=v] [--executor-set k=v] [--json]
 
@@ -35,6 +36,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="skip Ray and sandboxes: N concurrent requests straight into the HF "
                         "engine (--prompt-len tokens each, 32 generated), tokens/s")
     p.add_argument("--prompt-len", type=int, default=64)
+    p.add_argument("--turns", type=int, default=1,
+                   help="with --engine-only: 2N episodes of this many turns, N at a time "
+                        "(engine_episodes)")
     p.add_argument("--json", action="store_true")
 
 
@@ -67,9 +71,72 @@ def engine_only(requests: int, prompt_len: int, model: str | None) -> dict:
             "wall_s": round(wall, 3), "tokens_per_s": round(tokens / wall, 1)}
 
 
+def engine_episodes(concurrent: int, turns: int, prompt_len: int, model: str | None,
+                    **engine_kwargs) -> dict:
+    """The bench's shape without Ray or sandboxes: 2 x ``concurrent`` episodes of ``turns``
+    turns, ``concurrent`` at a time, K = 4 per task, tasks in two environments whose prompts
+    share all but their last 100 tokens (system prompt and tool schemas); each turn generates
+    40 tokens and appends 50 tokens of tool output. Seeded, so two engines that sample alike
+    give the same ``tokens_sha`` (a hash of every episode's tokens)."""
+    import asyncio
+    import hashlib
+    import random
+    import time
+
+    import torch
+
+    from actors.rollout.engines.base import SamplingParams
+    from actors.rollout.engines.hf_engine import HFEngine
+
+    torch.set_num_threads(1)
+    engine = HFEngine(model, **engine_kwargs)
+    vocab = len(engine.tokenizer)
+    never = [vocab + 5]
+    rng = random.Random(0)
+    shared = [[rng.randrange(5, vocab) for _ in range(max(prompt_len - 100, 1))] for _ in range(2)]
+    n_tasks = max(2 * concurrent // 4, 1)
+    tasks = [shared[t % 2] + [rng.randrange(5, vocab) for _ in range(100)] for t in range(n_tasks)]
+
+    async def episode(t: int, k: int, gate: asyncio.Semaphore) -> list[int]:
+        async with gate:
+            sequence, out = list(tasks[t]), []
+            for turn in range(turns):
+                seed = 1000 * t + 10 * k + turn
+                gen = await engine.generate(sequence, SamplingParams(
+                    temperature=1.0, max_tokens=40, seed=seed, stop_token_ids=never))
+                tool = random.Random(seed)
+                sequence += gen.token_ids + [tool.randrange(5, vocab) for _ in range(50)]
+                out += gen.token_ids
+            return out
+
+    async def all_episodes() -> list[list[int]]:
+        gate = asyncio.Semaphore(concurrent)
+        return await asyncio.gather(*(episode(t, k, gate) for t in range(n_tasks)
+                                      for k in range(4)))
+
+    asyncio.run(engine.generate([5, 6, 7], SamplingParams(max_tokens=4, seed=0)))  # warm-up
+    engine._caches.clear()
+    t0 = time.perf_counter()
+    out = asyncio.run(all_episodes())
+    wall = time.perf_counter() - t0
+    engine.close()
+    return {"episodes": len(out), "concurrent": concurrent, "turns": turns,
+            "prompt_len": prompt_len, "tokens": sum(map(len, out)), "wall_s": round(wall, 3),
+            "episodes_per_s": round(len(out) / wall, 3),
+            "tokens_sha": hashlib.sha256(repr(out).encode()).hexdigest()[:12],
+            "engine": dict(engine.stats)}
+
+
 def run(args: argparse.Namespace) -> int:
     if args.engine_only:
-        print(json.dumps(engine_only(args.engine_only, args.prompt_len, args.model)))
+        if args.turns > 1:
+            from launch.rollout import override_tree
+            kwargs = override_tree(args.set).get("engine_kwargs", {})   # --set engine_kwargs.X=
+            result = engine_episodes(args.engine_only, args.turns, args.prompt_len, args.model,
+                                     **kwargs)
+        else:
+            result = engine_only(args.engine_only, args.prompt_len, args.model)
+        print(json.dumps(result))
         return 0
     from actors.rollout.summary import format_summary, summarize
     from envs.generator import generate_pool

@@ -179,7 +179,7 @@ def test_newcomers_admitted_together_each_equal_the_unbatched_path(engine):
     """One admission with a cached prefix, no prefix, and one prompt twice (a group): the shared
     prompt is computed once, and every request's tokens and log-probs are those of
     ``model.generate`` on it alone (within 1e-5)."""
-    from actors.rollout.engines.hf_engine import _Request
+    from actors.rollout.engines.hf_engine import _Batch, _Request
 
     tok = engine.tokenizer
     never = (len(tok) + 7,)
@@ -189,7 +189,9 @@ def test_newcomers_admitted_together_each_equal_the_unbatched_path(engine):
     resumed = a + first.token_ids + tok.encode("<|im_end|>\n<|im_start|>user\nok<|im_end|>\n")
     b = tok.encode("<|im_start|>user\nclose the reservation of room 12 today<|im_end|>\n")
     requests = [(resumed, 3), (b, 4), (b, 5), (tok.encode("<|im_start|>user\nhi"), 6)]
-    assert engine._lookup(resumed) is not None and engine._lookup(b) is None
+    common = next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)   # the template's start
+    assert engine._lookup(resumed)[0][0].shape[2] == len(a) + len(first.token_ids) - 1
+    assert engine._lookup(b)[0][0].shape[2] == common
     loop = asyncio.new_event_loop()
     reqs = []
     for prompt, seed in requests:
@@ -201,11 +203,15 @@ def test_newcomers_admitted_together_each_equal_the_unbatched_path(engine):
     before = dict(engine.stats)
     with engine._cond, torch.no_grad():   # the engine thread is idle: it waits on this lock
         engine._prefill(reqs)
-        batch = engine._stack(reqs)
+        batch = _Batch(engine.model.config)
+        for req in reqs:
+            batch.add(req.kv)
         while not all(r.done() for r in reqs):
-            batch = engine._decode(reqs, batch)
+            engine._decode(reqs, batch)
     loop.close()
     assert engine.stats["prefills"] - before["prefills"] == 3   # b once for both requests
+    assert engine.stats["prefill_tokens"] - before["prefill_tokens"] == (
+        len(resumed) - len(a) - len(first.token_ids) + 1 + len(b) - common + 1)
     for (prompt, _), req in zip(requests, reqs):
         tokens, logprobs = reference_generate(engine.model, prompt, req.sampling, never)
         assert req.tokens == tokens
@@ -243,3 +249,88 @@ def test_top_p_over_the_top_k_survivors_keeps_the_full_sorts_set(temperature, to
         got, want = _warp(scores, s), _warp_by_full_sort(scores, s)
         assert torch.equal(torch.isinf(got), torch.isinf(want))
         assert torch.equal(got[~torch.isinf(got)], want[~torch.isinf(want)])
+
+
+def _request(prompt, max_tokens, seed, stops, loop, temperature=0.9):
+    from actors.rollout.engines.hf_engine import _Request
+
+    sampling = SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=seed,
+                              stop_token_ids=stops)
+    return _Request(list(prompt), sampling, frozenset(stops), loop.create_future(), loop,
+                    torch.Generator().manual_seed(seed))
+
+
+def test_rows_join_and_leave_a_running_batch_and_each_equals_the_unbatched_path(engine,
+                                                                                monkeypatch):
+    """The batch cache is kept across admissions (``_Batch``): rows finish at different steps
+    (the last row moves into the freed one), newcomers join mid-run, one longer than every
+    running row (the window widens to the left), others past the buffer's room, its rows or its
+    columns (a reallocation; ``_ROOM`` is made small so every path runs). Every request's tokens
+    equal ``model.generate`` on it alone, log-probs within 1e-5."""
+    from actors.rollout.engines.hf_engine import _Batch
+
+    monkeypatch.setattr(_Batch, "_ROOM", 8)
+    tok = engine.tokenizer
+    never = (len(tok) + 7,)
+    base = tok.encode("<|im_start|>user\nreassign the loan of copy 44<|im_end|>\n")
+    loop = asyncio.new_event_loop()
+    waves = {0: [(base, 5, 1), (base + list(range(200, 206)), 12, 2), (base[:9], 30, 3)],
+             3: [(base + list(range(300, 360)), 10, 4), (base[:5], 7, 5)],
+             9: [(base + list(range(400, 430)), 8, 6), (base[:12], 6, 7), (base, 9, 8),
+                 (list(range(500, 540)), 4, 9)],
+             10: [(list(range(600, 900)), 5, 10)]}
+    reqs = {step: [_request(p, n, seed, never, loop) for p, n, seed in wave]
+            for step, wave in waves.items()}
+    everyone = [r for wave in reqs.values() for r in wave]
+    active, batch, widest, step = [], _Batch(engine.model.config), 0, 0
+    with engine._cond, torch.no_grad():   # the engine thread is idle: it waits on this lock
+        while reqs or active:
+            admitted = reqs.pop(step, [])
+            if admitted or any(r.done() for r in active):
+                engine._regroup(active, batch, admitted)
+            assert [len(r.prompt) + len(r.tokens) - 1 for r in active] == batch.lengths
+            widest = max(widest, len(batch))
+            if active:
+                engine._decode(active, batch)
+            step += 1
+    loop.close()
+    assert widest > 4 and batch.keys[0].shape[0] >= widest   # the rows were reallocated
+    for req in everyone:
+        tokens, logprobs = reference_generate(engine.model, req.prompt, req.sampling, never)
+        assert req.tokens == tokens
+        assert torch.allclose(torch.tensor(req.logprobs), logprobs, atol=1e-5, rtol=0)
+
+
+def test_a_prompt_resumes_from_another_prompts_shared_prefix(engine):
+    """Tasks of one environment share the system prompt and tool schemas: a new prompt resumes
+    from the longest common prefix of any stored sequence, computes only the rest, and its
+    tokens are those of the unbatched path."""
+    tok = engine.tokenizer
+    never = (len(tok) + 7,)
+    shared = tok.encode("<|im_start|>system\nYou operate the fleet desk. Tools: get_driver, "
+                        "swap_assignment, cancel_assignment.<|im_end|>\n<|im_start|>user\n")
+    first = shared + tok.encode("swap the truck of Ivan Park<|im_end|>\n")
+    second = shared + tok.encode("end the assignment of Dalia Ho<|im_end|>\n")
+    sampling = SamplingParams(max_tokens=6, temperature=0.8, seed=4, stop_token_ids=never)
+    asyncio.run(engine.generate(first, sampling))
+    common = next(i for i, (x, y) in enumerate(zip(first, second)) if x != y)
+    assert common >= len(shared)
+    before = engine.stats["prefill_tokens"]
+    got = asyncio.run(engine.generate(second, sampling))
+    assert engine.stats["prefill_tokens"] - before == len(second) - common
+    tokens, logprobs = reference_generate(engine.model, second, sampling, never)
+    assert got.token_ids == tokens
+    assert torch.allclose(torch.tensor(got.logprobs), logprobs, atol=1e-5, rtol=0)
+
+
+def test_the_engine_bench_on_episodes_gives_the_same_tokens_batched_or_not():
+    """``envsched bench rollout --engine-only N --turns T``: multi-turn episodes that share a
+    prefix run batched and cached, or one at a time uncached, and give the same tokens."""
+    from launch.bench.rollout import engine_episodes
+
+    batched = engine_episodes(3, 2, 160, None)
+    alone = engine_episodes(3, 2, 160, None, max_batch_size=1, prefix_cache=0)
+    assert batched["episodes"] == alone["episodes"] == 4 and batched["tokens"] == 4 * 2 * 40
+    assert batched["tokens_sha"] == alone["tokens_sha"]
+    assert batched["engine"]["steps"] < alone["engine"]["steps"]
+    assert batched["engine"]["prefill_tokens"] < alone["engine"]["prefill_tokens"] / 2

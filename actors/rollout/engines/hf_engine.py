@@ -2,12 +2,14 @@
 
 Continuous batching: ``generate`` queues a request; one engine thread runs a decode loop in which
 every active request advances by one token per forward pass (one ``[B, 1]`` step for all B
-sequences). New requests join, and finished ones leave, between steps: the batch's KV cache is
-split into per-sequence caches, the newcomers are prefilled (``_prefill``: each distinct prompt's
-uncached suffix in one forward), and the rows are re-stacked with left padding (zero keys/values
-under a 0 attention mask, explicit position ids, so every row sees exactly its own tokens). Up
-to ``max_batch_size`` requests run at once; the rest wait in the queue. Tiny models are dominated
-by per-step overhead, so B sequences cost about as much as one (docs/benchmarks.md).
+sequences). New requests join, and finished ones leave, between steps, without moving the rows
+that stay: the batch's KV cache (``_Batch``) keeps every row right-aligned in one preallocated
+buffer per layer (left padding under a 0 attention mask, explicit position ids, so every row
+sees exactly its own tokens); a newcomer is prefilled (``_prefill``: each distinct prompt's
+uncached suffix in one forward) and copied into a free row, a finished row is overwritten by the
+last one. Up to ``max_batch_size`` requests run at once; the rest wait in the queue. Tiny models
+are dominated by per-step overhead, so B sequences cost about as much as one
+(docs/benchmarks.md).
 
 Per sequence: its own stop ids and token limit, its own ``torch.Generator`` (seeded by
 ``sampling.seed``, so a request gives the same tokens whatever else is in the batch), its own
@@ -15,11 +17,12 @@ temperature / top-k / top-p (applied in transformers' order: temperature, top-k,
 multinomial draw). Log-probs are of the raw logits (temperature 1), matching vLLM's default, and
 equal those of the unbatched path (``model.generate`` on the request alone) within 1e-5.
 
-Prefix cache: a multi-turn episode resends its whole sequence every turn, and the K episodes of a
-group share their prompt, so the engine keeps the KV caches of its last ``prefix_cache`` sequences
-(LRU; each prompt once prefilled, and each finished sequence) and resumes from the longest one that
-prefixes a new request. Cached tensors are never modified in place, so entries are shared, not
-copied.
+Prefix cache: a multi-turn episode resends its whole sequence every turn, the K episodes of a
+group share their prompt, and the tasks of one environment share its system prompt and tool
+schemas; so the engine keeps the KV caches of its last ``prefix_cache`` sequences (LRU; each
+prompt once prefilled, and each finished sequence) and resumes from the longest common prefix
+of a new request with any of them. Cached tensors are never modified in place, so entries are
+shared, not copied.
 
 Newcomers admitted together with one prompt (the K episodes of a group, first turn) are
 prefilled once and sample their first tokens from the same logits, each with its own generator
@@ -33,7 +36,7 @@ Weight updates drain: no request is admitted until the active ones finish, then 
 loaded, the prefix cache is cleared and the version published; so one generation never mixes two
 policy versions.
 
-May import: torch, transformers, actors.policy, actors.rollout.engines.base.
+May import: numpy, torch, transformers, actors.policy, actors.rollout.engines.base.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+import numpy as np
 import torch
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
@@ -94,7 +98,8 @@ class HFEngine(Engine):
         self.stop_ids = tuple(gen.eos_token_id if isinstance(gen.eos_token_id, list)
                               else [gen.eos_token_id])
         self.prefix_cache, self.max_batch_size = prefix_cache, max_batch_size
-        self._caches: "OrderedDict[tuple[int, ...], KV]" = OrderedDict()
+        # sequence -> (its tokens as an array, for _lookup's compare; its KV cache)
+        self._caches: "OrderedDict[tuple[int, ...], tuple[np.ndarray, KV]]" = OrderedDict()
         self._cond = threading.Condition()
         self._pending: list[_Request] = []
         self._update: Optional[tuple[dict, int]] = None
@@ -122,8 +127,8 @@ class HFEngine(Engine):
     # -- the engine thread ---------------------------------------------------------------------
 
     def _serve(self) -> None:
-        active: list[_Request] = []
-        batch = None  # (DynamicCache, attention mask [B, L]) of ``active``, in order
+        active: list[_Request] = []   # in the batch's row order
+        batch: Optional[_Batch] = None
         while True:
             with self._cond:
                 while not (self._pending or active or self._update or self._closed):
@@ -141,39 +146,44 @@ class HFEngine(Engine):
                 admitted, self._pending = self._pending[:room], self._pending[room:]
             try:
                 with torch.no_grad():
+                    if batch is None:
+                        batch = _Batch(self.model.config)
                     if admitted or any(r.done() for r in active):
-                        active = self._regroup(active, batch, admitted)
-                        batch = self._stack(active) if active else None
+                        self._regroup(active, batch, admitted)
                     if active:
-                        batch = self._decode(active, batch)
+                        self._decode(active, batch)
             except Exception as e:  # noqa: BLE001 -- handed to every caller, not swallowed
                 for req in active + admitted:
                     req.finish(error=e)
                 active, batch = [], None
 
-    def _regroup(self, active: list[_Request], batch, admitted: list[_Request]) -> list[_Request]:
-        """Unstack the batch into per-row caches, retire finished rows, prefill newcomers."""
-        if batch is not None:
-            cache, mask = batch
-            width = mask.shape[1]
-            for i, req in enumerate(active):
-                n = int(mask[i].sum())
-                req.kv = [(layer.keys[i:i + 1, :, width - n:], layer.values[i:i + 1, :, width - n:])
-                          for layer in cache.layers]
+    def _regroup(self, active: list[_Request], batch: "_Batch", admitted: list[_Request]) -> None:
+        """Retire finished rows and prefill newcomers into ``batch``; ``active`` is updated in
+        place to the batch's row order. Rows that stay are not moved (class ``_Batch``)."""
+        for i in reversed(range(len(active))):   # descending: the last row is always one kept
+            req = active[i]
+            if req.done():
+                own = batch.remove(i, keep=self.prefix_cache > 0 and not req.future.cancelled())
+                active[i] = active[-1]
+                active.pop()
+                self._retire(req, own)
         if admitted:
             self._prefill(admitted)
-        keep = []
-        for req in active + admitted:
-            if not req.done():
-                keep.append(req)
-                continue
-            if not req.future.cancelled():
-                stopped = req.tokens[-1] in req.stops
-                req.finish(Generation(req.tokens, req.logprobs, "stop" if stopped else "length"))
-                own = [(k.clone(), v.clone()) for k, v in req.kv]  # not views of the batch
-                self._store(req.prompt + req.tokens, own)
+        for req in admitted:
+            if req.done():
+                self._retire(req, req.kv)
+            else:
+                batch.add(req.kv)
+                active.append(req)
             req.kv = None
-        return keep
+
+    def _retire(self, req: _Request, kv: Optional[KV]) -> None:
+        """Hand a finished request its generation and store its cache (``kv``: its own)."""
+        if req.future.cancelled():
+            return
+        stopped = req.tokens[-1] in req.stops
+        req.finish(Generation(req.tokens, req.logprobs, "stop" if stopped else "length"))
+        self._store(req.prompt + req.tokens, kv)
 
     def _prefill(self, reqs: list[_Request]) -> None:
         """Prefill ``reqs`` (each distinct prompt once, module docstring) and sample each one's
@@ -202,34 +212,17 @@ class HFEngine(Engine):
                 logits.append(out.logits[0, -1])
         self._sample(order, torch.stack(logits).float())
 
-    def _stack(self, active: list[_Request]):
-        """Left-pad the rows' caches into one batch cache with room to grow in place:
-        (DynamicCache, attention mask [B, L])."""
-        lengths = [req.kv[0][0].shape[2] for req in active]
-        width = max(lengths)
-        room = max(req.sampling.max_tokens - len(req.tokens) for req in active) + 1
-        cache = DynamicCache(config=self.model.config)
-        cache.layers = [_GrowingLayer([req.kv[layer] for req in active], lengths, room)
-                        for layer in range(len(active[0].kv))]
-        mask = torch.zeros(len(active), width, dtype=torch.long)
-        for i, n in enumerate(lengths):
-            mask[i, width - n:] = 1
-        for req in active:
-            req.kv = None
-        return cache, mask
-
-    def _decode(self, active: list[_Request], batch):
-        """One forward pass: feed every row's last sampled token, sample the next one; returns
-        the batch (the cache grew by one column in place, the mask is replaced)."""
-        cache, mask = batch
-        positions = mask.sum(-1, keepdim=True)
-        mask = torch.cat([mask, torch.ones(len(active), 1, dtype=torch.long)], dim=1)
+    def _decode(self, active: list[_Request], batch: "_Batch") -> None:
+        """One forward pass: feed every row's last sampled token, sample the next one (the
+        batch's cache grows by one column in place)."""
+        mask, positions = batch.step()
         out = self.model(input_ids=torch.tensor([[req.tokens[-1]] for req in active]),
-                         attention_mask=mask, position_ids=positions, cache=cache, use_cache=True)
+                         attention_mask=mask, position_ids=positions, cache=batch.cache,
+                         use_cache=True)
+        batch.advance(1)
         self.stats["steps"] += 1
         self.stats["rows"] += len(active)
         self._sample(active, out.logits[:, -1].float())
-        return cache, mask
 
     def _sample(self, reqs: list[_Request], logits) -> None:
         """Append one token per request from ``logits`` [B, V] (transformers' warper order).
@@ -252,8 +245,14 @@ class HFEngine(Engine):
                 tokens[i] = token
         for rows in groups.values():
             probs = torch.softmax(_warp(logits[rows], reqs[rows[0]].sampling), dim=-1)
+            # torch.multinomial's own one-sample path (argmax of p / q, q ~ Exp(1) drawn from
+            # the generator into a tensor like p's row), with the division and argmax done
+            # once for all rows: the same tokens, a third of the per-row cost.
+            q = torch.empty_like(probs)
             for j, i in enumerate(rows):
-                tokens[i] = int(torch.multinomial(probs[j:j + 1], 1, generator=reqs[i].generator))
+                q[j].exponential_(1, generator=reqs[i].generator)
+            for i, token in zip(rows, probs.div_(q).argmax(-1).tolist()):
+                tokens[i] = token
         logprobs = torch.log_softmax(logits, dim=-1)[torch.arange(len(reqs)), tokens].tolist()
         for req, token, logprob in zip(reqs, tokens, logprobs):
             req.tokens.append(token)
@@ -262,26 +261,39 @@ class HFEngine(Engine):
     # -- prefix cache and weights ----------------------------------------------------------------
 
     def _lookup(self, prompt: list[int]) -> Optional[KV]:
-        """The cache of the longest stored prefix of ``prompt``, cut to leave at least the last
-        prompt token to compute (its logits sample the first token); None when there is none."""
-        best = None
-        for key in self._caches:   # cheap probes first: a full compare slices the whole prompt
-            n = len(key)
-            if 0 < n <= len(prompt) and (best is None or n > len(best)) \
-                    and key[-1] == prompt[n - 1] and key[n // 2] == prompt[n // 2] \
-                    and tuple(prompt[:n]) == key:
-                best = key
-        if best is None or len(prompt) < 2:
+        """The cache of the longest stored sequence's longest common prefix with ``prompt`` --
+        a whole earlier turn of the episode, or the system prompt and tool schemas that tasks of
+        one environment share -- cut to leave at least the last prompt token to compute (its
+        logits sample the first token); None when nothing is shared.
+
+        Keys and values at position i depend only on tokens 0..i, so any prefix of a stored
+        cache is the cache of that prefix."""
+        if len(prompt) < 2 or not self._caches:
+            return None
+        query = np.asarray(prompt, dtype=np.int64)
+        best, shared = None, 0
+        for key, (tokens, _) in self._caches.items():
+            n = min(len(tokens), len(query))
+            # only a sequence that also matches at position ``shared`` can share more: one
+            # probe rules out most of them (they share the system prompt, not the rest)
+            if n <= shared or tokens[shared] != query[shared] or tokens[0] != query[0]:
+                continue
+            same = tokens[:n] == query[:n]
+            m = n if same.all() else int(same.argmin())
+            if m > shared:
+                best, shared = key, m
+        if best is None:
             return None
         self._caches.move_to_end(best)
-        n = min(len(best), len(prompt) - 1)
-        return [(k[:, :, :n], v[:, :, :n]) for k, v in self._caches[best]]
+        n = min(shared, len(prompt) - 1)
+        return [(k[:, :, :n], v[:, :, :n]) for k, v in self._caches[best][1]]
 
     def _store(self, sequence: list[int], kv: Optional[KV]) -> None:
         if not self.prefix_cache or not kv:
             return
-        self._caches[tuple(sequence[:kv[0][0].shape[2]])] = kv
-        self._caches.move_to_end(tuple(sequence[:kv[0][0].shape[2]]))
+        key = tuple(sequence[:kv[0][0].shape[2]])
+        self._caches[key] = (np.asarray(key, dtype=np.int64), kv)
+        self._caches.move_to_end(key)
         while len(self._caches) > self.prefix_cache:
             self._caches.popitem(last=False)
 
@@ -321,33 +333,125 @@ class HFEngine(Engine):
             self._thread.join(timeout=30)
 
 
-class _GrowingLayer(DynamicLayer):
-    """A batch's keys/values in a preallocated buffer written in place: a decode step costs one
-    column, not a copy of the whole cache as ``torch.cat`` would (that copy dominated steps at
-    3k-token contexts). ``keys``/``values`` are views of the filled part."""
+class _Batch:
+    """The running batch's KV cache, kept from one decode step and one admission to the next.
 
-    def __init__(self, rows: list, lengths: list[int], room: int):
+    Per layer one preallocated buffer ``[row capacity, kv_heads, columns, head_dim]``. Every row
+    holds its sequence right-aligned at column ``end`` (left padding: the columns left of its
+    own are masked out, and the position ids are explicit), so a decode step writes one column
+    for all rows, and rows join and leave without moving the others: a newcomer is written into
+    the next free row, a finished row is overwritten by the last one (one row copied). The
+    window ``[start, end)`` that attention reads is as wide as the longest row; it narrows, for
+    free, when that row leaves. Only when the buffer runs out of columns (every ``_ROOM`` or
+    more decode steps) or rows is the window copied into a larger buffer.
+
+    Before (until 2026-12-03) every admission or exit re-stacked all rows into a new buffer:
+    14-18 % of the engine thread at 16 rows of ~2k tokens (docs/benchmarks.md).
+    """
+
+    _ROOM = 256   # free columns on each side of the window when the buffer is (re)allocated
+
+    def __init__(self, config):
+        self.cache = DynamicCache(config=config)
+        self.cache.layers = []
+        self.keys: list = []     # per layer, the buffers
+        self.values: list = []
+        self.lengths: list[int] = []
+        self.start = self.end = 0
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def add(self, kv: KV) -> None:
+        """Append a row holding ``kv`` (per layer ``[1, kv_heads, n, head_dim]``; copied)."""
+        n = kv[0][0].shape[2]
+        if not self.keys:
+            self.cache.layers = [_BatchLayer(self, i) for i in range(len(kv))]
+            self._allocate(kv[0][0], rows=4, width=n)
+        elif len(self) == self.keys[0].shape[0] or n > self.end:
+            cap = self.keys[0].shape[0]
+            self._allocate(self.keys[0], rows=2 * cap if len(self) == cap else cap,
+                           width=max(n, self.end - self.start))
+        i, end = len(self), self.end
+        for buf_k, buf_v, (k, v) in zip(self.keys, self.values, kv):
+            buf_k[i, :, end - n:end] = k[0]
+            buf_v[i, :, end - n:end] = v[0]
+        self.lengths.append(n)
+        self.start = min(self.start, end - n)
+        self._views()
+
+    def remove(self, i: int, keep: bool) -> Optional[KV]:
+        """Drop row ``i`` (the last row takes its place); its own cache (a copy) if ``keep``."""
+        n, end, last = self.lengths[i], self.end, len(self) - 1
+        own = [(k[i:i + 1, :, end - n:end].clone(), v[i:i + 1, :, end - n:end].clone())
+               for k, v in zip(self.keys, self.values)] if keep else None
+        if i != last:
+            m = self.lengths[last]
+            for buf in self.keys + self.values:
+                buf[i, :, end - m:end] = buf[last, :, end - m:end]
+            self.lengths[i] = m
+        self.lengths.pop()
+        self.start = end - max(self.lengths, default=0)
+        self._views()
+        return own
+
+    def step(self):
+        """Make room for one more column; the attention mask ``[B, window + 1]`` and the
+        position ids ``[B, 1]`` of the next decode step."""
+        if self.end == self.keys[0].shape[2]:
+            self._allocate(self.keys[0], rows=self.keys[0].shape[0], width=self.end - self.start)
+        width = self.end - self.start
+        lengths = torch.tensor(self.lengths)
+        mask = (torch.arange(width + 1) >= (width - lengths)[:, None]).long()
+        return mask, lengths[:, None]
+
+    def advance(self, n: int) -> None:
+        """The forward pass wrote ``n`` columns for every row."""
+        self.end += n
+        self.lengths = [m + n for m in self.lengths]
+        self._views()
+
+    def _allocate(self, like, rows: int, width: int) -> None:
+        """New buffers of ``rows`` rows with the current window copied to the middle."""
+        shape = (rows, like.shape[1], self._ROOM + width + self._ROOM, like.shape[3])
+        old = len(self.keys) and (self.start, self.end)
+        n_layers = len(self.cache.layers)
+        keys = [like.new_zeros(shape) for _ in range(n_layers)]
+        values = [like.new_zeros(shape) for _ in range(n_layers)]
+        end = self._ROOM + width
+        if old:
+            w = old[1] - old[0]
+            for new, buf in zip(keys + values, self.keys + self.values):
+                new[:len(self), :, end - w:end] = buf[:len(self), :, old[0]:old[1]]
+            self.start = end - w
+        else:
+            self.start = end
+        self.keys, self.values, self.end = keys, values, end
+        for layer in self.cache.layers:
+            layer.device = like.device
+        self._views()
+
+    def _views(self) -> None:
+        for layer in self.cache.layers:
+            layer.keys = self.keys[layer.index][:len(self), :, self.start:self.end]
+            layer.values = self.values[layer.index][:len(self), :, self.start:self.end]
+
+
+class _BatchLayer(DynamicLayer):
+    """One layer of a ``_Batch``: ``update`` writes the new columns into the batch's buffer in
+    place (``torch.cat`` would copy the whole cache every step)."""
+
+    def __init__(self, batch: _Batch, index: int):
         super().__init__()
-        keys = rows[0][0]
-        width = max(lengths)
-        shape = (len(rows), keys.shape[1], width + room, keys.shape[3])
-        self._k, self._v = keys.new_zeros(shape), keys.new_zeros(shape)
-        for i, ((k, v), n) in enumerate(zip(rows, lengths)):
-            self._k[i, :, width - n:width] = k[0]
-            self._v[i, :, width - n:width] = v[0]
-        self._n, self.device, self.is_initialized = width, keys.device, True
-        self.keys, self.values = self._k[:, :, :width], self._v[:, :, :width]
+        self.batch, self.index, self.is_initialized = batch, index, True
 
     def update(self, key_states, value_states, *args, **kwargs):
-        end = self._n + key_states.shape[2]
-        if end > self._k.shape[2]:
-            pad = (0, 0, 0, max(end, 2 * self._k.shape[2]) - self._k.shape[2])
-            self._k = torch.nn.functional.pad(self._k, pad)
-            self._v = torch.nn.functional.pad(self._v, pad)
-        self._k[:, :, self._n:end] = key_states
-        self._v[:, :, self._n:end] = value_states
-        self._n = end
-        self.keys, self.values = self._k[:, :, :end], self._v[:, :, :end]
+        b, q = self.batch, key_states.shape[2]
+        rows = len(b)
+        b.keys[self.index][:rows, :, b.end:b.end + q] = key_states
+        b.values[self.index][:rows, :, b.end:b.end + q] = value_states
+        self.keys = b.keys[self.index][:rows, :, b.start:b.end + q]
+        self.values = b.values[self.index][:rows, :, b.start:b.end + q]
         return self.keys, self.values
 
 
