@@ -246,8 +246,8 @@ class HFEngine(Engine):
         for rows in groups.values():
             probs = torch.softmax(_warp(logits[rows], reqs[rows[0]].sampling), dim=-1)
             # torch.multinomial's own one-sample path (argmax of p / q, q ~ Exp(1) drawn from
-            # the generator into a tensor like p's row), with the division and argmax done
-            # once for all rows: the same tokens, a third of the per-row cost.
+            # the row's generator into a tensor like p's row), with the division and argmax
+            # done once for all rows: the same tokens; only the draw stays per row.
             q = torch.empty_like(probs)
             for j, i in enumerate(rows):
                 q[j].exponential_(1, generator=reqs[i].generator)
@@ -276,7 +276,7 @@ class HFEngine(Engine):
             n = min(len(tokens), len(query))
             # only a sequence that also matches at position ``shared`` can share more: one
             # probe rules out most of them (they share the system prompt, not the rest)
-            if n <= shared or tokens[shared] != query[shared] or tokens[0] != query[0]:
+            if n <= shared or tokens[shared] != query[shared]:
                 continue
             same = tokens[:n] == query[:n]
             m = n if same.all() else int(same.argmin())
