@@ -30,7 +30,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--k", type=int, default=4)
     p.add_argument("--workers", type=int, default=1)
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="RolloutConfig overrides, applied after HF_DEFAULTS for --engine hf")
+                   help="RolloutConfig overrides, applied after HF_DEFAULTS for --engine hf "
+                        "(with --engine-only: engine_kwargs.KEY=VALUE only)")
     p.add_argument("--executor-set", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--engine-only", type=int, default=0, metavar="N",
                    help="skip Ray and sandboxes: N concurrent requests straight into the HF "
@@ -42,7 +43,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true")
 
 
-def engine_only(requests: int, prompt_len: int, model: str | None) -> dict:
+def engine_only(requests: int, prompt_len: int, model: str | None, **engine_kwargs) -> dict:
     """Batching in isolation: ``requests`` seeded requests at once, no stop token."""
     import asyncio
     import time
@@ -53,7 +54,7 @@ def engine_only(requests: int, prompt_len: int, model: str | None) -> dict:
     from actors.rollout.engines.hf_engine import HFEngine
 
     torch.set_num_threads(1)  # as in a Ray actor with num_cpus < 2
-    engine = HFEngine(model)
+    engine = HFEngine(model, **engine_kwargs)
     never = (len(engine.tokenizer) + 5,)
     batch = [([5 + (i * 7 + j) % 1000 for j in range(prompt_len)],
               SamplingParams(max_tokens=32, seed=i, stop_token_ids=never)) for i in range(requests)]
@@ -128,13 +129,19 @@ def engine_episodes(concurrent: int, turns: int, prompt_len: int, model: str | N
 
 def run(args: argparse.Namespace) -> int:
     if args.engine_only:
+        from launch.errors import UserError
+        from launch.rollout import override_tree
+
+        tree = override_tree(args.set)
+        if set(tree) - {"engine_kwargs"}:   # no RolloutConfig without Ray: only the engine's
+            raise UserError(f"--engine-only takes only --set engine_kwargs.KEY=VALUE, got "
+                            f"{sorted(set(tree) - {'engine_kwargs'})}")
+        kwargs = tree.get("engine_kwargs", {})
         if args.turns > 1:
-            from launch.rollout import override_tree
-            kwargs = override_tree(args.set).get("engine_kwargs", {})   # --set engine_kwargs.X=
             result = engine_episodes(args.engine_only, args.turns, args.prompt_len, args.model,
                                      **kwargs)
         else:
-            result = engine_only(args.engine_only, args.prompt_len, args.model)
+            result = engine_only(args.engine_only, args.prompt_len, args.model, **kwargs)
         print(json.dumps(result))
         return 0
     from actors.rollout.summary import format_summary, summarize

@@ -289,6 +289,7 @@ def test_rows_join_and_leave_a_running_batch_and_each_equals_the_unbatched_path(
             if admitted or any(r.done() for r in active):
                 engine._regroup(active, batch, admitted)
             assert [len(r.prompt) + len(r.tokens) - 1 for r in active] == batch.lengths
+            assert batch.end - batch.start == max(batch.lengths, default=0)   # no wider
             widest = max(widest, len(batch))
             if active:
                 engine._decode(active, batch)
@@ -334,3 +335,14 @@ def test_the_engine_bench_on_episodes_gives_the_same_tokens_batched_or_not():
     assert batched["tokens_sha"] == alone["tokens_sha"]
     assert batched["engine"]["steps"] < alone["engine"]["steps"]
     assert batched["engine"]["prefill_tokens"] < alone["engine"]["prefill_tokens"] / 2
+
+
+def test_the_engine_bench_refuses_settings_it_cannot_apply(capsys):
+    """Without Ray there is no RolloutConfig: a ``--set`` other than ``engine_kwargs.*`` is an
+    error naming it, not silently ignored (the run would measure the default engine)."""
+    from launch.cli import main
+
+    assert main(["bench", "rollout", "--engine-only", "2", "--set", "max_batch_size=1"]) == 2
+    err = capsys.readouterr().err
+    assert "--engine-only takes only --set engine_kwargs.KEY=VALUE" in err
+    assert "max_batch_size" in err
