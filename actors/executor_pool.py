@@ -371,6 +371,30 @@ class ExecutorPool:
         """How long ``open_session``/``replay`` callers waited for a free sandbox."""
         return self._slots.wait_stats()
 
+    def wait_ready(self, timeout_s: float) -> float:
+        """Block until every executor taking sessions has started (an executor starts its
+        sandboxes in its constructor when ``prestart``, so they are up too); returns the seconds
+        waited. Executors start in the background when the pool is made or grows: a caller that
+        times its sessions waits here first, or it times the sandboxes' start. Raises
+        ``SandboxError`` (kind ``executor``) naming every executor that died starting or did not
+        answer within ``timeout_s``."""
+        t0 = time.monotonic()
+        with self._slots.cond:
+            refs = {i: self._actors[i].ping.remote() for i in sorted(self._slots.accepting)}
+        ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout_s)
+        problems = []
+        for index, ref in refs.items():
+            if ref not in ready:
+                problems.append(f"executor {index}: not started after {timeout_s:g} s")
+                continue
+            try:
+                ray.get(ref, timeout=self.config.rpc_margin_s)
+            except _RAY_ERRORS as e:
+                problems.append(str(_unwrap(e, f"executor {index}")))
+        if problems:
+            raise SandboxError("executor", "; ".join(problems), self.config.name_prefix)
+        return time.monotonic() - t0
+
     def stats(self) -> list[dict[str, Any]]:
         """Each executor's counters; a dead or unresponsive one reports its error instead."""
         refs = {i: a.stats.remote() for i, a in list(self._actors.items())}

@@ -18,7 +18,9 @@ ends the session and frees its sandbox.
 
 ``capacity`` is how many sessions can be open at once (what ``GroupRunner`` caps live episodes
 at); ``resize(n)`` changes it to ``n`` units (executors, or local workers) and returns the
-units now taking sessions; ``wait_time_stats()`` says how long openers waited for a sandbox.
+units now taking sessions; ``wait_time_stats()`` says how long openers waited for a sandbox;
+``wait_ready(timeout_s)`` blocks until every unit taking sessions has started its sandboxes (so a
+caller can keep their start out of what it times) and returns the seconds it waited.
 
 May import: envs.spec, envs.trajectory, the standard library. No Ray.
 """
@@ -60,4 +62,5 @@ class Executors(Protocol):
                ) -> VerifyResult: ...
     def resize(self, n: int) -> int: ...
     def wait_time_stats(self) -> dict[str, float]: ...
+    def wait_ready(self, timeout_s: float) -> float: ...
     def shutdown(self) -> None: ...

@@ -111,6 +111,12 @@ class RolloutWorker:
     def ping(self) -> str:
         return self.name
 
+    async def wait_ready(self, timeout_s: float = 600.0) -> float:
+        """Wait until this worker's executors have started their sandboxes (they start in the
+        background after the worker itself); returns the seconds waited
+        (``Executors.wait_ready``)."""
+        return await asyncio.to_thread(self.executors.wait_ready, timeout_s)
+
     def pid(self) -> int:
         """This actor's process id (for operators and fault-injection tests)."""
         return os.getpid()

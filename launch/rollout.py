@@ -64,10 +64,13 @@ def executor_config(overrides: dict[str, Any]) -> dict[str, Any]:
 
 def run_groups(pool_dir: str, task_ids: list[str], engine: str, model: Optional[str], config,
                workers: int, seed: int, timeout: float, executor_cfg: Optional[dict] = None,
-               num_cpus: float = 0.5) -> tuple[list, float]:
+               num_cpus: float = 0.5) -> tuple[list, float, float]:
     """Run one group per task on ``workers`` actors, their episodes on the sandboxed executor
-    pool; returns (groups in task order, wall seconds). Raises TimeoutError naming the unfinished
-    tasks when ``timeout`` passes."""
+    pool; returns (groups in task order, wall seconds, seconds the workers' executors took to
+    start). The wall clock starts once every worker and its executors are up: a worker answers
+    its ping when its engine is loaded, but its executors start their sandboxes in the background
+    after that, and that one-off start (16 sandboxes: ~2 s of CPU on a 2-core machine) is not
+    episodes/s. Raises TimeoutError naming the unfinished tasks when ``timeout`` passes."""
     import ray
 
     from actors.rollout.engine_args import gpus_per_engine
@@ -84,6 +87,9 @@ def run_groups(pool_dir: str, task_ids: list[str], engine: str, model: Optional[
                for i in range(workers)]
     try:
         ray.get([h.ping.remote() for h in handles], timeout=min(timeout, 600))
+        t_ready = time.perf_counter()
+        ray.get([h.wait_ready.remote(min(timeout, 600)) for h in handles],
+                timeout=min(timeout, 600) + 60)
         t0 = time.perf_counter()
         refs = [handles[i % workers].run_group.remote(Ticket.direct(task_id, 0, seed, ticket_id=i))
                 for i, task_id in enumerate(task_ids)]
@@ -91,7 +97,7 @@ def run_groups(pool_dir: str, task_ids: list[str], engine: str, model: Optional[
         if pending:
             missing = [task_ids[refs.index(r)] for r in pending]
             raise TimeoutError(f"{len(pending)} groups unfinished after {timeout} s: {missing[:5]}")
-        return ray.get(refs, timeout=60), time.perf_counter() - t0
+        return ray.get(refs, timeout=60), time.perf_counter() - t0, t0 - t_ready
     finally:
         stops = [h.shutdown.remote() for h in handles]
         ray.wait(stops, num_returns=len(stops), timeout=60)

@@ -16,6 +16,7 @@ May import: sandbox.worker, sandbox.config, sandbox.errors, envs, the standard l
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any, Callable, Optional, Sequence
 
 from envs.spec import TaskSpec
@@ -149,6 +150,20 @@ class SandboxSessions:
         """Openers never wait here (``open_session`` raises when every worker is busy)."""
         return {"count": self._opened, "mean_s": 0.0, "p50_s": 0.0, "p95_s": 0.0, "max_s": 0.0,
                 "total_s": 0.0, "waiting_now": 0, "free_sandboxes": len(self._idle)}
+
+    def wait_ready(self, timeout_s: float) -> float:
+        """Start every idle worker's sandbox now (otherwise each starts on its first session);
+        returns the seconds it took. A worker's child dies with the thread that started it
+        (PDEATHSIG): call this from a thread that outlives the sessions. Each start is bounded
+        by the sandbox's ``start_timeout_s`` (``SandboxError`` naming the worker); no further
+        start is begun once ``timeout_s`` has passed (``SandboxError``, kind ``unavailable``)."""
+        t0 = time.monotonic()
+        for n, worker in enumerate(list(self._idle)):
+            if time.monotonic() - t0 > timeout_s:
+                raise SandboxError("unavailable", f"{n} of {len(self._idle)} local sandbox "
+                                                  f"workers started in {timeout_s:g} s")
+            worker.start()
+        return time.monotonic() - t0
 
     def shutdown(self) -> None:
         for worker in self._all:

@@ -145,5 +145,9 @@ class InProcessSessions:
                 "total_s": 0.0, "waiting_now": 0,
                 "free_sandboxes": max(self._target - self._open, 0)}
 
+    def wait_ready(self, timeout_s: float) -> float:
+        """Nothing to start: sessions run in this process."""
+        return 0.0
+
     def shutdown(self) -> None:
         self._idle.clear()

@@ -4,12 +4,16 @@ Within-group reward variance is the paper's Eq. 2, ``v = 1/K * sum_k (r_k - m)^2
 variance, its one definition ``scheduling.variance.group_variance``); a group is non-trivial when
 ``v > 0``. The executor share is the time episodes spent waiting on their sandbox (the open
 after the first turn, tool steps, verify, close; ``executor_wait_s``) over their wall time.
+``tokens_sha`` hashes every trajectory's token ids in order, so two runs (two engines, two
+settings) can be shown to have sampled the same tokens; ``executors_ready_s`` is how long the
+executors took to start before the wall clock began (``launch.rollout.run_groups``).
 
 May import: envs.trajectory, scheduling.variance, the standard library.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections import Counter
 from typing import Any, Iterable
 
@@ -29,7 +33,17 @@ def episode_wall_s(timings: dict[str, float]) -> float:
     return timings.get("total_s", 0.0) + timings.get("close_s", 0.0)
 
 
-def summarize(groups: Iterable[Group], wall_s: float) -> dict[str, Any]:
+def tokens_sha(trajectories: Iterable[Any]) -> str:
+    """12 hex digits of a hash over every trajectory's token ids, in order."""
+    h = hashlib.sha256()
+    for t in trajectories:
+        h.update(repr(list(t.token_ids)).encode())
+        h.update(b";")
+    return h.hexdigest()[:12]
+
+
+def summarize(groups: Iterable[Group], wall_s: float,
+              executors_ready_s: float = 0.0) -> dict[str, Any]:
     groups = list(groups)
     trajs = [t for g in groups for t in g.trajectories]
     variances = [group_variance(g.rewards) for g in groups if g.trajectories]
@@ -53,7 +67,9 @@ def summarize(groups: Iterable[Group], wall_s: float) -> dict[str, Any]:
         "malformed": dict(malformed),
         "mean_turns": sum(t.info.get("turns", 0) for t in trajs) / len(trajs) if trajs else 0.0,
         "generated_tokens": sum(t.info.get("generated_tokens", 0) for t in trajs),
+        "tokens_sha": tokens_sha(trajs),
         "wall_s": wall_s,
+        "executors_ready_s": executors_ready_s,
         "episodes_per_s": len(trajs) / wall_s if wall_s > 0 else 0.0,
         "generate_share": share(timing["generate_s"]),
         "executor_share": share(executor_s),
@@ -72,7 +88,8 @@ def format_summary(s: dict[str, Any]) -> str:
         f"statuses             {statuses}",
         f"malformed turns      {malformed}",
         f"mean tool turns      {s['mean_turns']:.2f}; generated tokens {s['generated_tokens']}",
-        f"wall                 {s['wall_s']:.2f} s, {s['episodes_per_s']:.2f} episodes/s; "
+        f"wall                 {s['wall_s']:.2f} s, {s['episodes_per_s']:.2f} episodes/s "
+        f"(after {s.get('executors_ready_s', 0.0):.1f} s for the executors to start); "
         f"time generating {100 * s['generate_share']:.0f}%, waiting on executors "
         f"{100 * s['executor_share']:.0f}%",
     ])

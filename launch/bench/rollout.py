@@ -158,9 +158,10 @@ def run(args: argparse.Namespace) -> int:
     config = rollout_config(overrides, args.k)
     ex_cfg = executor_config(override_tree(args.executor_set))
     connect(ClusterConfig())
-    groups, wall = run_groups(str(pool.root), [t.task_id for t in pool.tasks], args.engine,
-                              args.model, config, args.workers, 0, 3600.0, ex_cfg)
-    s = summarize(groups, wall)
+    groups, wall, ready_s = run_groups(str(pool.root), [t.task_id for t in pool.tasks],
+                                       args.engine, args.model, config, args.workers, 0, 3600.0,
+                                       ex_cfg)
+    s = summarize(groups, wall, ready_s)
     s["tokens_per_s"] = s["generated_tokens"] / wall if wall > 0 else 0.0
     s["setup"] = {"engine": args.engine, "k": config.k, "workers": args.workers,
                   "tasks": len(pool.tasks), **ex_cfg}

@@ -75,9 +75,9 @@ def run(args: argparse.Namespace) -> int:
     ex_cfg = executor_config(override_tree(args.executor_set))
     info = connect(ClusterConfig(), args.address)
     try:
-        groups, wall = run_groups(str(pool.root), [t.task_id for t in tasks], args.engine,
-                                  model, config, args.workers, args.seed, args.timeout,
-                                  ex_cfg)
+        groups, wall, ready_s = run_groups(str(pool.root), [t.task_id for t in tasks],
+                                           args.engine, model, config, args.workers, args.seed,
+                                           args.timeout, ex_cfg)
     finally:
         if info["embedded"]:
             shutdown(info)
@@ -86,6 +86,6 @@ def run(args: argparse.Namespace) -> int:
         with open(args.out, "w") as f:
             for g in groups:
                 f.write(json.dumps(g.to_dict()) + "\n")
-    summary = summarize(groups, wall)
+    summary = summarize(groups, wall, ready_s)
     print(json.dumps(summary, indent=1) if args.json else format_summary(summary))
     return 0

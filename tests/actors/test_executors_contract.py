@@ -114,3 +114,37 @@ def test_a_closed_session_refuses_calls(executors, pool):
     session.close()
     with pytest.raises(SandboxError):
         session.step(REFERENCE[0].name, REFERENCE[0].arguments)
+
+
+def test_wait_ready_returns_once_every_unit_has_started_its_sandboxes(executors):
+    start = executors.size
+    executors.resize(start + 1)  # a unit that starts now, in the background where there is one
+    try:
+        assert executors.wait_ready(120.0) >= 0.0
+        if isinstance(executors, ExecutorPool):
+            stats = executors.stats()
+            assert len(stats) == start + 1 and all("error" not in s for s in stats)
+            assert all(len(s["worker_starts_s"]) == 2 for s in stats)  # prestarted sandboxes
+        elif isinstance(executors, SandboxSessions):
+            assert all(w.pid is not None for w in executors._all)
+    finally:
+        executors.resize(start)
+
+
+def test_wait_ready_names_an_executor_that_died_starting(executors):
+    if not isinstance(executors, ExecutorPool):
+        pytest.skip("only the Ray pool starts units that can die on their own")
+    import ray
+
+    start = executors.size
+    executors.resize(start + 1)
+    index = max(executors._actors)
+    ray.kill(executors._actors[index], no_restart=True)
+    try:
+        with pytest.raises(SandboxError, match=f"executor {index}") as err:
+            executors.wait_ready(60.0)
+        assert err.value.kind == "executor"
+    finally:
+        executors._replace_dead(index)  # drop the dead one for a live one, then shrink back
+        executors.resize(start)
+        executors.wait_ready(120.0)

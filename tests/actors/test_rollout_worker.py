@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from actors.policy import build_tiny_policy, load_policy
+from actors.rollout.summary import tokens_sha
 from actors.rollout_worker import start_rollout_worker
 from actors.ticket import Ticket
 from envs.generator import generate_pool
@@ -96,6 +97,10 @@ def test_rollout_command_writes_groups_and_prints_the_summary(ray_local, gen_poo
     summary = json.loads(capsys.readouterr().out)
     assert (summary["groups"], summary["trajectories"], summary["mean_reward"]) == (2, 4, 1.0)
     assert summary["statuses"] == {"ok": 4} and summary["mean_group_variance"] == 0.0
+    # the clock starts once the executors are up; the wait is reported, not hidden
+    assert summary["executors_ready_s"] > 0.0
+    assert summary["tokens_sha"] == tokens_sha(t for g in groups for t in g.trajectories)
+    assert summary["tokens_sha"] != tokens_sha(groups[0].trajectories)
 
 
 def test_rollout_command_rejects_bad_overrides_with_exit_2(gen_pool, capsys):

@@ -178,12 +178,13 @@ class HFEngine(Engine):
             req.kv = None
 
     def _retire(self, req: _Request, kv: Optional[KV]) -> None:
-        """Hand a finished request its generation and store its cache (``kv``: its own)."""
+        """Store a finished request's cache (``kv``: its own), then hand it its generation: a
+        caller that wakes up finds its sequence cached already."""
         if req.future.cancelled():
             return
         stopped = req.tokens[-1] in req.stops
-        req.finish(Generation(req.tokens, req.logprobs, "stop" if stopped else "length"))
         self._store(req.prompt + req.tokens, kv)
+        req.finish(Generation(req.tokens, req.logprobs, "stop" if stopped else "length"))
 
     def _prefill(self, reqs: list[_Request]) -> None:
         """Prefill ``reqs`` (each distinct prompt once, module docstring) and sample each one's
