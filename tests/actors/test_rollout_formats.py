@@ -251,3 +251,28 @@ def test_an_unknown_template_needs_an_explicit_parser(base_tokenizer):
     with pytest.raises(ValueError, match="set rollout.tool_parser"):
         get_parser("auto", "{{ messages }}")
     assert get_parser("mistral", "{{ messages }}") is PARSERS["mistral"]
+
+
+def test_a_prompt_is_rendered_once_per_group_and_each_caller_gets_its_own_list(base_tokenizer):
+    chat = ChatFormat(base_tokenizer, enable_thinking=False)
+    tools = [{"type": "function", "function": {"name": "find", "description": "d",
+                                               "parameters": {"type": "object", "properties": {}}}}]
+    calls = []
+    original = base_tokenizer.apply_chat_template
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    chat.tokenizer = copy.copy(base_tokenizer)
+    chat.tokenizer.apply_chat_template = counting
+    first = chat.prompt("sys", "do it", tools)
+    second = chat.prompt("sys", "do it", tools)
+    assert first == second and first is not second and len(calls) == 1
+    first.append(0)                                   # an episode extends its own list
+    assert chat.prompt("sys", "do it", tools) == second and len(calls) == 1
+    other = [dict(t) for t in tools]                  # equal content, another object: rendered
+    assert chat.prompt("sys", "do it", other) == second and len(calls) == 2
+    assert chat.prompt("sys", "do that", tools) != second and len(calls) == 3
+    fresh = ChatFormat(base_tokenizer, enable_thinking=False)
+    assert fresh.prompt("sys", "do it", tools) == second
