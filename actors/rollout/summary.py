@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import Counter
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 from envs.trajectory import Group
 from scheduling.variance import group_variance
@@ -33,13 +33,10 @@ def episode_wall_s(timings: dict[str, float]) -> float:
     return timings.get("total_s", 0.0) + timings.get("close_s", 0.0)
 
 
-def tokens_sha(trajectories: Iterable[Any]) -> str:
-    """12 hex digits of a hash over every trajectory's token ids, in order."""
-    h = hashlib.sha256()
-    for t in trajectories:
-        h.update(repr(list(t.token_ids)).encode())
-        h.update(b";")
-    return h.hexdigest()[:12]
+def tokens_sha(sequences: Iterable[Sequence[int]]) -> str:
+    """12 hex digits of a hash over token sequences, in order (the one definition: the rollout
+    summary hashes its trajectories' token ids, the engine-only bench its generations)."""
+    return hashlib.sha256(repr([list(s) for s in sequences]).encode()).hexdigest()[:12]
 
 
 def summarize(groups: Iterable[Group], wall_s: float,
@@ -67,7 +64,7 @@ def summarize(groups: Iterable[Group], wall_s: float,
         "malformed": dict(malformed),
         "mean_turns": sum(t.info.get("turns", 0) for t in trajs) / len(trajs) if trajs else 0.0,
         "generated_tokens": sum(t.info.get("generated_tokens", 0) for t in trajs),
-        "tokens_sha": tokens_sha(trajs),
+        "tokens_sha": tokens_sha(t.token_ids for t in trajs),
         "wall_s": wall_s,
         "executors_ready_s": executors_ready_s,
         "episodes_per_s": len(trajs) / wall_s if wall_s > 0 else 0.0,

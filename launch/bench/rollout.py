@@ -80,7 +80,6 @@ def engine_episodes(concurrent: int, turns: int, prompt_len: int, model: str | N
     40 tokens and appends 50 tokens of tool output. Seeded, so two engines that sample alike
     give the same ``tokens_sha`` (a hash of every episode's tokens)."""
     import asyncio
-    import hashlib
     import random
     import time
 
@@ -88,6 +87,7 @@ def engine_episodes(concurrent: int, turns: int, prompt_len: int, model: str | N
 
     from actors.rollout.engines.base import SamplingParams
     from actors.rollout.engines.hf_engine import HFEngine
+    from actors.rollout.summary import tokens_sha
 
     torch.set_num_threads(1)
     engine = HFEngine(model, **engine_kwargs)
@@ -123,7 +123,7 @@ def engine_episodes(concurrent: int, turns: int, prompt_len: int, model: str | N
     return {"episodes": len(out), "concurrent": concurrent, "turns": turns,
             "prompt_len": prompt_len, "tokens": sum(map(len, out)), "wall_s": round(wall, 3),
             "episodes_per_s": round(len(out) / wall, 3),
-            "tokens_sha": hashlib.sha256(repr(out).encode()).hexdigest()[:12],
+            "tokens_sha": tokens_sha(out),
             "engine": dict(engine.stats)}
 
 

@@ -148,3 +148,34 @@ def test_wait_ready_names_an_executor_that_died_starting(executors):
         executors._replace_dead(index)  # drop the dead one for a live one, then shrink back
         executors.resize(start)
         executors.wait_ready(120.0)
+
+
+def test_wait_ready_names_executors_that_have_not_started_in_time(executors):
+    if not isinstance(executors, ExecutorPool):
+        pytest.skip("only the Ray pool starts units in the background")
+    start = executors.size
+    executors.resize(start + 1)          # its sandboxes take far longer than a millisecond
+    index = max(executors._actors)
+    try:
+        with pytest.raises(SandboxError, match=f"executor {index}: not started after") as err:
+            executors.wait_ready(0.001)
+        assert err.value.kind == "executor"
+        assert executors.wait_ready(120.0) >= 0.0   # and it does start
+    finally:
+        executors.resize(start)
+
+
+def test_local_wait_ready_begins_no_start_after_its_timeout(pool):
+    import time
+
+    local = SandboxSessions(pool, SANDBOX, workers=2)
+    try:
+        slow = local._idle[0]             # started first
+        started = slow.start
+        slow.start = lambda: (time.sleep(0.05), started())[1]
+        with pytest.raises(SandboxError, match="1 of 2 local sandbox workers started") as err:
+            local.wait_ready(0.01)
+        assert err.value.kind == "unavailable"
+        assert slow.pid is not None and local._idle[1].pid is None
+    finally:
+        local.shutdown()

@@ -99,8 +99,8 @@ def test_rollout_command_writes_groups_and_prints_the_summary(ray_local, gen_poo
     assert summary["statuses"] == {"ok": 4} and summary["mean_group_variance"] == 0.0
     # the clock starts once the executors are up; the wait is reported, not hidden
     assert summary["executors_ready_s"] > 0.0
-    assert summary["tokens_sha"] == tokens_sha(t for g in groups for t in g.trajectories)
-    assert summary["tokens_sha"] != tokens_sha(groups[0].trajectories)
+    assert summary["tokens_sha"] == tokens_sha(t.token_ids for g in groups for t in g.trajectories)
+    assert summary["tokens_sha"] != tokens_sha(t.token_ids for t in groups[0].trajectories)
 
 
 def test_rollout_command_rejects_bad_overrides_with_exit_2(gen_pool, capsys):
