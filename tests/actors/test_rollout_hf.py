@@ -5,6 +5,7 @@ place with a version."""
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import pytest
 import torch
@@ -130,9 +131,12 @@ def test_batched_requests_give_the_tokens_and_logprobs_of_the_unbatched_path(eng
                                 top_p=[1.0, 0.9][i % 2], top_k=[50, 20, 0][i % 3], seed=11 * i,
                                 stop_token_ids=never))
                 for i in range(8)]
-    steps = engine.stats["steps"]
+    steps, made = engine.stats["steps"], engine._draws.made
     got = asyncio.run(_concurrently(engine, requests))
     assert engine.stats["steps"] - steps < sum(len(g.token_ids) for g in got) / 4
+    # every token's Exp(1) draws were made ahead, on the helper thread, during its forward
+    assert engine._draws.made - made == sum(len(g.token_ids) for g in got)
+    assert any(t.name.startswith("hf-engine-draws") for t in threading.enumerate())
     for (prompt, sampling), gen in zip(requests, got):
         tokens, logprobs = reference_generate(engine.model, prompt, sampling, never)
         assert gen.token_ids == tokens and gen.finish_reason == "length"

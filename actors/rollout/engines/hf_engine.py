@@ -44,6 +44,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -67,6 +68,7 @@ class _Request:
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     kv: Optional[KV] = None
+    draws: Any = None   # the next token's Exp(1) draws, made ahead of its forward (_DrawAhead)
 
     def done(self) -> bool:
         if self.future.cancelled():
@@ -105,6 +107,7 @@ class HFEngine(Engine):
         self._update: Optional[tuple[dict, int]] = None
         self._closed = False
         self.stats = {"steps": 0, "rows": 0, "prefills": 0, "prefill_tokens": 0}
+        self._draws = _DrawAhead(self.model.get_output_embeddings().weight.shape[0])
         self._thread = threading.Thread(target=self._serve, name="hf-engine", daemon=True)
         self._thread.start()
 
@@ -189,6 +192,7 @@ class HFEngine(Engine):
     def _prefill(self, reqs: list[_Request]) -> None:
         """Prefill ``reqs`` (each distinct prompt once, module docstring) and sample each one's
         first token; sets ``req.kv`` and stores each prompt's cache."""
+        ahead = self._draws.start(reqs)
         distinct: dict[tuple, list[_Request]] = {}
         for req in reqs:
             distinct.setdefault(tuple(req.prompt), []).append(req)
@@ -211,18 +215,21 @@ class HFEngine(Engine):
                 req.kv = kv
                 order.append(req)
                 logits.append(out.logits[0, -1])
+        _DrawAhead.wait(ahead)
         self._sample(order, torch.stack(logits).float())
 
     def _decode(self, active: list[_Request], batch: "_Batch") -> None:
         """One forward pass: feed every row's last sampled token, sample the next one (the
         batch's cache grows by one column in place)."""
         mask, positions = batch.step()
+        ahead = self._draws.start(active)
         out = self.model(input_ids=torch.tensor([[req.tokens[-1]] for req in active]),
                          attention_mask=mask, position_ids=positions, cache=batch.cache,
                          use_cache=True)
         batch.advance(1)
         self.stats["steps"] += 1
         self.stats["rows"] += len(active)
+        _DrawAhead.wait(ahead)
         self._sample(active, out.logits[:, -1].float())
 
     def _sample(self, reqs: list[_Request], logits) -> None:
@@ -248,10 +255,9 @@ class HFEngine(Engine):
             probs = torch.softmax(_warp(logits[rows], reqs[rows[0]].sampling), dim=-1)
             # torch.multinomial's own one-sample path (argmax of p / q, q ~ Exp(1) drawn from
             # the row's generator into a tensor like p's row), with the division and argmax
-            # done once for all rows: the same tokens; only the draw stays per row.
-            q = torch.empty_like(probs)
-            for j, i in enumerate(rows):
-                q[j].exponential_(1, generator=reqs[i].generator)
+            # done once for all rows: the same tokens; only the draw stays per row, and it was
+            # made during the forward (_DrawAhead).
+            q = torch.stack([self._draws.take(reqs[i]) for i in rows])
             for i, token in zip(rows, probs.div_(q).argmax(-1).tolist()):
                 tokens[i] = token
         logprobs = torch.log_softmax(logits, dim=-1)[torch.arange(len(reqs)), tokens].tolist()
@@ -332,6 +338,53 @@ class HFEngine(Engine):
             self._cond.notify_all()
         if threading.current_thread() is not self._thread:
             self._thread.join(timeout=30)
+        self._draws.close()
+
+
+class _DrawAhead:
+    """Each sampled row's Exp(1) draws for its next token, made on a helper thread while the
+    engine thread runs the forward pass that token waits for.
+
+    The draws do not depend on the logits: a row's next ``vocab`` draws from its own generator
+    are the same whenever they are made, and each row draws exactly once per token in order, so
+    the tokens are unchanged (a request that stops leaves one set of draws unused, from a
+    generator nobody uses again). The engine thread waits for them before it samples and uses
+    no generator while they are made. Why: at 16 rows the draws (4,096 per row, ~65 us) were
+    ~1 ms of a decode step on the engine thread's one core, about a tenth of its time
+    (docs/benchmarks.md); torch releases the GIL inside them, so they overlap the forward."""
+
+    def __init__(self, vocab: int):
+        self.vocab = vocab
+        self.made = 0   # draws used (each made on the helper thread)
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="hf-engine-draws")
+
+    def start(self, reqs: list[_Request]) -> Optional[Future]:
+        """Begin the draws of every sampled row of ``reqs`` that has none ready."""
+        todo = [r for r in reqs if r.sampling.temperature > 0 and r.draws is None]
+        return self._pool.submit(self._draw, todo, self.vocab) if todo else None
+
+    @staticmethod
+    def _draw(reqs: list[_Request], vocab: int) -> None:
+        for req in reqs:
+            req.draws = torch.empty(vocab, dtype=torch.float32).exponential_(
+                1, generator=req.generator)
+
+    @staticmethod
+    def wait(ahead: Optional[Future]) -> None:
+        if ahead is not None:
+            ahead.result()
+
+    def take(self, req: _Request):
+        """The row's draws, used once (every forward starts its rows' draws: none is missing)."""
+        q, req.draws = req.draws, None
+        if q is None:
+            raise RuntimeError(f"no draws were made ahead for a request of {len(req.tokens)} "
+                               f"tokens: an engine path samples without starting them")
+        self.made += 1
+        return q
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
 
 
 class _Batch:
