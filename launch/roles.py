@@ -281,7 +281,21 @@ class Roles:
         self.learner.load(str(directory))
         self.publish(step)
 
-    # ---- metrics and shutdown ----------------------------------------------------------------
+    # ---- start, metrics and shutdown ---------------------------------------------------------
+    def wait_ready(self, timeout_s: float) -> Optional[str]:
+        """Wait until every rollout worker's executors have started their sandboxes
+        (``Executors.wait_ready``), so that the run's first step does not include their start
+        (the trainer counts the wait in ``startup_seconds``). None when all are up; else what
+        is not, as a message: the run goes on, since the executor pool replaces an executor that
+        failed to start, as it did before this wait existed."""
+        try:
+            ray.get([w.wait_ready.remote(timeout_s) for w in self.workers],
+                    timeout=timeout_s + 60)
+        except (ray.exceptions.RayError, ray.exceptions.GetTimeoutError) as e:
+            cause = getattr(e, "cause", None) or e
+            return f"{type(cause).__name__}: {str(cause).splitlines()[0][:300]}"
+        return None
+
     def step_extras(self) -> dict[str, float]:
         scheduler = self._sched(lambda: self.scheduler.metrics.remote(), "metrics")
         return self.core.step_extras(scheduler, self._each_worker(lambda w: w.metrics.remote()))

@@ -108,6 +108,10 @@ def train(cfg: Any, run_dir: Path, address: Optional[str] = None, resume: bool =
                          eval_task_ids=[t for ids in sets.values() for t in ids])
         if ckpt is not None:
             ctl.restore(ckpt)
+        not_ready = roles.wait_ready(cfg.controller.call_timeout_s)
+        if not_ready:
+            print(f"warning: not every executor started ({not_ready}); the run goes on and the "
+                  f"executor pool replaces those that failed", flush=True)
         t_start = time.perf_counter()
         result = ctl.run()
         t_train = time.perf_counter()

@@ -161,3 +161,33 @@ def test_a_loaded_learner_is_published_as_its_step(roles, tmp_path):
     roles.load_learner(tmp_path / "learner", 2)
     (group,) = _roll(roles, _issue(roles.next_tasks(1), first_id=400))
     assert _versions(group) == {2}
+
+
+def test_ray_roles_wait_for_the_executors_and_name_those_not_started(roles):
+    """Not part of the driver's contract: the trainer waits, before its first step, until every
+    rollout worker's executors have started their sandboxes (``Roles.wait_ready``); one that
+    did not start is named in the returned message, and the run goes on."""
+    import ray
+
+    from launch.roles import Roles
+    from sandbox.errors import SandboxError
+
+    if not isinstance(roles, Roles):
+        pytest.skip("a method of the Ray Roles only")
+
+    assert roles.wait_ready(DEADLINE_S) is None
+
+    @ray.remote(num_cpus=0)
+    class NotStarted:
+        def wait_ready(self, timeout_s):
+            raise SandboxError("executor", f"executor 3: not started after {timeout_s} s")
+
+    stub = NotStarted.remote()
+    roles.core.workers.append(stub)
+    try:
+        message = roles.wait_ready(5.0)
+    finally:
+        roles.core.workers.remove(stub)
+        ray.kill(stub)
+    assert message is not None and "executor 3: not started after 5.0 s" in message
+    assert roles.wait_ready(DEADLINE_S) is None
