@@ -107,7 +107,7 @@ class HFEngine(Engine):
         self._update: Optional[tuple[dict, int]] = None
         self._closed = False
         self.stats = {"steps": 0, "rows": 0, "prefills": 0, "prefill_tokens": 0}
-        self._draws = _DrawAhead(self.model.get_output_embeddings().weight.shape[0])
+        self._draws = _DrawAhead(self.model)
         self._thread = threading.Thread(target=self._serve, name="hf-engine", daemon=True)
         self._thread.start()
 
@@ -353,15 +353,17 @@ class _DrawAhead:
     ~1 ms of a decode step on the engine thread's one core, about a tenth of its time
     (docs/benchmarks.md); torch releases the GIL inside them, so they overlap the forward."""
 
-    def __init__(self, vocab: int):
-        self.vocab = vocab
+    def __init__(self, model: Any):
+        self.model = model
         self.made = 0   # draws used (each made on the helper thread)
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="hf-engine-draws")
 
     def start(self, reqs: list[_Request]) -> Optional[Future]:
-        """Begin the draws of every sampled row of ``reqs`` that has none ready."""
+        """Begin the draws of every sampled row of ``reqs`` that has none ready, one per entry
+        of the output layer as it is now (a resized model samples over its new vocabulary)."""
         todo = [r for r in reqs if r.sampling.temperature > 0 and r.draws is None]
-        return self._pool.submit(self._draw, todo, self.vocab) if todo else None
+        vocab = self.model.get_output_embeddings().weight.shape[0]
+        return self._pool.submit(self._draw, todo, vocab) if todo else None
 
     @staticmethod
     def _draw(reqs: list[_Request], vocab: int) -> None:
