@@ -350,3 +350,20 @@ def test_the_engine_bench_refuses_settings_it_cannot_apply(capsys):
     err = capsys.readouterr().err
     assert "--engine-only takes only --set engine_kwargs.KEY=VALUE" in err
     assert "max_batch_size" in err
+
+
+def test_a_row_sampled_without_its_draws_made_ahead_is_an_error_not_a_silent_draw(engine):
+    """Every forward starts its rows' draws (``_DrawAhead``); a path that samples without them
+    raises, instead of drawing on the engine thread and hiding the missing overlap."""
+    from actors.rollout.engines.hf_engine import _Request
+
+    loop = asyncio.new_event_loop()
+    try:
+        req = _Request([1, 2], SamplingParams(max_tokens=4, temperature=0.7, seed=3),
+                       frozenset(), loop.create_future(), loop, torch.Generator().manual_seed(3))
+        vocab = engine.model.get_output_embeddings().weight.shape[0]
+        with pytest.raises(RuntimeError, match="no draws were made ahead"):
+            engine._sample([req], torch.zeros(1, vocab))
+        assert req.tokens == [] and req.logprobs == []
+    finally:
+        loop.close()
