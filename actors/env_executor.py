@@ -32,6 +32,7 @@ from envs.spec import TaskSpec, ToolCall
 from envs.trajectory import ActionStep, VerifyResult
 from sandbox.config import SandboxConfig
 from sandbox.errors import SandboxError
+from sandbox.packages import require_pool_packages
 from sandbox.worker import SandboxWorker
 
 
@@ -44,6 +45,7 @@ class EnvExecutor:
             raise ValueError(f"{name}: num_workers must be >= 1, got {num_workers}")
         self.pool, self.name = pool, name
         config = sandbox if isinstance(sandbox, SandboxConfig) else SandboxConfig(**(sandbox or {}))
+        require_pool_packages(pool, config.python)  # a missing declared package: one line
         self.workers = [SandboxWorker(config) for _ in range(num_workers)]
         self._free = list(range(num_workers))
         self._sessions: dict[str, tuple[int, TaskSpec]] = {}

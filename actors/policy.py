@@ -14,7 +14,8 @@ stale cache; the build writes to a temporary directory and renames it, so concur
 
 ``load_policy(path, dtype=float32) -> (model, tokenizer)`` loads any HF causal-LM directory (the
 tiny policy or a real Qwen3 checkpoint) for the learner and the HF engine; ``resolve_model(path)``
-accepts a local directory or a hub id already in the local Hugging Face cache (offline).
+accepts a local directory, a ``.gguf`` file, a builtin name (``smollm2``) or a hub id already in
+the local Hugging Face cache (offline), through ``actors.checkpoints.resolve_policy_path``.
 
 Token roles follow Qwen3: ``<|endoftext|>`` pads, ``<|im_end|>`` ends a turn (EOS);
 ``<tool_call>``, ``<think>``, ``<tool_response>`` and their closers are added, non-special tokens
@@ -26,7 +27,7 @@ prompt became 2.7k tokens; Qwen3's own tokenizer takes ~4); with it, ~3.8 (2.0k 
 rollout, learner and evaluation pass of the demo is that much shorter. The recipe hash covers the
 generator's text, so a changed generator rebuilds the policy rather than reusing a stale one.
 
-May import: torch, transformers, tokenizers, huggingface_hub (fetching a policy by repo id),
+May import: torch, transformers, tokenizers, ``actors.checkpoints`` (resolving a policy path),
 ``envs.generator`` (corpus text), the standard library.
 """
 
@@ -195,22 +196,13 @@ def build_tiny_policy(cache_dir: Optional[Union[str, Path]] = None, seed: int = 
 
 
 def resolve_model(path: Union[str, Path]) -> str:
-    """A local model directory for ``path``: ``path`` itself when it holds config.json, else the
-    snapshot of hub id ``path`` in the local Hugging Face cache (``HF_HUB_CACHE``). Never
-    downloads; FileNotFoundError names both places looked at."""
-    if Path(path, "config.json").is_file():
-        return str(path)
-    from huggingface_hub import snapshot_download
+    """A local HF model directory for ``path``: a directory with config.json, a ``.gguf`` file
+    (converted once), a builtin name (``smollm2``) or a hub id in the local Hugging Face cache;
+    see ``actors.checkpoints.resolve_policy_path``. Never downloads; a FileNotFoundError says the
+    fix."""
+    from actors.checkpoints import resolve_policy_path
 
-    try:
-        snapshot = snapshot_download(str(path), local_files_only=True)
-    except (OSError, ValueError) as e:
-        raise FileNotFoundError(
-            f"{path} is neither a model directory (no config.json) nor a hub id in the local "
-            f"Hugging Face cache ({type(e).__name__}: {str(e).split('. ')[0][:160]})") from None
-    if not Path(snapshot, "config.json").is_file():
-        raise FileNotFoundError(f"{path}: the cached snapshot {snapshot} has no config.json")
-    return snapshot
+    return str(resolve_policy_path(path))
 
 
 def load_tokenizer(path: Union[str, Path]):

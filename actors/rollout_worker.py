@@ -76,8 +76,11 @@ class RolloutWorker:
         self.engine = make_engine(engine, model_path=path, tokenizer=self.tokenizer,
                                   pool=self.pool, **(engine_kwargs or {}))
         self.executors = _executors(self.pool, executors, executor_config)
-        self.runner = GroupRunner(AgentLoop(self.engine, self.tokenizer, self.config), self.pool,
-                                  self.executors)
+        try:
+            loop = AgentLoop(self.engine, self.tokenizer, self.config)
+        except ValueError as e:   # the chat template or tool_parser (TemplateError included)
+            raise ValueError(f"{name}: model {path}: {e}") from None
+        self.runner = GroupRunner(loop, self.pool, self.executors)
 
     async def run_group(self, ticket: Ticket) -> Group:
         return await self.runner.run_group(ticket)

@@ -10,8 +10,11 @@ the filter's worker thread, which only touches ``_filter_*``).
   current selection ``scheduler.select(step)``; when it is used up the next step is selected, so
   tasks stream out as rollout capacity frees, and a whole step is ``next_tasks(B)``. Tasks
   excluded after selection are skipped (logged).
-- ``absorb(group)`` credits the group to the step it was selected at (``scheduler.observe``), then
-  queues the identifier filter's check of the group on a worker thread and returns at once.
+- ``absorb(group)`` credits the group to the step it was selected at (``scheduler.observe``; its
+  valid trajectories only: infrastructure faults are dropped before a group gets here), counts
+  its task faults (``scheduling.quarantine``: a task whose own code failed episodes in
+  ``QUARANTINE_GROUPS`` groups is excluded at once, reason ``quarantined: ...``), then queues the
+  identifier filter's check of the group on a worker thread and returns at once.
 - The filter (``filter_fn(group) -> FilterOutcome``, or ``filter_builder(port)`` building it
   here) replays fixed action lists through the replay port (``scheduling.replay.ReplayPort``) on
   the run's shared executor pool; ``set_replay_port`` swaps the port when the run replaces a
@@ -35,6 +38,7 @@ from typing import Any, Callable, Optional
 
 from actors.ticket import Ticket
 from scheduling.base import GroupResult, Scheduler
+from scheduling.quarantine import Quarantine
 from scheduling.replay import FilterOutcome, ReplayPort
 
 FilterFn = Callable[[Any], FilterOutcome]
@@ -58,6 +62,7 @@ class SchedulerService:
         self.next_step = 0
         self.filter_log: list[dict[str, Any]] = []
         self.skipped: list[dict[str, Any]] = []
+        self.quarantine = Quarantine()
         self.timings = {"select_s": 0.0, "absorb_s": 0.0, "filter_s": 0.0, "filter_wait_s": 0.0}
 
     # ---- replay port -------------------------------------------------------------------------
@@ -98,7 +103,11 @@ class SchedulerService:
     # ---- absorbing ---------------------------------------------------------------------------
     def absorb(self, group: Any) -> None:
         t0 = time.perf_counter()
-        self.scheduler.observe(group.step, GroupResult.from_group(group))
+        result = GroupResult.from_group(group)
+        self.scheduler.observe(group.step, result)
+        reason = self.quarantine.observe(result)
+        if reason is not None:
+            self.scheduler.exclude(group.task_id, reason)
         self.timings["absorb_s"] += time.perf_counter() - t0
         if self._filter_fn is not None:
             self._pending.append(self._pool.submit(self._check, group))
@@ -129,7 +138,7 @@ class SchedulerService:
 
     # ---- introspection and checkpoints -------------------------------------------------------
     def explain(self, task_id: str) -> dict[str, Any]:
-        return self.scheduler.explain(task_id)
+        return {**self.scheduler.explain(task_id), "faults": self.quarantine.record(task_id)}
 
     def metrics(self) -> dict[str, float]:
         """Scheduler metrics plus the actor's own seconds since the previous call (the
@@ -140,6 +149,7 @@ class SchedulerService:
         out["filter_checked"] = float(len(self.filter_log))
         out["filter_filtered"] = float(sum(e["verdict"] == "filtered" for e in self.filter_log))
         out["filter_pending"] = float(len(self._pending))
+        out["quarantined_tasks"] = float(len(self.quarantine.quarantined))
         return out
 
     def filter_events(self, since: int = 0) -> list[dict[str, Any]]:
@@ -150,7 +160,7 @@ class SchedulerService:
         return {"scheduler": self.scheduler.state_dict(),
                 "queue": [t.to_dict() for t in self.queue],
                 "next_step": self.next_step, "filter_log": list(self.filter_log),
-                "skipped": list(self.skipped)}
+                "skipped": list(self.skipped), "quarantine": self.quarantine.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.scheduler.load_state_dict(state["scheduler"])
@@ -158,6 +168,8 @@ class SchedulerService:
         self.next_step = int(state["next_step"])
         self.filter_log = list(state["filter_log"])
         self.skipped = list(state["skipped"])
+        if "quarantine" in state:   # checkpoints from before quarantines have none
+            self.quarantine.load_state_dict(state["quarantine"])
 
     def ping(self) -> bool:
         return True

@@ -26,13 +26,13 @@ partition needs a label for singletons). Argument values keep a type category (V
 that the abstraction (``scheduling.abstraction``) can replace literals by placeholders (step 4)
 without re-parsing values.
 
-May import: pydantic, the standard library, envs.spec.
+May import: pydantic, the standard library, envs.spec, envs.untrusted (reading op_descriptions.jsonl).
 """
 
 from __future__ import annotations
 
 import ast
-import json
+import os
 import re
 from pathlib import Path
 from dataclasses import dataclass
@@ -40,7 +40,9 @@ from typing import Any, Callable, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from envs import strict_json
 from envs.spec import Check, Environment, TaskSpec
+from envs.untrusted import UntrustedFileError, is_file_beneath, iter_lines, parse_json
 
 OP_TYPES = ("lookup", "update", "create", "delete", "validate", "authorize")
 GATE_KINDS = ("identifier_resolution", "state_precondition", "authorization")
@@ -303,9 +305,12 @@ DESCRIPTIONS_FILE = "op_descriptions.jsonl"
 
 def pool_descriptions(pool: Any) -> Optional[dict[str, dict[str, Any]]]:
     """The descriptions an LLM pre-pass wrote beside a pool (``POOL/op_descriptions.jsonl``), or
-    None. They win over the static extractor when the graph is built."""
-    path = Path(pool.root) / DESCRIPTIONS_FILE
-    return read_descriptions(path) if path.is_file() else None
+    None. They win over the static extractor when the graph is built. The file is pool data:
+    read through ``envs.untrusted`` (a symlink leaving the pool is refused)."""
+    root = Path(pool.root)
+    if not is_file_beneath(root, DESCRIPTIONS_FILE):
+        return None
+    return read_descriptions(root / DESCRIPTIONS_FILE, root=root)
 
 
 def write_descriptions(path: "str | Path", descriptions: dict[str, dict[str, Any]]) -> Path:
@@ -313,18 +318,25 @@ def write_descriptions(path: "str | Path", descriptions: dict[str, dict[str, Any
     path = Path(path)
     with open(path, "w") as f:
         for task_id, desc in descriptions.items():
-            f.write(json.dumps({"task_id": task_id, "description": desc}) + "\n")
+            f.write(strict_json.dumps({"task_id": task_id, "description": desc}) + "\n")
     return path
 
 
-def read_descriptions(path: "str | Path") -> dict[str, dict[str, Any]]:
+def read_descriptions(path: "str | Path", root: "str | Path | None" = None
+                      ) -> dict[str, dict[str, Any]]:
+    """``op_descriptions.jsonl`` as ``{task_id: description}``; ``root``: the tree the file must
+    stay in (default: its folder). A bad line raises ``ValueError`` naming ``path:line``."""
+    path = Path(path)
+    root = Path(root) if root is not None else path.parent
     out = {}
-    with open(path) as f:
-        for lineno, line in enumerate(f, start=1):
-            if line.strip():
-                try:
-                    rec = json.loads(line)
-                    out[rec["task_id"]] = rec["description"]
-                except (json.JSONDecodeError, KeyError) as e:
-                    raise ValueError(f"{path}:{lineno}: bad description line ({e})") from None
+    for lineno, _, raw in iter_lines(root, os.path.relpath(path, root)):
+        if raw is None:
+            raise ValueError(f"{path}:{lineno}: bad description line (too long)")
+        if not raw.strip():
+            continue
+        try:
+            rec = parse_json(raw.decode("utf-8"), str(path), line=lineno)
+            out[rec["task_id"]] = rec["description"]
+        except (UntrustedFileError, UnicodeDecodeError, KeyError, TypeError) as e:
+            raise ValueError(f"{path}:{lineno}: bad description line ({e})") from None
     return out

@@ -35,6 +35,7 @@ from typing import Any, Optional
 
 from pydantic import ValidationError
 
+from envs import strict_json
 from envs.describe import describe_task
 from envs.opdesc import (CONFLICT_KINDS, GATE_KINDS, GROUP_RELATIONS, OP_TYPES, PROVENANCES,
                          OpDescription, OpDescriptionError, check_against_task)
@@ -216,7 +217,7 @@ class LLMDescriber:
             if self.cache_path:
                 self.cache_path.parent.mkdir(parents=True, exist_ok=True)
                 with open(self.cache_path, "a") as f:
-                    f.write(json.dumps({"key": key, "task_id": task_id,
+                    f.write(strict_json.dumps({"key": key, "task_id": task_id,
                                         "description": desc.model_dump()}) + "\n")
 
     def describe_pool(self, pool: Any, progress: bool = True

@@ -20,14 +20,19 @@ is not UTF-8: its byte offset too); with
 ``strict=False`` bad tasks (and the tasks of a bad environment) are skipped and listed in
 ``Pool.problems`` instead.
 
+Pool files are read through ``envs.untrusted``: a symlink that leaves the pool is refused (one
+that stays inside is followed), only regular files are read, files, lines, and YAML/JSON nesting
+are bounded, YAML aliases and JSON ``NaN``/``Infinity`` are refused — each as a ``PoolProblem``
+naming the file and line.
+
 ``PoolProblem`` prints its parts through ``envs.text.printable``: they come from the pool.
 
-May import: envs.spec, envs.text, pydantic, yaml, the standard library.
+May import: envs.spec, envs.text, envs.untrusted, pydantic, yaml, the standard library.
 """
 
 from __future__ import annotations
 
-import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Optional
@@ -35,8 +40,11 @@ from typing import Any, Iterable, Optional
 import yaml
 from pydantic import ValidationError
 
+from envs import strict_json
 from envs.spec import Environment, PoolMeta, TaskSpec
 from envs.text import NotUtf8Error, decode_utf8, lone_surrogate, printable
+from envs.untrusted import (MAX_LINE_BYTES, UntrustedFileError, iter_lines, parse_json, parse_yaml, read_bytes,
+                            resolve_beneath, yaml_line)
 
 POOL_FILE = "pool.yaml"
 TASKS_FILE = "tasks.jsonl"
@@ -63,13 +71,22 @@ class PoolProblem:
         return printable(f"{where}{' (' + who + ')' if who else ''}: {self.message}")
 
 
-def read_pool_text(path: Path, rel: str, **who: Any) -> str:
-    """The UTF-8 text of a pool file, or ``PoolError`` naming ``rel`` and the bad byte offset."""
+def untrusted_problem(e: UntrustedFileError, **who: Any) -> "PoolError":
+    """The ``PoolError`` of a refused file (``envs.untrusted``), naming file, line and ``who``."""
+    return PoolError([PoolProblem(e.name, e.message, line=e.line, **who)])
+
+
+def read_pool_text(root: str | Path, rel: str, what: str = "the pool", **who: Any) -> str:
+    """The UTF-8 text of ``rel`` under the untrusted tree ``root`` (read with
+    ``envs.untrusted.read_bytes``), or ``PoolError`` naming ``rel`` (and the bad byte offset, or
+    the link that leaves the tree); ``FileNotFoundError`` when it does not exist."""
     try:
-        return decode_utf8(path.read_bytes(), rel)
+        return decode_utf8(read_bytes(root, rel, what), rel)
     except NotUtf8Error as e:
         raise PoolError([PoolProblem(rel, str(e).removeprefix(f"{rel}: "), line=e.line,
                                      **who)]) from None
+    except UntrustedFileError as e:
+        raise untrusted_problem(e, **who) from None
 
 
 class PoolError(Exception):
@@ -142,17 +159,16 @@ class Pool:
 
 
 def _read_state_file(root: Path, ref: str, task_id: str) -> dict[str, Any]:
-    path = (root / ref).resolve()
-    if root.resolve() not in path.parents:
+    norm = os.path.normpath(ref)
+    if os.path.isabs(norm) or norm.split(os.sep)[0] == "..":
         raise PoolError([PoolProblem(TASKS_FILE, f"initial_state_ref {ref!r} escapes the pool "
                                                  "directory", task_id=task_id)])
     try:
-        state = json.loads(read_pool_text(path, ref, task_id=task_id))
+        state = parse_json(read_pool_text(root, ref, task_id=task_id), ref)
     except FileNotFoundError:
         raise PoolError([PoolProblem(ref, "state file not found", task_id=task_id)]) from None
-    except json.JSONDecodeError as e:
-        raise PoolError([PoolProblem(ref, f"invalid JSON: {e.msg}", line=e.lineno,
-                                     task_id=task_id)]) from None
+    except UntrustedFileError as e:
+        raise untrusted_problem(e, task_id=task_id) from None
     if not isinstance(state, dict):
         raise PoolError([PoolProblem(ref, "a state file must hold a JSON object",
                                      task_id=task_id)])
@@ -160,37 +176,39 @@ def _read_state_file(root: Path, ref: str, task_id: str) -> dict[str, Any]:
 
 
 def _load_meta(root: Path) -> PoolMeta:
-    path = root / POOL_FILE
-    if not path.is_file():
-        raise PoolError([PoolProblem(POOL_FILE, f"missing: {root} is not a pool directory")])
     try:
-        raw = yaml.safe_load(read_pool_text(path, POOL_FILE))
+        text = read_pool_text(root, POOL_FILE)
+    except (FileNotFoundError, NotADirectoryError):
+        raise PoolError([PoolProblem(POOL_FILE, f"missing: {root} is not a pool directory")]) \
+            from None
+    try:
+        raw = parse_yaml(text, POOL_FILE)
         return PoolMeta.model_validate(raw)
-    except yaml.YAMLError as e:
-        raise PoolError([PoolProblem(POOL_FILE, f"invalid YAML: {e}")]) from None
+    except UntrustedFileError as e:
+        raise untrusted_problem(e) from None
     except ValidationError as e:
-        raise PoolError([PoolProblem(POOL_FILE, _validation_message(e))]) from None
+        raise PoolError([PoolProblem(POOL_FILE, _validation_message(e),
+                                     line=_first_error_line(text, e))]) from None
 
 
-def _load_environment(env_dir: Path) -> Environment:
+def _first_error_line(text: str, err: ValidationError) -> Optional[int]:
+    return yaml_line(text, err.errors()[0]["loc"]) if err.errors() else None
+
+
+def _load_environment(root: Path, env_dir: Path) -> Environment:
     rel = f"{ENVS_DIR}/{env_dir.name}"
-    meta_path, src_path, tools_path = (env_dir / "environment.yaml", env_dir / "environment.py",
-                                       env_dir / "tools.json")
-    for p in (meta_path, src_path, tools_path):
-        if not p.is_file():
-            raise PoolError([PoolProblem(f"{rel}/{p.name}", "missing", env_id=env_dir.name)])
-    texts = {p.name: read_pool_text(p, f"{rel}/{p.name}", env_id=env_dir.name)
-             for p in (meta_path, src_path, tools_path)}
+    texts = {}
+    for name in ("environment.yaml", "environment.py", "tools.json"):
+        try:
+            texts[name] = read_pool_text(root, f"{rel}/{name}", env_id=env_dir.name)
+        except (FileNotFoundError, NotADirectoryError):
+            raise PoolError([PoolProblem(f"{rel}/{name}", "missing", env_id=env_dir.name)]) \
+                from None
     try:
-        meta = yaml.safe_load(texts["environment.yaml"]) or {}
-    except yaml.YAMLError as e:
-        raise PoolError([PoolProblem(f"{rel}/environment.yaml", f"invalid YAML: {e}",
-                                     env_id=env_dir.name)]) from None
-    try:
-        tools = json.loads(texts["tools.json"])
-    except json.JSONDecodeError as e:
-        raise PoolError([PoolProblem(f"{rel}/tools.json", f"invalid JSON: {e.msg}", line=e.lineno,
-                                     env_id=env_dir.name)]) from None
+        meta = parse_yaml(texts["environment.yaml"], f"{rel}/environment.yaml") or {}
+        tools = parse_json(texts["tools.json"], f"{rel}/tools.json")
+    except UntrustedFileError as e:
+        raise untrusted_problem(e, env_id=env_dir.name) from None
     for name, value in (("environment.yaml", meta), ("tools.json", tools)):
         if (where := lone_surrogate(value)) is not None:
             raise PoolError([PoolProblem(f"{rel}/{name}", f"{where} holds a lone surrogate: not "
@@ -201,6 +219,7 @@ def _load_environment(env_dir: Path) -> Environment:
                                           "tools": tools})
     except ValidationError as e:
         raise PoolError([PoolProblem(f"{rel}/environment.yaml", _validation_message(e),
+                                     line=_first_error_line(texts["environment.yaml"], e),
                                      env_id=env_dir.name)]) from None
     if env.env_id != env_dir.name:
         raise PoolError([PoolProblem(f"{rel}/environment.yaml",
@@ -218,34 +237,24 @@ def load_pool(root: str | Path, strict: bool = True) -> Pool:
     environments: dict[str, Environment] = {}
     bad_envs: set[str] = set()
     env_root = root / ENVS_DIR
+    try:
+        resolve_beneath(root, ENVS_DIR)
+    except UntrustedFileError as e:
+        raise untrusted_problem(e) from None
     if not env_root.is_dir():
         raise PoolError([PoolProblem(ENVS_DIR, "missing environments directory")])
     for env_dir in sorted(p for p in env_root.iterdir() if p.is_dir()):
         try:
-            environments[env_dir.name] = _load_environment(env_dir)
+            environments[env_dir.name] = _load_environment(root, env_dir)
         except PoolError as e:
             if strict:
                 raise
             problems.extend(e.problems)
             bad_envs.add(env_dir.name)
 
-    tasks_path = root / TASKS_FILE
-    if not tasks_path.is_file():
-        raise PoolError([PoolProblem(TASKS_FILE, "missing")])
     tasks: list[TaskSpec] = []
     seen: dict[str, int] = {}
-    offset = 0
-    for lineno, raw_line in enumerate(tasks_path.read_bytes().splitlines(keepends=True), start=1):
-        start, offset = offset, offset + len(raw_line)
-        try:
-            line = decode_utf8(raw_line, TASKS_FILE, start, lineno)
-        except NotUtf8Error as e:
-            problem, task = PoolProblem(TASKS_FILE, str(e).removeprefix(f"{TASKS_FILE}: "),
-                                        line=lineno), None
-        else:
-            if not line.strip():
-                continue
-            problem, task = _parse_task_line(line, lineno, seen, environments, bad_envs)
+    for lineno, problem, task in _task_lines(root, seen, environments, bad_envs):
         if problem is not None:
             if strict:
                 raise PoolError([problem])
@@ -260,13 +269,36 @@ def load_pool(root: str | Path, strict: bool = True) -> Pool:
                 lines=dict(seen))
 
 
+def _task_lines(root: Path, seen: dict[str, int], environments: dict[str, Environment],
+                bad_envs: set[str]):
+    """``(line number, problem, task)`` for each non-blank line of ``tasks.jsonl``."""
+    try:
+        for lineno, start, raw_line in iter_lines(root, TASKS_FILE):
+            if raw_line is None:
+                yield lineno, PoolProblem(TASKS_FILE, f"line longer than {MAX_LINE_BYTES} bytes; "
+                                                      "refused", line=lineno), None
+                continue
+            try:
+                line = decode_utf8(raw_line, TASKS_FILE, start, lineno)
+            except NotUtf8Error as e:
+                yield lineno, PoolProblem(TASKS_FILE, str(e).removeprefix(f"{TASKS_FILE}: "),
+                                          line=lineno), None
+                continue
+            if line.strip():
+                yield (lineno, *_parse_task_line(line, lineno, seen, environments, bad_envs))
+    except (FileNotFoundError, NotADirectoryError):
+        raise PoolError([PoolProblem(TASKS_FILE, "missing")]) from None
+    except UntrustedFileError as e:
+        raise untrusted_problem(e) from None
+
+
 def _parse_task_line(line: str, lineno: int, seen: dict[str, int],
                      environments: dict[str, Environment],
                      bad_envs: set[str]) -> tuple[Optional[PoolProblem], Optional[TaskSpec]]:
     try:
-        raw = json.loads(line)
-    except json.JSONDecodeError as e:
-        return PoolProblem(TASKS_FILE, f"invalid JSON at column {e.colno}: {e.msg}", line=lineno), None
+        raw = parse_json(line, TASKS_FILE, line=lineno)
+    except UntrustedFileError as e:
+        return PoolProblem(TASKS_FILE, e.message, line=lineno), None
     task_id = raw.get("task_id") if isinstance(raw, dict) else None
     if (where := lone_surrogate(raw)) is not None:
         return PoolProblem(TASKS_FILE, f"{where} holds a lone surrogate (a \\ud800-\\udfff "
@@ -293,7 +325,7 @@ def write_environment(root: str | Path, env: Environment) -> None:
     d = Path(root) / ENVS_DIR / env.env_id
     d.mkdir(parents=True, exist_ok=True)
     (d / "environment.py").write_text(env.source)
-    (d / "tools.json").write_text(json.dumps(env.tools, indent=1))
+    (d / "tools.json").write_text(strict_json.dumps(env.tools, indent=1))
     head = env.model_dump(exclude={"source", "tools"})
     (d / "environment.yaml").write_text(yaml.safe_dump(head, sort_keys=False, width=100))
 
@@ -302,12 +334,12 @@ def write_state(root: str | Path, ref: str, content: dict[str, Any]) -> None:
     """Write a shared state file; ``ref`` is relative to the pool directory."""
     p = Path(root) / ref
     p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_text(json.dumps(content, separators=(",", ":")))
+    p.write_text(strict_json.dumps(content, separators=(",", ":")))
 
 
 def write_meta(root: str | Path, meta: PoolMeta, n_envs: int, n_tasks: int) -> None:
     meta = meta.model_copy(update={"counts": {"environments": n_envs, "tasks": n_tasks}})
-    (Path(root) / POOL_FILE).write_text(yaml.safe_dump(meta.model_dump(), sort_keys=False))
+    (Path(root) / POOL_FILE).write_text(yaml.safe_dump(meta.model_dump(mode="json"), sort_keys=False))
 
 
 def task_line(task: TaskSpec) -> str:

@@ -8,7 +8,8 @@
 - ``TaskSpec``     one environment-task pair: instruction, initial state (inline, or a reference
                    to a state file shared by many tasks), verifier checks, optional reference
                    solution, optional structured operation description, metadata.
-- ``PoolMeta``     the contents of ``pool.yaml``.
+- ``PoolMeta``     the contents of ``pool.yaml``, including ``packages``: the Python import
+                   names the pool's environments need (the sandbox provides and checks them).
 
 Environment contract (the same as EnvScaler's, so published pools run unchanged): the class source
 is exec'd into a fresh module; the instance is ``cls(initial_state)`` falling back to ``cls()``,
@@ -24,9 +25,21 @@ May import: pydantic and the standard library only.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+import re
+from typing import Annotated, Any, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+
+
+# a dotted Python import name: ASCII identifiers, as pip-installed top-level modules are named
+_IMPORT_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+
+
+def _import_name(name: str) -> str:
+    if not _IMPORT_NAME.fullmatch(name):
+        raise ValueError(f"must be a Python import name (dotted identifiers, e.g. dateutil or "
+                         f"google.protobuf), got {name[:80]!r}")
+    return name
 
 
 class _Strict(BaseModel):
@@ -127,3 +140,23 @@ class PoolMeta(_Strict):
     adapter: str = "native"
     counts: dict[str, int] = Field(default_factory=dict)
     description: str = ""
+    packages: tuple[Annotated[str, AfterValidator(_import_name)], ...] = Field(
+        default=(), description="Python import names the pool's environments need (e.g. "
+                                "dateutil); the sandbox provides and checks them")
+
+    @field_validator("packages", mode="before")
+    @classmethod
+    def _packages_is_a_list(cls, v: Any) -> Any:
+        if v is None:
+            return ()
+        if not isinstance(v, (list, tuple)):
+            raise ValueError(f"packages must be a list of Python import names, got "
+                             f"{type(v).__name__}; fix: packages: [dateutil, ...]")
+        return v
+
+    @field_validator("packages")
+    @classmethod
+    def _packages_once(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        if len(set(v)) != len(v):
+            raise ValueError(f"packages lists a name twice: {list(v)}")
+        return v

@@ -4,10 +4,27 @@
 - ``CheckResult``   one verifier check's outcome (``passed`` False when it raised; ``error`` says why).
 - ``VerifyResult``  reward (fraction of checks passed) plus per-check results.
 - ``Trajectory``    one rollout: token ids, rollout log-probs, loss mask, the action trace, final
-                    reply, verifier results, reward, status, policy version, episode seed, timings.
-- ``Group``         the K trajectories of one task selected at ``step``, for the ticket
-                    ``ticket_id`` (``actors.ticket.Ticket.id``; ids count per ticket kind, -1 for
-                    a group no ticket asked for).
+                    reply, verifier results, reward, status, fault, policy version, episode seed,
+                    timings.
+- ``Group``         the K episodes of one task selected at ``step``, for the ticket ``ticket_id``
+                    (``actors.ticket.Ticket.id``; ids count per ticket kind, -1 for a group no
+                    ticket asked for): ``trajectories`` are the K' valid ones (trained, absorbed),
+                    ``dropped`` the ones lost to infrastructure faults after their retries.
+
+Failures (``FAILED_STATUSES``: the episode ended on a failure) are attributed by ``fault``, one of
+``FAULTS`` (docs/architecture.md, "Faults", has the table of who is blamed for what):
+
+- ``"task"``: the task's code, its verifier or the sandbox limits it hit (what the sandbox
+  reported, ``sandbox.errors.SandboxError.origin == "sandbox"``, or one of the agent loop's
+  deadlines on a sandbox call). The trajectory keeps its reward (0 for what did not run) and its
+  status, is trained like any other, and counts towards the task's quarantine
+  (``scheduling.quarantine``).
+- ``"infra"``: the machinery around the task (executor actor died, Ray errors, a session that
+  could not be opened, an engine deadline). Retried; after the retries the trajectory is moved to
+  ``Group.dropped``: never trained, never absorbed, never a reward.
+
+A failed trajectory without a fault (written before faults existed) is the task's: it was kept and
+trained then, and keeping it is the side an environment cannot exploit.
 
 Dataclasses (not pydantic) because these are created per episode on the hot path; ``to_dict`` /
 ``from_dict`` give the JSON form written to trajectory files and checkpoints.
@@ -21,6 +38,11 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Optional
 
 STATUSES = ("ok", "truncated", "env_error", "timeout", "malformed")
+FAILED_STATUSES = ("env_error", "timeout")   # the episode ended on a failure: it has a fault
+FAULTS = ("task", "infra")
+# GRPO's group baseline needs two rewards: a group with fewer valid trajectories (of K >= 2) is
+# failed and re-issued, as a group whose call raised
+MIN_VALID = 2
 
 
 @dataclass
@@ -56,6 +78,7 @@ class Trajectory:
     task_id: str
     reward: float
     status: str = "ok"
+    fault: Optional[str] = None
     actions: list[ActionStep] = field(default_factory=list)
     final_reply: str = ""
     checks: list[CheckResult] = field(default_factory=list)
@@ -71,6 +94,13 @@ class Trajectory:
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
             raise ValueError(f"Trajectory.status must be one of {STATUSES}, got {self.status!r}")
+        if self.status in FAILED_STATUSES and self.fault is None:
+            self.fault = "task"   # see the module docstring: the legacy rule
+        if self.fault not in (None, *FAULTS) or (self.fault is None) != (
+                self.status not in FAILED_STATUSES):
+            raise ValueError(f"Trajectory.fault of task {self.task_id} must be one of {FAULTS} "
+                             f"for a status in {FAILED_STATUSES} and None otherwise, got "
+                             f"{self.fault!r} with status {self.status!r}")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -90,10 +120,41 @@ class Group:
     trajectories: list[Trajectory]
     env_id: str = ""
     ticket_id: int = -1
+    dropped: list[Trajectory] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        # the one place an infrastructure fault could slip into training or the scheduler
+        kept = [t.status for t in self.trajectories if t.fault == "infra"]
+        lost = [t.fault for t in self.dropped if t.fault != "infra"]
+        if kept or lost:
+            raise ValueError(f"Group of task {self.task_id}, ticket {self.ticket_id}: "
+                             "trajectories must hold no infrastructure fault and dropped only "
+                             f"those; got {len(kept)} kept with fault 'infra', dropped with "
+                             f"faults {lost}")
 
     @property
     def rewards(self) -> list[float]:
+        """The valid trajectories' rewards (``dropped`` ones have none)."""
         return [t.reward for t in self.trajectories]
+
+    @property
+    def k(self) -> int:
+        """Episodes the group ran: valid plus dropped."""
+        return len(self.trajectories) + len(self.dropped)
+
+    @property
+    def trainable(self) -> bool:
+        """Enough valid trajectories for a group baseline (all of them when K < ``MIN_VALID``)."""
+        return len(self.trajectories) >= min(MIN_VALID, self.k)
+
+    def fault_counts(self) -> dict[str, int]:
+        """``task_errors``: valid trajectories that ended on a task fault; ``infra_errors``:
+        episode attempts lost to infrastructure faults (retried or dropped; each is listed in
+        ``info["failed_attempts"]``); ``trajectories_dropped``."""
+        every = self.trajectories + self.dropped
+        return {"task_errors": sum(t.fault == "task" for t in self.trajectories),
+                "infra_errors": sum(len(t.info.get("failed_attempts", ())) for t in every),
+                "trajectories_dropped": len(self.dropped)}
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -102,6 +163,7 @@ class Group:
             "env_id": self.env_id,
             "ticket_id": self.ticket_id,
             "trajectories": [t.to_dict() for t in self.trajectories],
+            "dropped": [t.to_dict() for t in self.dropped],
         }
 
     @staticmethod
@@ -112,4 +174,5 @@ class Group:
             env_id=d.get("env_id", ""),
             ticket_id=int(d.get("ticket_id", -1)),
             trajectories=[Trajectory.from_dict(t) for t in d["trajectories"]],
+            dropped=[Trajectory.from_dict(t) for t in d.get("dropped", [])],
         )

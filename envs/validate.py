@@ -24,15 +24,20 @@ May import: envs.*, the standard library; sandbox (the worker, its errors) insid
 from __future__ import annotations
 
 import ast
+import os
+import threading
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional, Protocol
 
-from envs.pool import ENVS_DIR, TASKS_FILE, Pool, PoolError, PoolProblem, load_pool
+from envs.pool import ENVS_DIR, POOL_FILE, TASKS_FILE, Pool, PoolError, PoolProblem, load_pool
 from envs.schema_check import check_tool_schemas
 from envs.spec import Check, Environment, TaskSpec
 from envs.text import printable
 from envs.trajectory import ActionStep, VerifyResult
+
+
+MAX_WORKERS = 4   # sandbox workers pass 3 runs in parallel, at most (one per CPU by default)
 
 
 class Runner(Protocol):
@@ -105,9 +110,12 @@ class _Collector:
 
 def validate_pool(root: str | Path, strict: bool = False, seed: int = 0,
                   runner_factory: Optional[Callable[[], Runner]] = None,
-                  progress: Optional[Callable[[int, int], None]] = None) -> ValidationReport:
+                  progress: Optional[Callable[[int, int], None]] = None,
+                  workers: Optional[int] = None) -> ValidationReport:
     """Validate the pool at ``root`` (see module doc). ``runner_factory`` defaults to a sandbox
-    worker (``sandbox_runner``); ``progress(done, total)`` is called after each task."""
+    worker (``sandbox_runner``) and is called once per worker thread (``workers``, default
+    ``default_workers``); ``progress(done, total)`` is called after each task (from a worker
+    thread, one call at a time)."""
     report = ValidationReport(root=str(root))
     out = _Collector(report, strict)
     try:
@@ -120,14 +128,22 @@ def validate_pool(root: str | Path, strict: bool = False, seed: int = 0,
         return report
     for p in pool.problems:
         out.problem(p)
+    _declared_packages(pool, out)
     report.n_environments, report.n_tasks = len(pool.environments), len(pool.tasks)
     bad_envs = _static_environments(pool, out)
-    runner = (runner_factory or sandbox_runner)()
-    try:
-        _run_tasks(pool, runner, out, bad_envs, seed, progress)
-    finally:
-        runner.close()
+    n_workers = workers if workers is not None else default_workers(len(pool.environments))
+    _run_tasks(pool, runner_factory or sandbox_runner, out, bad_envs, seed, progress, n_workers)
     return report
+
+
+def _declared_packages(pool: Pool, out: _Collector) -> None:
+    """A package ``pool.yaml`` declares that the sandbox could not import: one problem each,
+    naming it and the fix (``sandbox.packages``)."""
+    from sandbox.packages import missing_packages
+
+    for name, why in missing_packages(pool.meta.packages):
+        out.problem(PoolProblem(POOL_FILE, f"declared package {name!r} cannot be imported in "
+                                           f"the sandbox: {why}"))
 
 
 def _env_file(env_id: str, name: str) -> str:
@@ -167,64 +183,141 @@ def _static_checks(task: TaskSpec) -> list[str]:
     return msgs
 
 
-def _run_tasks(pool: Pool, runner: Runner, out: _Collector, bad_envs: dict[str, str], seed: int,
-               progress: Optional[Callable[[int, int], None]]) -> None:
+def _env_batches(pool: Pool) -> list[list[int]]:
+    """Task indices grouped by environment, each group in pool order, groups by first task."""
+    groups: dict[str, list[int]] = {}
+    for k, task in enumerate(pool.tasks):
+        groups.setdefault(task.env_id, []).append(k)
+    return list(groups.values())
+
+
+def default_workers(n_envs: int) -> int:
+    """One sandbox worker per CPU this process may use (at most ``MAX_WORKERS``), never more
+    than there are environments: each environment's replays stay in one worker."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, min(cpus or 1, MAX_WORKERS, n_envs))
+
+
+def _run_tasks(pool: Pool, runner_factory: Callable[[], Runner], out: _Collector,
+               bad_envs: dict[str, str], seed: int,
+               progress: Optional[Callable[[int, int], None]], workers: int) -> None:
+    """Pass 3 on ``workers`` sandbox workers in parallel threads (a worker call blocks on its
+    child's pipe, so threads overlap the children's CPU). A whole environment goes to one
+    worker (loaded once, its shared state sent once); what each task finds is recorded and
+    replayed into ``out`` in pool order, so the report does not depend on the interleaving. In
+    strict mode no task after the first one with a problem is started."""
+    events: list[list[tuple]] = [[] for _ in pool.tasks]
+    queue = _env_batches(pool)
+    lock = threading.Lock()
+    state = {"first_bad": len(pool.tasks), "done": 0}
+
+    def work() -> None:
+        runner = runner_factory()
+        try:
+            while True:
+                with lock:
+                    if not queue:
+                        return
+                    batch = queue.pop(0)
+                _run_env(pool, runner, batch, events, bad_envs, seed, out.strict, state, lock,
+                         progress)
+        finally:
+            runner.close()
+
+    failures: list[BaseException] = []  # a worker's error is raised in the caller's thread
+    threads = [threading.Thread(target=_capturing(work, failures), name=f"validate-{i}",
+                                daemon=True) for i in range(max(1, workers))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if failures:
+        raise failures[0]
+    for task_events in events:
+        for kind, p, loaded in task_events:
+            if kind == "problem":
+                out.problem(p, loaded=loaded)
+            elif kind == "warning":
+                out.warning(p)
+            else:
+                out.report.n_replayed += 1
+
+
+def _capturing(run: Callable[[], None], failures: list[BaseException]) -> Callable[[], None]:
+    def wrapped() -> None:
+        try:
+            run()
+        except BaseException as e:  # noqa: BLE001 - re-raised by the caller's thread
+            failures.append(e)
+    return wrapped
+
+
+def _run_env(pool: Pool, runner: Runner, batch: list[int], events: list[list[tuple]],
+             bad_envs: dict[str, str], seed: int, strict: bool, state: dict[str, int],
+             lock: threading.Lock, progress: Optional[Callable[[int, int], None]]) -> None:
+    """The tasks ``batch`` (indices, one environment) on ``runner``; findings into ``events``."""
     from sandbox.errors import EnvLoadError, SandboxError
 
-    loaded: set[str] = set()
-    for k, task in enumerate(pool.tasks):
+    env_id = pool.tasks[batch[0]].env_id
+    env = pool.environment(env_id)
+    for n, k in enumerate(batch):
+        if strict and k > state["first_bad"]:
+            return
+        task, found = pool.tasks[k], events[k]
         line = pool.lines.get(task.task_id)
 
         def bad(msg: str) -> None:
-            out.problem(PoolProblem(TASKS_FILE, msg, line=line, task_id=task.task_id,
-                                    env_id=task.env_id), loaded=True)
+            found.append(("problem", PoolProblem(TASKS_FILE, msg, line=line, task_id=task.task_id,
+                                                 env_id=task.env_id), True))
 
-        env = pool.environment(task.env_id)
-        if task.env_id not in loaded and task.env_id not in bad_envs:
+        if n == 0 and env_id not in bad_envs:
             try:
                 runner.load(env)
-                loaded.add(task.env_id)
             except EnvLoadError as e:
-                out.problem(PoolProblem(_env_file(task.env_id, "environment.py"),
-                                        f"does not load in the sandbox: {e.message}",
-                                        env_id=task.env_id))
-                bad_envs[task.env_id] = "it does not load"
-        if task.env_id in bad_envs:
-            bad(f"environment {task.env_id!r} is invalid: {bad_envs[task.env_id]}")
+                found.append(("problem", PoolProblem(_env_file(env_id, "environment.py"),
+                                                     f"does not load in the sandbox: {e.message}",
+                                                     env_id=env_id), False))
+                bad_envs[env_id] = "it does not load"
+        if env_id in bad_envs:
+            bad(f"environment {env_id!r} is invalid: {bad_envs[env_id]}")
         elif (msgs := _static_checks(task)):
             for m in msgs:
                 bad(m)
-        elif (state := _state_or_report(pool, task, out)) is not None:
+        elif (initial := _state_or_report(pool, task, found)) is not None:
             try:
-                _run_task(state, runner, env, task, seed, bad, out, line)
+                _run_task(initial, runner, env, task, seed, bad, found, line)
             except SandboxError as e:
                 bad(f"sandbox error while replaying: {e}")
-        if progress is not None:
-            progress(k + 1, len(pool.tasks))
+        with lock:
+            if any(kind == "problem" for kind, _, _ in found):
+                state["first_bad"] = min(state["first_bad"], k)
+            state["done"] += 1
+            if progress is not None:
+                progress(state["done"], len(pool.tasks))
 
 
-def _state_or_report(pool: Pool, task: TaskSpec, out: _Collector) -> Optional[dict[str, Any]]:
-    """The task's initial state, or None after reporting an unreadable shared state file."""
+def _state_or_report(pool: Pool, task: TaskSpec, found: list[tuple]) -> Optional[dict[str, Any]]:
+    """The task's initial state, or None after recording an unreadable shared state file."""
     try:
         return pool.initial_state(task)
     except PoolError as e:
-        for p in e.problems:
-            out.problem(p, loaded=True)
+        found.extend(("problem", p, True) for p in e.problems)
         return None
 
 
 def _run_task(state: dict[str, Any], runner: Runner, env: Environment, task: TaskSpec, seed: int,
-              bad: Callable[[str], None], out: _Collector, line: Optional[int]) -> None:
+              bad: Callable[[str], None], found: list[tuple], line: Optional[int]) -> None:
     if task.reference_solution is None:
         result = runner.verify_initial(env, state, task.checks, seed, task.initial_state_ref)
         for c in result.checks:
             if c.error:
-                out.warning(PoolProblem(TASKS_FILE, f"check {c.check_id} on the initial state: "
-                                                    f"{c.error}", line=line, task_id=task.task_id))
+                found.append(("warning", PoolProblem(
+                    TASKS_FILE, f"check {c.check_id} on the initial state: {c.error}", line=line,
+                    task_id=task.task_id), False))
         return
     result, steps = runner.replay(env, state, task.checks, task.reference_solution, seed,
                                   task.initial_state_ref)
-    out.report.n_replayed += 1
+    found.append(("replayed", None, False))
     if result.reward >= 1.0:
         return
     parts = [f"reference solution reaches reward {result.reward} < 1.0"]

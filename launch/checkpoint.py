@@ -15,6 +15,11 @@ Layout ``RUN_DIR/checkpoints/step_000012/``:
 Writing is atomic: every file is written and fsynced inside ``step_N.tmp``, the directory is renamed
 to ``step_N`` when complete, and only then is ``latest`` rewritten (itself through a temporary
 file). ``keep`` prunes all but the newest ``keep`` checkpoints older than the one just written.
+A write that fails removes its ``step_N.tmp``, so the newest good checkpoint stays the newest; a
+write that ran out of space (ENOSPC, or the ``basic_ios::clear: iostream error`` that torch's
+writer gives instead, told apart by the free space left) raises
+``launch.errors.CheckpointDiskFull``: one line naming the directory, the bytes needed and free,
+and the intact checkpoint.
 
 Loading verifies: meta.json parses and names the directory's step, every file of the manifest is
 there with its size, both pickles load. ``latest_checkpoint`` takes the newest intact checkpoint,
@@ -24,11 +29,12 @@ step is never replaced by another.
 ``truncate_logs`` cuts ``metrics.jsonl`` and ``eval.jsonl`` back to the checkpoint's step on resume,
 so steps logged after the checkpoint (and lost with the process) are not logged twice.
 
-May import: the standard library.
+May import: the standard library, launch.errors.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import pickle
@@ -40,9 +46,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from launch.errors import CheckpointDiskFull
+
 STEP_DIR = re.compile(r"^step_(\d+)$")
 # per-step logs with a "step" field, cut back to the checkpoint's step on resume
 LOGS = ("metrics.jsonl", "eval.jsonl", "groups.jsonl")
+# free bytes below which a failed write is taken to have filled the disk (see ``_abandon``)
+SPACE_MARGIN = 1 << 20
 _UNPICKLE_ERRORS = (EOFError, pickle.UnpicklingError, ValueError, TypeError, AttributeError,
                     ImportError, IndexError, KeyError)
 
@@ -95,29 +105,93 @@ def save_checkpoint(run_dir: Path, step: int, controller: dict[str, Any],
                     scheduler: dict[str, Any],
                     save_learner: Optional[Callable[[Path], None]] = None,
                     keep: int = 0) -> Path:
-    """Write ``step_N`` atomically, point ``latest`` at it, prune to ``keep`` (0: keep all)."""
+    """Write ``step_N`` atomically, point ``latest`` at it, prune to ``keep`` (0: keep all).
+
+    A write that fails removes its partial ``step_N.tmp`` and leaves every earlier checkpoint as
+    it was; one that failed for want of space raises ``CheckpointDiskFull`` (see ``_abandon``)."""
     root = checkpoint_root(run_dir)
     final = root / f"step_{step:06d}"
     tmp = root / f"step_{step:06d}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    _write_durable(tmp / "controller.pkl", pickle.dumps(controller))
-    _write_durable(tmp / "scheduler.pkl", pickle.dumps(scheduler))
-    if save_learner is not None:
-        save_learner(tmp / "learner")
-    meta = {"step": step, "time": time.time(), "files": _manifest(tmp)}
-    _write_durable(tmp / "meta.json", json.dumps(meta, sort_keys=True).encode())
-    _fsync_dir(tmp)
-    shutil.rmtree(final, ignore_errors=True)
-    os.replace(tmp, final)
-    _write_durable(root / "latest.tmp", final.name.encode())
-    os.replace(root / "latest.tmp", root / "latest")
-    _fsync_dir(root)
+    try:
+        tmp.mkdir(parents=True)
+        _write_durable(tmp / "controller.pkl", pickle.dumps(controller))
+        _write_durable(tmp / "scheduler.pkl", pickle.dumps(scheduler))
+        if save_learner is not None:
+            save_learner(tmp / "learner")
+        meta = {"step": step, "time": time.time(), "files": _manifest(tmp)}
+        _write_durable(tmp / "meta.json", json.dumps(meta, sort_keys=True).encode())
+        _fsync_dir(tmp)
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(tmp, final)
+        _write_durable(root / "latest.tmp", final.name.encode())
+        os.replace(root / "latest.tmp", root / "latest")
+        _fsync_dir(root)
+    except Exception as e:
+        full = _abandon(run_dir, step, tmp, keep, e)
+        if full is not None:
+            raise full from e
+        raise
     if keep > 0:
         older = [p for s, p in _step_dirs(root) if s < step]
         for path in older[keep - 1:]:
             shutil.rmtree(path, ignore_errors=True)
     return final
+
+
+def _no_space(error: BaseException) -> bool:
+    """Whether ``error`` or an exception it was raised from or during says ENOSPC / EDQUOT (a
+    learner rank's error arrives as text inside Ray's error, so its message counts too)."""
+    seen: set[int] = set()
+    e: Optional[BaseException] = error
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if "No space left on device" in str(e) or "Disk quota exceeded" in str(e):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
+
+
+def _bytes_under(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.is_dir() else 0
+
+
+def _abandon(run_dir: Path, step: int, tmp: Path, keep: int, error: BaseException
+             ) -> Optional[CheckpointDiskFull]:
+    """Remove the partial ``tmp``; return a ``CheckpointDiskFull`` if the write ran out of space.
+
+    torch's and DeepSpeed's writers hide ENOSPC behind ``basic_ios::clear: iostream error``
+    (no errno), so space is judged at the failure too: less than ``SPACE_MARGIN`` free then
+    means the write filled the disk. The bytes needed are the newest intact checkpoint's size
+    (the new one is about as large), else at least what was written before the failure."""
+    root = checkpoint_root(run_dir)
+    full = _no_space(error) or (root.is_dir() and shutil.disk_usage(root).free < SPACE_MARGIN)
+    written = _bytes_under(tmp)
+    shutil.rmtree(tmp, ignore_errors=True)
+    if not full:
+        return None
+    free = shutil.disk_usage(root).free
+    with warnings.catch_warnings():   # a broken newer one is named by the resume, not here
+        warnings.simplefilter("ignore", CheckpointWarning)
+        try:
+            intact: Optional[Checkpoint] = latest_checkpoint(run_dir)
+        except CheckpointError:
+            intact = None
+    if intact is not None:
+        needed = _bytes_under(intact.path)
+        size = f"~{needed:,} bytes (as {intact.path.name} took)"
+        kept = (f"the newest intact checkpoint, {intact.path} (step {intact.step}), is untouched")
+    else:
+        needed = written
+        size = f"at least {needed:,} bytes (written before the disk filled)"
+        kept = "there is no earlier checkpoint"
+    return CheckpointDiskFull(
+        f"disk full: the step-{step} checkpoint could not be written to {root}: it needs {size}, "
+        f"{free:,} bytes are free; {kept}; free space there (or lower "
+        f"controller.keep_checkpoints, now {keep})", root, needed, free,
+        intact.path if intact is not None else None)
 
 
 def _step_dirs(root: Path) -> list[tuple[int, Path]]:

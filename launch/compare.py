@@ -61,6 +61,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 import yaml
 
+from envs import strict_json
 from launch.evaluation import read_eval
 from launch.metrics import read_jsonl
 from scheduling.variance import group_variance
@@ -172,12 +173,12 @@ def _share_step0(out: Path, spec: RunSpec, specs: Sequence[RunSpec], config: dic
         if found is None:
             return None
         row = {**found[1], "evaluated_in": found[0].name, "inputs": key}
-        shared.write_text(json.dumps(row, sort_keys=True) + "\n")
+        shared.write_text(strict_json.dumps(row, sort_keys=True) + "\n")
     source = row.pop("evaluated_in")
     row.pop("inputs")
     spec.dir.mkdir(parents=True, exist_ok=True)
     with (spec.dir / "eval.jsonl").open("a") as f:
-        f.write(json.dumps({**row, "shared_from": source}, sort_keys=True) + "\n")
+        f.write(strict_json.dumps({**row, "shared_from": source}, sort_keys=True) + "\n")
     return source
 
 

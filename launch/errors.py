@@ -1,11 +1,51 @@
-"""The error a user can fix (a bad pool path, a bad flag): the CLI prints it as one line, exit 2.
+"""The errors the command line prints as one line instead of a traceback.
 
-Raised anywhere under ``launch/``; ``launch.cli.main`` catches it. Kept apart from the CLI so that
-the run driver and the plain modules raise it without importing the command line.
+- ``UserError``: something the user can fix before the run (a bad pool path, a bad flag); exit 2.
+- ``RunStopped``: a run stopped on a fault it could not recover from; the line says what failed,
+  where, and the command that continues the run (``command``, filled in by ``launch.trainer``,
+  which knows the run directory and the Ray address); exit 1. Its kinds:
+  ``LearnerLost`` (the learner group died and could not be rebuilt: no checkpoint yet, or
+  ``controller.learner_restarts`` used up) and ``CheckpointDiskFull`` (a checkpoint write ran out
+  of space; the newest intact checkpoint is untouched).
+
+Raised anywhere under ``launch/``; ``launch.cli.main`` and ``launch.commands.train`` catch them.
+Kept apart from the CLI so that the run driver and the plain modules raise them without importing
+the command line. ``ENVSCHED_DEBUG=1`` makes ``envsched train`` show the full traceback instead.
 
 May import: the standard library.
 """
 
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
 
 class UserError(Exception):
     """An error the user can fix; printed without a traceback."""
+
+
+class RunStopped(Exception):
+    """The run stopped; ``str(e)`` is one line: what, where, then ``command`` if known."""
+
+    def __init__(self, what: str, command: Optional[str] = None):
+        super().__init__(what)
+        self.what, self.command = what, command
+
+    def __str__(self) -> str:
+        return f"{self.what}; {self.command}" if self.command else self.what
+
+
+class LearnerLost(RunStopped):
+    """The learner group died and the run could not rebuild it (``launch.recovery``)."""
+
+
+class CheckpointDiskFull(RunStopped):
+    """A checkpoint write failed for want of space in ``directory``: ``needed`` bytes (about)
+    against ``free`` once the partial write was removed; ``intact`` is the newest intact
+    checkpoint (None when there is none), which the failed write left untouched."""
+
+    def __init__(self, what: str, directory: Path, needed: int, free: int,
+                 intact: Optional[Path]):
+        super().__init__(what)
+        self.directory, self.needed, self.free, self.intact = directory, needed, free, intact

@@ -4,7 +4,9 @@ shown on a live progress bar.
 ``step_metrics`` turns one learner step's inputs into a flat record. Definitions (ours where the
 issue is silent):
 
-- ``reward_mean``: mean trajectory reward over the step's B groups x K trajectories.
+- ``reward_mean``: mean trajectory reward over the step's B groups' valid trajectories
+  (``trajectories`` of them: K per group, less those dropped for infrastructure faults, which
+  have no reward; ``envs.trajectory.Group``).
 - ``reward_var_mean``: mean over groups of the within-group population variance
   ``var_g = mean_k (r_gk - mean_k r_gk)^2`` (ddof = 0, the quantity GRPO's signal depends on).
 - ``zero_var_share``: share of groups whose K rewards are all equal (no GRPO signal).
@@ -17,6 +19,11 @@ issue is silent):
 - ``staleness_mean/max``: learner version at training minus the policy version each trajectory
   was sampled with.
 - timings ``time_<phase>_s`` and ``learner_idle_share`` are filled in by the controller.
+- faults (docs/architecture.md, "Faults"), over every group that came back since the previous row,
+  trained or failed (``launch.tracker``): ``task_errors`` (valid trajectories the task's code
+  failed: kept with their reward), ``infra_errors`` (episode attempts the infrastructure lost:
+  retried, or dropped), ``trajectories_dropped``; from the scheduler actor, ``quarantined_tasks``
+  (tasks removed for repeated task faults, ``scheduling.quarantine``).
 
 May import: numpy, scheduling.base (the phases), scheduling.variance (Eq. 2), the standard
 library; tqdm and launch.loggers (its backends) lazily.
@@ -31,6 +38,7 @@ from typing import Any, Iterable, Optional, Sequence
 
 import numpy as np
 
+from envs import strict_json
 from scheduling.base import PHASES
 from scheduling.variance import group_variance  # re-exported: Eq. 2 has one definition
 
@@ -52,6 +60,7 @@ def step_metrics(groups: Sequence[Any], selections: Sequence[Any], learner_versi
     variances = np.array([group_variance(r) for r in rewards])
     out: dict[str, float] = {
         "groups": float(len(groups)),
+        "trajectories": float(sum(len(g.trajectories) for g in groups)),
         "reward_mean": float(np.mean(np.concatenate(rewards))) if rewards else float("nan"),
         "reward_var_mean": float(variances.mean()) if len(variances) else float("nan"),
         "zero_var_share": float(np.mean(variances == 0.0)) if len(variances) else float("nan"),
@@ -110,7 +119,7 @@ class MetricsLogger:
     def log(self, step: int, record: dict[str, Any]) -> None:
         row = {"step": step, **{k: _jsonable(v) for k, v in record.items()}}
         with self.path.open("a") as f:
-            f.write(json.dumps(row, sort_keys=True) + "\n")
+            f.write(strict_json.dumps(row, sort_keys=True) + "\n")
         values = {k: v for k, v in row.items() if isinstance(v, (int, float)) and k != "step"}
         for backend in self._backends:
             backend.log(step, values)

@@ -18,8 +18,11 @@ Fault policy (the controller decides on re-issue, this module on restarts):
   saved with the latest checkpoint, or loaded on resume) plus every ``next_tasks`` and ``absorb``
   since, kept by ``SchedulerJournal`` (``launch/scheduler_journal.py``): no group is lost or
   absorbed twice; after ``REBUILDS`` failed rebuilds in one call the run ends with ``RoleError``;
-- the learner is not restarted (its state is the run's): its failure ends the run with the
-  error, and ``--resume`` continues from the last checkpoint.
+- a dead learner rank surfaces as ``LearnerDied`` from the learner call that found it (a step,
+  a publish, a checkpoint save, the export); ``launch/recovery.py`` decides what follows and, to
+  go on, calls ``rebuild_learner``: every group in flight is cancelled, the learner group and
+  its weight sync are replaced by fresh ones and the scheduler actor by a fresh one, for the
+  restore of a checkpoint into them (which loads the learner and publishes its weights).
 
 The decisions (least-busy placement, deadlines, replace-once, when to give up, the step's role
 metrics) are the plain ``launch/roles_core.py:RolesCore``; this module makes the Ray calls.
@@ -67,7 +70,9 @@ class Roles:
         self.core.workers.extend(self._new_worker(i) for i in range(cfg.cluster.rollout.num))
         self.scheduler.set_replay_port.remote(self._replay_port())
         self.version = 0
-        self.learner = LearnerGroup(cfg.learner.model_copy(update={"model_path": model_path}))
+        self._start_learner = lambda: LearnerGroup(  # noqa: E731
+            cfg.learner.model_copy(update={"model_path": model_path}))
+        self.learner = self._start_learner()
         self.sync = make_weight_sync(self.workers, timeout_s=self.timeout)
 
     @property
@@ -243,9 +248,9 @@ class Roles:
 
     def train_result(self, handle: list, timeout: float) -> Optional[dict[str, float]]:
         """The step's metrics if every rank finished within ``timeout`` seconds, else None
-        (a dead or failed rank raises ``LearnerError``: the learner is not restarted)."""
-        ready, _ = ray.wait(handle, num_returns=len(handle), timeout=timeout)
-        if len(ready) < len(handle):
+        (a dead rank raises ``LearnerDied`` as soon as Ray reports it, a failed one
+        ``LearnerError``)."""
+        if not self.learner.poll_train_step(handle, timeout):
             return None
         m = self.learner.finish_train_step(handle)
         return {k: float(v) for k, v in m.items() if isinstance(v, (int, float))}
@@ -280,6 +285,22 @@ class Roles:
     def load_learner(self, directory: Path, step: int) -> None:
         self.learner.load(str(directory))
         self.publish(step)
+
+    def rebuild_learner(self, lost_at: float) -> None:
+        """Fresh learner group, weight sync and scheduler actor, no group in flight: what a
+        checkpoint is restored into after the learner died (``lost_at``: when it was found dead,
+        ``time.monotonic()``). The old scheduler actor goes too: its state and pending filter
+        checks are from after the checkpoint."""
+        from actors.learner.weight_sync import make_weight_sync
+
+        for ref in self.core.abandon():
+            ray.cancel(ref)
+        self.learner.shutdown()
+        self.learner = self._start_learner()
+        self.sync = make_weight_sync(self.workers, timeout_s=self.timeout)
+        ray.kill(self.scheduler, no_restart=True)
+        self.scheduler = self._start_scheduler()
+        self.core.learner_rebuilt(lost_at)
 
     # ---- start, metrics and shutdown ---------------------------------------------------------
     def wait_ready(self, timeout_s: float) -> Optional[str]:

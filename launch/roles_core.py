@@ -15,10 +15,15 @@ actor handles in ``Roles``, anything in a test), the groups in flight and the re
   fails is repeated after replacing the dead workers, ``PUBLISHES`` attempts in all, and gives up
   at once when no worker is dead (``check_publish``); a dead scheduler actor is rebuilt at most
   ``REBUILDS`` times within one call (``check_rebuild``). Giving up raises ``RoleError``.
+- Learner rebuilds (``launch/recovery.py`` decides them): ``abandon()`` takes back every group in
+  flight (``Roles`` cancels them: the checkpoint being restored re-issues its own), and
+  ``learner_rebuilt(lost_at)`` counts the rebuild and remembers when the learner was found dead,
+  so the next step's record has ``learner_recovery_s`` (found dead -> that step done).
 - Metrics: ``step_extras(scheduler, per_worker)`` merges the scheduler actor's metrics with the
   sums over workers (cumulative seconds generating, inside executors, whole episodes; executor
   waits, waiting callers, executors alive), the worst p95 executor wait, ``executor_share``
-  (executor seconds over episode seconds, the signal to scale executors) and the restart counts.
+  (executor seconds over episode seconds, the signal to scale executors) and the restart counts
+  (``rollout_restarts``, ``scheduler_restarts``, ``learner_restarts``).
 
 May import: the standard library (no Ray: tests/launch/test_roles_core.py runs it alone).
 """
@@ -56,6 +61,8 @@ class RolesCore:
         self.flights: dict[Any, Flight] = {}
         self.restarts = 0
         self.scheduler_restarts = 0
+        self.learner_restarts = 0
+        self.learner_lost_at: Optional[float] = None
 
     # ---- placement and deadlines -------------------------------------------------------------
     def choose_worker(self) -> int:
@@ -100,6 +107,18 @@ class RolesCore:
             raise RoleError(f"scheduler actor: {what} failed after {rebuilds} rebuilds: "
                             f"{error}") from error
 
+    def abandon(self) -> list[Any]:
+        """Every group in flight, taken back (none is waited for any more)."""
+        handles = list(self.flights)
+        self.flights.clear()
+        return handles
+
+    def learner_rebuilt(self, lost_at: float) -> None:
+        """Count a learner rebuild; ``lost_at`` (``clock()`` time) is when it was found dead."""
+        self.learner_restarts += 1
+        if self.learner_lost_at is None:   # rebuilt again before a step: from the first loss
+            self.learner_lost_at = lost_at
+
     # ---- metrics -----------------------------------------------------------------------------
     def step_extras(self, scheduler: dict[str, float],
                     per_worker: Sequence[Optional[dict[str, Any]]]) -> dict[str, float]:
@@ -116,4 +135,8 @@ class RolesCore:
                                                 for m in workers), default=0.0))
         out["rollout_restarts"] = float(self.restarts)
         out["scheduler_restarts"] = float(self.scheduler_restarts)
+        out["learner_restarts"] = float(self.learner_restarts)
+        if self.learner_lost_at is not None:
+            out["learner_recovery_s"] = self.clock() - self.learner_lost_at
+            self.learner_lost_at = None
         return out

@@ -5,7 +5,8 @@
 runs one group per task id on them (a ``Ticket.direct`` each: selection step 0, the given seed),
 their episodes on the sandboxed executor pool, and stops them;
 ``rollout_config`` / ``executor_config`` validate the ``--set`` / ``--executor-set`` overrides
-(``override_tree``) into the role configs, a mistake raised as one ``UserError`` line.
+(``override_tree``) into the role configs, a mistake raised as one ``UserError`` line, as is an
+unusable chat template or tool parser (``check_chat_format``, before any actor starts).
 
 May import: the standard library, pydantic, launch.config, launch.errors, launch.cluster, and
 the rollout role modules (``actors.rollout``, ``actors.rollout_worker``,
@@ -62,6 +63,23 @@ def executor_config(overrides: dict[str, Any]) -> dict[str, Any]:
                                   f"{x.get('input')!r})" for x in e.errors())) from None
 
 
+def check_chat_format(engine: str, model: Optional[str], config) -> None:
+    """Build the workers' ``ChatFormat`` on the driver (the tokenizer only): an unusable chat
+    template or ``tool_parser`` is one ``UserError`` line before any actor starts, not an actor's
+    traceback. A template without tools logs its one warning here too."""
+    from actors.policy import build_tiny_policy, load_tokenizer
+    from actors.rollout.chat import ChatFormat
+
+    path = model or (str(build_tiny_policy()) if engine != "vllm" else None)
+    if path is None:
+        return
+    try:
+        ChatFormat(load_tokenizer(path), enable_thinking=config.enable_thinking,
+                   tool_parser=config.tool_parser)
+    except ValueError as e:   # TemplateError too
+        raise UserError(f"model {path}: {e}") from None
+
+
 def run_groups(pool_dir: str, task_ids: list[str], engine: str, model: Optional[str], config,
                workers: int, seed: int, timeout: float, executor_cfg: Optional[dict] = None,
                num_cpus: float = 0.5) -> tuple[list, float, float]:
@@ -78,6 +96,7 @@ def run_groups(pool_dir: str, task_ids: list[str], engine: str, model: Optional[
     from actors.ticket import Ticket
     from launch.cluster import accelerator_env
 
+    check_chat_format(engine, model, config)
     gpus = float(gpus_per_engine(config.engine_kwargs)) if engine == "vllm" else 0.0
     handles = [start_rollout_worker(pool_dir, engine, num_cpus=num_cpus, num_gpus=gpus,
                                     runtime_env=accelerator_env(gpus), model_path=model,

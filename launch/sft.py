@@ -25,11 +25,12 @@ May import: torch, transformers, actors.policy, actors.rollout, envs, sandbox.er
 from __future__ import annotations
 
 import asyncio
-import json
 import random
 import time
 from pathlib import Path
 from typing import Any, Optional, Sequence
+
+from envs import strict_json
 
 
 def reference_sequences(pool: Any, tokenizer: Any, task_ids: list[str],
@@ -173,5 +174,5 @@ def run_sft(pool_dir: Path, out_dir: Path, epochs: int, lr: float, task_fraction
     summary = {"tasks": len(task_ids), "tokens": sum(len(s) for s, _ in seqs),
                "model_tokens": sum(sum(m) for _, m in seqs), "epoch_loss": losses,
                "seconds": round(time.perf_counter() - t0, 1), "out": str(out_dir)}
-    (out_dir / "sft_summary.json").write_text(json.dumps(summary, indent=2))
+    (out_dir / "sft_summary.json").write_text(strict_json.dumps(summary, indent=2))
     return summary

@@ -10,22 +10,27 @@
    a run directory that already has a checkpoint is continued from its newest intact one, if the
    config matches the stored one (``launch.resume.open_run``: ``resume=True`` makes a missing
    checkpoint an error, ``resume_changed=True`` accepts and records a changed config);
+   a learner that dies on the way is rebuilt from the newest checkpoint with the whole driver
+   state (``launch.recovery``, up to ``controller.learner_restarts`` times);
 5. the trained policy is exported in Hugging Face format to ``RUN_DIR/policy`` (loadable by
    ``--model`` of ``envsched rollout`` or as ``policy.path`` of another run);
 6. ``summary.json`` (result, reward trend from ``launch.metrics.summarize``, wall time per
    phase: pool, sft, startup, train), ``filter_log.jsonl``, ``dropped.jsonl`` and
    ``unfinished.jsonl`` (groups in flight when the run stopped) are written (the last two also
-   when the run fails); roles and an embedded Ray are shut down, also on errors.
+   when the run fails); roles and an embedded Ray are shut down, also on errors. A run that
+   stops on a fault (``launch.errors.RunStopped``: a learner that cannot be rebuilt, a full disk)
+   gets the command that continues it (``launch.recovery.next_command``) in its one-line error.
 
 May import: launch.*, envs.*, actors.* (Ray through launch.roles / launch.cluster).
 """
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Any, Optional
+
+from envs import strict_json
 
 
 def prepare_pool(cfg: Any, run_dir: Path) -> Path:
@@ -67,7 +72,7 @@ def prepare_policy(cfg: Any, pool_dir: Path, run_dir: Path) -> str:
 
 
 def _write_jsonl(path: Path, rows: list) -> None:
-    path.write_text("".join(json.dumps(r, sort_keys=True, default=str) + "\n" for r in rows))
+    path.write_text("".join(strict_json.dumps(r, sort_keys=True, default=str) + "\n" for r in rows))
 
 
 def train(cfg: Any, run_dir: Path, address: Optional[str] = None, resume: bool = False,
@@ -76,9 +81,10 @@ def train(cfg: Any, run_dir: Path, address: Optional[str] = None, resume: bool =
     from launch.cluster import connect, shutdown
     from launch.controller import Controller
     from launch.doctor import check_fits
-    from launch.errors import UserError
+    from launch.errors import RunStopped, UserError
     from launch.evaluation import read_eval
     from launch.metrics import read_metrics, summarize
+    from launch.recovery import Recovery, next_command
     from launch.resume import open_run
     from launch.roles import Roles
     from launch.split import eval_sets, pool_split
@@ -98,26 +104,30 @@ def train(cfg: Any, run_dir: Path, address: Optional[str] = None, resume: bool =
     model_path = prepare_policy(cfg, pool_dir, run_dir)
     t_sft = time.perf_counter()
     info = connect(cfg.cluster, address)
-    roles = ctl = None
+    roles = recovery = None
     try:
         check_fits(cfg)
         roles = Roles(cfg, pool, pool_dir, run_dir, model_path)
         sets = eval_sets(pool, pool_split(pool, cfg.pool), cfg.eval)
         split_of = {t: name for name, ids in sets.items() for t in ids} if len(sets) > 1 else None
-        ctl = Controller(cfg, roles, run_dir, eval_split_of=split_of,
-                         eval_task_ids=[t for ids in sets.values() for t in ids])
-        if ckpt is not None:
-            ctl.restore(ckpt)
+        recovery = Recovery(cfg, roles, run_dir, lambda: Controller(
+            cfg, roles, run_dir, eval_split_of=split_of,
+            eval_task_ids=[t for ids in sets.values() for t in ids]))
+        recovery.start(ckpt)
         not_ready = roles.wait_ready(cfg.controller.call_timeout_s)
         if not_ready:
             print(f"warning: not every executor started ({not_ready}); the run goes on and the "
                   f"executor pool replaces those that failed", flush=True)
         t_start = time.perf_counter()
-        result = ctl.run()
+        result, policy_dir = recovery.run(run_dir / "policy")
         t_train = time.perf_counter()
-        policy_dir = roles.export_policy(run_dir / "policy")
         _write_jsonl(run_dir / "filter_log.jsonl", roles.filter_events())
+    except RunStopped as e:
+        if e.command is None:
+            e.command = next_command(run_dir, address)
+        raise
     finally:
+        ctl = recovery.ctl if recovery is not None else None
         if ctl is not None:   # also when the run failed: what was dropped until then
             _write_jsonl(run_dir / "dropped.jsonl", ctl.dropped)
             _write_jsonl(run_dir / "unfinished.jsonl", ctl.unfinished())
@@ -133,5 +143,5 @@ def train(cfg: Any, run_dir: Path, address: Optional[str] = None, resume: bool =
                "pool_seconds": round(t_pool - t0, 1), "sft_seconds": round(t_sft - t_pool, 1),
                "startup_seconds": round(t_start - t_sft, 1),
                "train_seconds": round(t_train - t_start, 1)}
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True))
+    (run_dir / "summary.json").write_text(strict_json.dumps(summary, indent=2, sort_keys=True))
     return summary

@@ -14,7 +14,10 @@
               namespace (killing it kills every process it forked); the child remounts every
               host mount read-only in its mount namespace and puts ``scratch_mb`` tmpfs mounts on
               /tmp, /var/tmp and /dev/shm, the only writable places; the host tree stays
-              visible (world-readable files can be read). Needs root (or unprivileged user
+              visible (world-readable files can be read), except below a directory the
+              sandbox uid cannot enter that holds what it imports from (e.g. /root of a pyenv
+              interpreter): a read-only tmpfs covers it, with those directories bound back in
+              (``sandbox.importpaths``). Needs root (or unprivileged user
               namespaces, then without the uid drop). A mount that refuses the read-only
               remount is a refusal, at ``backend_problem`` (which probes exactly that in a
               throwaway namespace, so ``auto`` does not pick it) and at the child's start.
@@ -29,7 +32,8 @@ creating SysV IPC objects is refused by the seccomp filter elsewhere (bwrap not 
 
 All backends get the same rlimits, applied by the child itself (``sandbox.child``).
 
-May import: sandbox.config, sandbox.docker_backend, sandbox.errors, the standard library.
+May import: sandbox.config, sandbox.docker_backend, sandbox.errors, sandbox.importpaths, the
+standard library.
 """
 
 from __future__ import annotations
@@ -39,7 +43,6 @@ import json
 import os
 import shutil
 import signal
-import site
 import queue
 import subprocess
 import sys
@@ -51,6 +54,7 @@ from typing import Any, Callable, Optional
 from sandbox.config import PROJECT_ROOT, SandboxConfig
 from sandbox.docker_backend import DockerChild, docker_problem
 from sandbox.errors import SandboxError
+from sandbox.importpaths import import_roots
 
 
 def is_root() -> bool:
@@ -106,12 +110,7 @@ def resolve_backend(backend: str, python: Optional[str] = None) -> str:
 
 def _read_only_roots() -> list[str]:
     """Directories the child needs to see: interpreter, site-packages, project (de-nested)."""
-    candidates = {sys.base_prefix, sys.prefix, str(PROJECT_ROOT), *site.getsitepackages()}
-    user_site = site.getusersitepackages()
-    if isinstance(user_site, str) and os.path.isdir(user_site):
-        candidates.add(user_site)
-    paths = sorted({os.path.realpath(p) for p in candidates if os.path.isdir(p)})
-    return [p for p in paths if not any(p != q and p.startswith(q + "/") for q in paths)]
+    return import_roots()
 
 
 def _ancestor_dirs(paths: list[str]) -> list[str]:
@@ -157,12 +156,11 @@ def bwrap_prefix(scratch_mb: int) -> list[str]:
     for r in outside:
         args += ["--ro-bind", r, r]
     args += ["--proc", "/proc"]
-    if is_root():
-        args += ["--dev", "/dev"]
-    else:
-        args += ["--perms", "0755", "--dir", "/dev", "--symlink", "/proc/self/fd", "/dev/fd"]
-        args += [a for n in DEV_NODES if os.path.exists(f"/dev/{n}")
-                 for a in ("--dev-bind", f"/dev/{n}", f"/dev/{n}")]
+    # bound device nodes as root too: ``--dev``'s devpts has no ``max``, so an episode could take
+    # ptys until the kernel's shared limit (kernel.pty.max); without devpts there is no ptmx
+    args += ["--perms", "0755", "--dir", "/dev", "--symlink", "/proc/self/fd", "/dev/fd"]
+    args += [a for n in DEV_NODES if os.path.exists(f"/dev/{n}")
+             for a in ("--dev-bind", f"/dev/{n}", f"/dev/{n}")]
     args += ["--perms", "1777", *size, "--tmpfs", "/dev/shm",
              "--perms", "1777", *size, "--tmpfs", "/tmp"]
     for d in _ancestor_dirs(in_tmp):
@@ -189,7 +187,7 @@ def child_env() -> dict[str, str]:
 
 def child_config(cfg: SandboxConfig, backend: str, scratch: str, uid: Optional[int]) -> dict:
     keys = ("memory_mb", "cpu_seconds", "max_open_files", "max_file_mb", "max_processes",
-            "max_output_bytes", "tool_timeout_s", "state_cache_entries")
+            "max_output_bytes", "tool_timeout_s", "call_timeout_s", "state_cache_entries")
     out: dict[str, Any] = {k: getattr(cfg, k) for k in keys}
     isolated = backend != "none"
     # Isolating backends: scratch is the sandbox's own size-limited tmpfs /tmp. The none
@@ -202,7 +200,10 @@ def child_config(cfg: SandboxConfig, backend: str, scratch: str, uid: Optional[i
                # SysV IPC in the worker's own IPC namespace: emptied per episode, and bounded by
                # lowering the namespace's limits where the child starts as its root, else refused
                sysv_ipc=_sysv_ipc(backend), wipe_ipc=isolated,
-               loopback_down=backend in ("unshare", "bwrap"), warm_imports=True, seccomp=True)
+               loopback_down=backend in ("unshare", "bwrap"), warm_imports=True, seccomp=True,
+               # the host tree as it is: import roots under a dir the sandbox uid cannot enter
+               # (or under the private /tmp) are bound back in (``sandbox.importpaths``)
+               expose_imports=backend == "unshare")
     return out
 
 

@@ -25,6 +25,7 @@ from typing import Any
 
 from sandbox.child_server import ChildServer
 from sandbox.confine import ReadOnlyRootError, confine
+from sandbox.importpaths import ImportRootError
 from sandbox.protocol import FrameError, encode_reply, read_request, write_all
 
 
@@ -63,7 +64,7 @@ def main() -> None:
     try:
         confine(cfg)
         serve(cfg, proto_in, proto_out)
-    except ReadOnlyRootError as e:  # a refusal, not a bug: one line for the host's error
+    except (ReadOnlyRootError, ImportRootError) as e:  # a refusal: one line for the host
         sys.stderr.write(f"{e.strerror}\n")
         sys.stderr.flush()
         os._exit(71)

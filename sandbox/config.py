@@ -25,19 +25,18 @@ Limits and what enforces them:
 ``PROJECT_ROOT`` is the project's source tree, which the isolating backends
 (``sandbox.backends``, ``sandbox.docker_backend``) mount read-only for the child.
 
-May import: pydantic and the standard library only.
+May import: pydantic, sandbox.importpaths (``PROJECT_ROOT``) and the standard library.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from sandbox.importpaths import PROJECT_ROOT  # noqa: F401 - re-exported: defined once, there
+
 Backend = Literal["auto", "bwrap", "unshare", "docker", "none"]
-# The project's source tree: every isolating backend mounts it read-only for the child.
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
 
 class SandboxConfig(BaseModel):

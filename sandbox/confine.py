@@ -7,6 +7,9 @@
    read-only (bind remounts: the host's mounts keep their flags), then fresh size-limited tmpfs
    mounts on /tmp, /var/tmp and /dev/shm — the only writable places (``scratch_mb`` each); a
    mount that refuses is fatal (``ReadOnlyRootError``: the worker does not start);
+   then the directories it imports from are made reachable by the sandbox uid at their own
+   paths (``sandbox.importpaths.expose``: a read-only tmpfs over a directory it could not
+   traverse, e.g. /root, with those directories bound back in; a failure is fatal too);
 3. the loopback interface is brought down (bwrap brings it up; the unshare backend's is down);
 4. rlimits (address space, CPU, file size, open files, processes, no core dumps);
 5. the uid drop (started as root: to the worker's own uid), then every capability set emptied
@@ -17,7 +20,8 @@
 7. a seccomp filter (``sandbox.seccomp``) where the architecture is supported;
 8. ``sys.path`` keeps only directories this uid can neither write nor create.
 
-May import: sandbox.ipc, sandbox.seccomp, sandbox.spares, the standard library.
+May import: sandbox.importpaths, sandbox.ipc, sandbox.seccomp, sandbox.spares, the standard
+library.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import ctypes.util
 import fcntl
 import importlib
 import os
+import re
 import resource
 import socket
 import struct
@@ -34,11 +39,12 @@ import sys
 from typing import Any
 
 from sandbox import seccomp
+from sandbox.importpaths import expose, hold, import_roots
 from sandbox.ipc import limit_sysv_ipc
-from sandbox.spares import SPARES
+from sandbox.spares import SPARES, rearm_parent_death_signal
 
-# Imported before the uid drop: on hosts where the interpreter lives in a directory only root can
-# traverse (e.g. /root/.pyenv) nothing can be imported afterwards in the unshare backend.
+# Imported once in the clean parent, before the uid drop, so that every episode fork has them
+# already (speed: every other module stays importable, ``sandbox.importpaths``).
 WARM_IMPORTS = ("abc", "ast", "base64", "bisect", "calendar", "collections", "copy", "csv",
                 "dataclasses", "datetime", "decimal", "difflib", "enum", "fractions", "functools",
                 "hashlib", "heapq", "hmac", "inspect", "io", "ipaddress", "itertools", "json",
@@ -53,6 +59,9 @@ _FLAG_OPTIONS = {"nosuid": MS_NOSUID, "nodev": MS_NODEV, "noexec": MS_NOEXEC,
                  "strictatime": MS_STRICTATIME}
 SIOCGIFFLAGS, SIOCSIFFLAGS, SIOCSIFADDR, IFF_UP = 0x8913, 0x8914, 0x8916, 0x1
 PRIVATE_TMP = ("/tmp", "/var/tmp", "/dev/shm")
+MAX_PTYS = 8  # of the unshare backend's private devpts (bwrap and docker: sandbox.backends)
+DEVPTS_OPTIONS = f"newinstance,ptmxmode=0666,mode=0620,max={MAX_PTYS}".encode()
+PROBE_UID = 65534  # owns nothing the roots' paths hold: stands for any worker uid
 PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, LINUX_CAPABILITY_VERSION_3 = 47, 4, 0x20080522
 CAP_SETS = ("CapInh:", "CapPrm:", "CapEff:", "CapAmb:")
 
@@ -66,13 +75,20 @@ def _fail(what: str) -> OSError:
     return OSError(errno, f"{what} failed: {os.strerror(errno)}")
 
 
+_OCTAL = re.compile(rb"\\([0-7]{3})")
+
+
 def _mount_points() -> list[tuple[str, set[str]]]:
+    """(mount point, per-mount options) of every mount in /proc/self/mountinfo. The kernel writes
+    a point's raw bytes with space, tab, newline and backslash as octal escapes (``\\040``) and
+    every other byte as it is (UTF-8 names as their bytes), so the field is unescaped as bytes
+    and decoded as a file name (``os.fsdecode``: surrogateescape, round-trips to the bytes)."""
     out = []
-    with open("/proc/self/mountinfo") as f:
+    with open("/proc/self/mountinfo", "rb") as f:
         for line in f:
             fields = line.split()
-            point = fields[4].encode().decode("unicode_escape")  # \040 for a space, etc.
-            out.append((point, set(fields[5].split(","))))
+            raw = _OCTAL.sub(lambda m: bytes([int(m.group(1), 8)]), fields[4])
+            out.append((os.fsdecode(raw), set(fields[5].decode().split(","))))
     return out
 
 
@@ -86,23 +102,37 @@ def remount_read_only() -> None:
     ``ReadOnlyRootError`` naming it."""
     c = libc()
     for point, options in _mount_points():
-        if "ro" in options or not os.path.isdir(point):
+        # files are mount points too (a bind-mounted file); a point that no longer exists
+        # (deleted, or under a mount made later) cannot be reached by a path, so is not written
+        if "ro" in options or not os.path.lexists(point):
             continue
         flags = MS_BIND | MS_REMOUNT | MS_RDONLY
         for name in options & set(_FLAG_OPTIONS):
             flags |= _FLAG_OPTIONS[name]
-        if c.mount(None, point.encode(), None, flags, None) != 0:
+        if c.mount(None, os.fsencode(point), None, flags, None) != 0:
             errno = ctypes.get_errno()
             raise ReadOnlyRootError(
                 errno, f"unshare backend: remounting {point} read-only failed "
                        f"({os.strerror(errno)}): host paths would stay writable to environment "
                        "code, so the worker refuses to start; use the bwrap or docker backend")
+    # A read-only devpts still hands out ptys, from the host's instance and against the host's
+    # limit (kernel.pty.max): a private instance of at most MAX_PTYS replaces it. /dev/ptmx opens
+    # the instance mounted at the pts next to it, so it is this one too.
+    if os.path.isdir("/dev/pts") and c.mount(b"devpts", b"/dev/pts", b"devpts",
+                                             MS_NOSUID | MS_NOEXEC, DEVPTS_OPTIONS) != 0:
+        errno = ctypes.get_errno()
+        raise ReadOnlyRootError(errno, f"unshare backend: mounting a private devpts on /dev/pts "
+                                       f"failed ({os.strerror(errno)}): environment code would "
+                                       "take the host's ptys, so the worker refuses to start")
 
 
 def probe_read_only_root(scratch_mb: int = 1) -> None:
-    """What the unshare child does first, in a throwaway namespace (``backend_problem``)."""
+    """What the unshare child does first, in a throwaway namespace (``backend_problem``); the
+    import roots made reachable for an arbitrary non-root uid, as for a worker's."""
+    held = hold(import_roots(nested=True))
     remount_read_only()
     mount_private_tmp(scratch_mb)
+    expose(held, PROBE_UID, PRIVATE_TMP)
 
 
 def mount_private_tmp(size_mb: int) -> None:
@@ -178,22 +208,33 @@ def _trusted_import_path() -> None:
     sys.path[:] = keep
 
 
+def _sandbox_uid(cfg: dict[str, Any]) -> Any:
+    """The uid environment code will run as (None: this process's, no drop)."""
+    return cfg["uid"] if cfg.get("uid") is not None and os.getuid() == 0 else None
+
+
 def confine(cfg: dict[str, Any]) -> None:
     """Steps 1-8 of the module docstring, as ``cfg`` (``backends.child_config``) asks."""
     if cfg.get("sysv_ipc") == "limited":
         limit_sysv_ipc(cfg["scratch_mb"])
+    # taken before any mount: the private /tmp or a cover could hide an import root
+    held = hold(import_roots(nested=True)) if cfg.get("expose_imports") else []
     if cfg.get("mount_tmp"):
         if cfg.get("read_only_root"):
             remount_read_only()
         mount_private_tmp(cfg["scratch_mb"])
+    if held:
+        expose(held, _sandbox_uid(cfg), PRIVATE_TMP if cfg.get("mount_tmp") else ())
     if cfg.get("loopback_down"):
         loopback_down()
     if cfg.get("warm_imports"):
         for name in WARM_IMPORTS:
             importlib.import_module(name)
     apply_limits(cfg)
-    if cfg.get("uid") is not None and os.getuid() == 0:
+    parent = os.getppid()
+    if _sandbox_uid(cfg) is not None:
         drop_privileges(cfg["uid"])
+        rearm_parent_death_signal(parent)
     drop_capabilities()
     c = libc()
     for option, value in ((PR_SET_NO_NEW_PRIVS, 1), (PR_SET_DUMPABLE, 0),

@@ -6,13 +6,17 @@ the protocol frames exactly as a process child's pipes do; its stderr goes to th
     docker run -i --rm --pull never --network none --read-only --ipc none
       --cap-drop ALL --cap-add NET_ADMIN,SETUID,SETGID --security-opt no-new-privileges --user 0:0
       --pids-limit max_processes+8 --memory memory_mb --memory-swap memory_mb --cpus docker_cpus
-      --tmpfs /tmp:size=scratch_mb,noexec,nosuid,nodev --log-driver none
-      --volume ROOT:ROOT:ro ...  IMAGE  PYTHON -m sandbox.child CONFIG
+      --tmpfs /tmp:size=scratch_mb,noexec,nosuid,nodev --tmpfs /dev/pts:ro,size=4k
+      --log-driver none
+      --mount type=bind,src=ROOT,dst=ROOT,readonly,bind-nonrecursive=true ...
+      IMAGE  PYTHON -m sandbox.child CONFIG
 
 - Image: ``sandbox.docker.image`` (debootstrap minbase rootfs, ``docker import``, never pulled).
 - Read-only mounts at the same paths as on the host: the interpreter's prefix (unless it lives
-  under /usr, then the image's Debian Python of the same release runs), its site-packages and
-  the project. Nothing else of the host is visible.
+  under /usr, then the image's Debian Python of the same release runs), its site-packages, what
+  their .pth files add and the project (``sandbox.importpaths``); each host mount under one of
+  them is bound read-only on its own (``read_only_binds``: ``--volume ROOT:ROOT:ro`` left
+  them writable). Nothing else of the host is visible.
 - Users and capabilities: the child starts as the container's root holding only NET_ADMIN (to
   bring the loopback down: ``--network none`` leaves it up), SETUID and SETGID, and before it
   answers ``ready`` (before any environment code) drops to the worker's own uid from
@@ -24,30 +28,40 @@ the protocol frames exactly as a process child's pipes do; its stderr goes to th
   the ``scratch_mb`` /tmp only (charged to the container's memory limit too); no /dev/shm
   (``--ipc none``: a private IPC namespace, whose SysV objects the child's seccomp filter
   refuses to create, as /proc/sys is read-only here); no log file on the daemon side
-  (``--log-driver none``).
+  (``--log-driver none``); no ptys: an empty read-only tmpfs over /dev/pts, where docker's own
+  devpts instance has no ``max`` (``ptmx_flood`` took 200 ptys before), so /dev/ptmx, a symlink
+  to pts/ptmx, opens nothing.
 - A worker killed with SIGKILL leaves its container to exit on stdin EOF (idle) or at RLIMIT_CPU
   (busy); the next process that starts a docker child removes containers whose owner is gone.
 
-May import: sandbox.config, sandbox.docker, sandbox.errors, the standard library. Not
-``sandbox.backends``, which imports this module.
+May import: sandbox.config, sandbox.confine (its mountinfo parser), sandbox.docker,
+sandbox.errors, sandbox.importpaths, the standard library. Not ``sandbox.backends``, which
+imports this module.
 """
 
 from __future__ import annotations
 
+import csv
+import io
 import itertools
 import json
 import os
 import secrets
 import shutil
-import site
 import socket
 import subprocess
 import sys
 from typing import Any, Optional
 
-from sandbox.config import PROJECT_ROOT, SandboxConfig
+from sandbox.config import SandboxConfig
+from sandbox.confine import _mount_points
 from sandbox.docker.image import daemon_problem, image_problem, image_tag, run_docker
+from sandbox.importpaths import import_roots
 
+# Over docker's own devpts instance, which has no ``max``: an episode could take ptys up to the
+# kernel's shared limit for non-initial instances. Docker cannot mount a devpts with options, so
+# an empty read-only tmpfs replaces it, and /dev/ptmx (a symlink to pts/ptmx) opens nothing.
+NO_PTYS = "/dev/pts:ro,nosuid,nodev,noexec,size=4k,mode=0755"
 PIDS_HEADROOM = 8  # the child itself and its episode / verifier forks, beyond max_processes
 LABEL = "envsched.sandbox.owner"
 _SEQ = itertools.count()
@@ -66,16 +80,30 @@ def docker_problem(image: Optional[str] = None) -> Optional[str]:
     return problem
 
 
-def _under_usr(path: str) -> bool:
-    return path == "/usr" or path.startswith("/usr/")
-
-
 def mount_roots() -> list[str]:
-    """Host directories the container sees read-only at the same path (de-nested)."""
-    prefixes = {p for p in (sys.base_prefix, sys.prefix) if not _under_usr(os.path.realpath(p))}
-    candidates = {*prefixes, *site.getsitepackages(), str(PROJECT_ROOT)}
-    paths = sorted({os.path.realpath(p) for p in candidates if os.path.isdir(p)})
-    return [p for p in paths if not any(p != q and p.startswith(q + "/") for q in paths)]
+    """Host directories the container sees read-only at the same path (de-nested): those the
+    child imports from (``sandbox.importpaths``), but an interpreter prefix under /usr, which the
+    image's own Debian Python of the same release replaces."""
+    return import_roots(usr_prefixes=False)
+
+
+def read_only_binds() -> list[str]:
+    """The mount roots and every host mount point under one, parents first. Each is bound
+    read-only and non-recursively: a recursive ``:ro`` bind leaves the mounts under it writable
+    (docker before 25, or a kernel before 5.12, has no recursive read-only; a tmpfs mounted
+    under the project was writable by environment code), so each sub-mount gets its own."""
+    roots = mount_roots()
+    nested = {point for point, _ in _mount_points() if os.path.lexists(point)
+              and any(point.startswith(root + "/") for root in roots)}
+    return sorted(set(roots) | nested, key=lambda p: (p.count("/"), p))
+
+
+def _bind(path: str) -> str:
+    """A ``--mount`` value for ``path``, CSV-quoted as the CLI parses it (a comma, a quote)."""
+    out = io.StringIO()
+    csv.writer(out, lineterminator="").writerow(
+        ["type=bind", f"src={path}", f"dst={path}", "readonly", "bind-nonrecursive=true"])
+    return out.getvalue()
 
 
 def docker_argv(cfg: SandboxConfig, name: str, child_config: dict[str, Any],
@@ -92,9 +120,10 @@ def docker_argv(cfg: SandboxConfig, name: str, child_config: dict[str, Any],
             "--pids-limit", str(cfg.max_processes + PIDS_HEADROOM),
             "--memory", f"{cfg.memory_mb}m", "--memory-swap", f"{cfg.memory_mb}m",
             "--cpus", f"{cfg.docker_cpus:g}", "--log-driver", "none", "--workdir", "/tmp",
-            "--tmpfs", f"/tmp:rw,nosuid,nodev,noexec,size={cfg.scratch_mb}m,mode=1777"]
-    for root in mount_roots():
-        args += ["--volume", f"{root}:{root}:ro"]
+            "--tmpfs", f"/tmp:rw,nosuid,nodev,noexec,size={cfg.scratch_mb}m,mode=1777",
+            "--tmpfs", NO_PTYS]
+    for path in read_only_binds():
+        args += ["--mount", _bind(path)]
     for key, value in env.items():
         args += ["--env", f"{key}={value}"]
     return args + [cfg.docker_image or image_tag(), python, "-m", "sandbox.child",

@@ -27,7 +27,6 @@ import os
 import secrets
 import select
 import signal
-import traceback
 from typing import Any, Optional
 
 from envs.spec import Environment
@@ -35,9 +34,10 @@ from envs.trajectory import ActionStep
 from sandbox.determinism import EpisodeClock
 from sandbox.errors import SandboxError
 from sandbox.handoff import dump_state
-from sandbox.protocol import (FrameError, encode_reply, parse_reply, read_frame, read_request,
-                              send_request, write_all)
-from sandbox.runtime import EpisodeRuntime
+from sandbox.protocol import (HEADER, FrameError, argument_depth_error, encode_reply, parse_reply,
+                              read_frame, read_request, send_request, too_deep, write_all)
+from sandbox.runtime import EpisodeRuntime, describe
+from sandbox.sanitize import MAX_DEPTH
 from sandbox.statediff import state_view
 
 
@@ -154,6 +154,9 @@ class _EpisodeServer:
                                           f"the reply cannot be encoded as JSON: {e}"))
         if len(data) > limit:
             return encode_reply(too_large(request, reply, len(data), self.cfg))
+        if too_deep(data[HEADER.size:]):
+            return encode_reply(too_large(request, reply, 0, self.cfg, "the reply is nested "
+                                          f"deeper than {MAX_DEPTH} levels"))
         return data
 
     def _handle(self, request: dict[str, Any]) -> dict[str, Any]:
@@ -161,8 +164,10 @@ class _EpisodeServer:
             return {"ok": True, **getattr(self, "op_" + request["op"])(request)}
         except SandboxError as e:
             return {"ok": False, "kind": e.kind, "message": e.message, "where": e.where}
-        except Exception as e:  # noqa: BLE001 - a bug here must answer, not kill the episode
-            last = traceback.format_exception_only(type(e), e)[-1].strip()
+        except BaseException as e:  # noqa: BLE001 - a bug here (or environment code's
+            # BaseException from a path the runtime does not guard) must answer, not kill the
+            # episode
+            last = describe(e, "<env ")
             return {"ok": False, "kind": "protocol",
                     "message": f"episode failed on {request['op']}: {last}"}
 
@@ -246,8 +251,12 @@ def too_large(request: dict[str, Any], reply: dict[str, Any], size: int, cfg: di
     n = reply.get("n", 0)
     if request.get("op") == "step" and reply.get("ok"):
         error = f"observation {'too large' if not why else 'rejected'}: {message}"
-        step = {**reply["step"], "observation": {"success": False, "error": error},
-                "state_diff": {}, "error": error}
+        arguments = reply["step"]["arguments"]
+        if argument_depth_error("", arguments):  # what made it too deep may be the echo itself
+            arguments = {}
+        step = {**reply["step"], "arguments": arguments,
+                "observation": {"success": False, "error": error}, "state_diff": {},
+                "error": error}
         return {"ok": True, "step": step, "n": n}
     if request.get("op") == "run" and reply.get("ok"):
         return {"ok": True, "steps": None, "steps_dropped": message, "n": n}

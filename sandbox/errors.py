@@ -13,6 +13,16 @@ filter) can decide without parsing messages:
 - ``closed``        the worker or session was already closed
 - ``executor``      the EnvExecutor actor holding the session died or did not answer
 
+``SandboxError.origin`` says where it arose, which the environment cannot choose (one of
+``ORIGINS``): ``"sandbox"`` when the sandbox worker raised it about a call that ran the task's
+code (``load``, ``reset``, ``step``, ``verify``, ``snapshot``, ``replay``): a reply of the sandbox
+child, or the child itself dying, hanging, garbling or overflowing during such a call (the task's
+code can do that too: ``envsched sandbox selftest``'s kill_parent and self_stop end as a host-side
+crash and timeout); ``"host"`` (the default) for everything raised outside the sandbox: the
+executor actor, Ray, deadlines above the sandbox worker, a backend that cannot start, a closed
+session, a request the host refused. The trainer blames the task for the first and the
+infrastructure for the second (``envs.trajectory.FAULTS``).
+
 Errors pickle by value (``__reduce__``) so they cross Ray and process boundaries intact.
 
 May import: the standard library only.
@@ -24,29 +34,34 @@ from typing import Optional
 
 KINDS = ("timeout", "crash", "output_limit", "load_error", "protocol", "bad_request",
          "unavailable", "closed", "executor")
+ORIGINS = ("sandbox", "host")
 
 
 class SandboxError(Exception):
     """A sandboxed call failed; ``kind`` is one of ``KINDS``, ``where`` names env/task/worker."""
 
-    def __init__(self, kind: str, message: str, where: Optional[str] = None):
+    def __init__(self, kind: str, message: str, where: Optional[str] = None,
+                 origin: str = "host"):
         if kind not in KINDS:
             raise ValueError(f"SandboxError kind must be one of {KINDS}, got {kind!r}")
-        self.kind = kind
+        if origin not in ORIGINS:
+            raise ValueError(f"SandboxError origin must be one of {ORIGINS}, got {origin!r}")
+        self.kind, self.origin = kind, origin
         self.message = message
         self.where = where
         super().__init__(f"[{kind}] {message}" + (f" ({where})" if where else ""))
 
     def __reduce__(self):
-        return (self.__class__, (self.kind, self.message, self.where))
+        return (self.__class__, (self.kind, self.message, self.where, self.origin))
 
 
 class EnvLoadError(SandboxError):
-    """An environment's source failed to compile, import, or define its class."""
+    """An environment's source failed to compile, import, or define its class (only the
+    sandbox runs an environment's source, so its origin is always the sandbox)."""
 
     def __init__(self, env_id: str, message: str):
         self.env_id = env_id
-        super().__init__("load_error", message, f"env {env_id}")
+        super().__init__("load_error", message, f"env {env_id}", origin="sandbox")
 
     def __reduce__(self):
         return (self.__class__, (self.env_id, self.message))

@@ -9,6 +9,9 @@ Every reply is checked by ``check_reply(op, message)`` against the exact shape o
 (``REPLY_FIELDS``): required keys, no extra keys, field types, JSON-shaped values no deeper than
 ``sanitize.MAX_DEPTH``; strings are sanitised on the way (``sandbox.sanitize``). Anything else is
 ``FrameError("garbled")``, which the worker turns into a ``SandboxError(kind="protocol")``.
+Depth is also tested where it can be answered better: tool arguments deeper than
+``MAX_ARGUMENT_DEPTH`` are a bad call (``argument_depth_error``, before they reach the sandbox),
+and an episode process tests its own reply (``too_deep``) before it sends it.
 
 May import: sandbox.sanitize, the standard library only.
 """
@@ -115,6 +118,53 @@ _SUSPECT = re.compile(rb"\\u(?:[dD][89a-fA-F]|00[01]|007[fF]|00[89])|\x7f")
 def needs_clean(payload: bytes) -> bool:
     return (not payload.isascii() or _SUSPECT.search(payload) is not None
             or payload.count(b"[") + payload.count(b"{") >= MAX_DEPTH)
+
+
+def nesting_depth(value: Any, stop: int) -> int:
+    """How deeply lists/tuples/dicts nest in ``value`` (a scalar is 0, ``{}`` is 1), counted
+    iteratively and only until it passes ``stop``."""
+    deepest, todo = 0, [(value, 1)]
+    while todo:
+        v, depth = todo.pop()
+        if isinstance(v, dict):
+            children = v.values()
+        elif isinstance(v, (list, tuple)):
+            children = v
+        else:
+            continue
+        deepest = max(deepest, depth)
+        if deepest > stop:
+            return deepest
+        todo.extend((c, depth + 1) for c in children)
+    return deepest
+
+
+# Tool arguments come from the model. Replies are refused past MAX_DEPTH (100) levels, counted
+# from the reply's top (a step echoes its arguments 2-3 levels down), so deeper arguments are a
+# bad call here instead of a malformed reply later.
+MAX_ARGUMENT_DEPTH = 64
+
+
+def argument_depth_error(tool: str, arguments: Any) -> Optional[str]:
+    """The bad-call message for arguments nested deeper than ``MAX_ARGUMENT_DEPTH``, else None."""
+    depth = nesting_depth(arguments, MAX_ARGUMENT_DEPTH)
+    if depth > MAX_ARGUMENT_DEPTH:
+        return (f"arguments of {tool!r} are nested deeper than {MAX_ARGUMENT_DEPTH} levels; "
+                "send flatter arguments")
+    return None
+
+
+def too_deep(payload: bytes) -> bool:
+    """Whether the JSON reply ``payload`` nests deeper than ``check_reply`` accepts: the
+    sender's test (an episode process), so environment code's deep state or observation is its
+    own error step, not a malformed reply that replaces the worker. Walks only a payload with
+    enough brackets to be that deep."""
+    if payload.count(b"[") + payload.count(b"{") < MAX_DEPTH:
+        return False
+    try:
+        return nesting_depth(json.loads(payload), MAX_DEPTH) > MAX_DEPTH
+    except RecursionError:
+        return True
 
 
 # ----------------------------------------------------------------- reply shapes

@@ -13,7 +13,11 @@ Errors: a bad environment raises ``EnvLoadError`` naming env id, line and except
 call (unknown tool, non-dict arguments, arguments that do not bind, the tool raising, the tool
 running past ``timeout_s``) is *not* raised: it comes back as an ``ActionStep`` whose ``error`` is
 set and whose observation is ``{"success": False, "error": ...}``, as the agent would see it. A
-check that raises, returns a non-bool or runs past its time passes False with ``error`` set.
+check that raises (any ``BaseException``: ``SystemExit``, ``KeyboardInterrupt``, a custom subclass),
+returns anything but ``True`` (exactly ``bool``, or ``numpy.bool_``: a truthy object of another
+type fails) or runs past its time passes False with ``error`` set. A tool raising any
+``BaseException`` is an error step like any other raise; so are arguments nested deeper than
+``MAX_ARGUMENT_DEPTH`` (a model's bad call, refused before the tool runs).
 
 Determinism: see ``sandbox.determinism``; the episode seed is ``self.seed``.
 Per-call timeouts use SIGALRM and so only apply on the main thread (the sandbox child); the
@@ -38,6 +42,7 @@ from envs.trajectory import ActionStep, CheckResult, VerifyResult
 from sandbox.determinism import EpisodeClock, episode_builtins
 from sandbox.errors import EnvLoadError, SandboxError
 from sandbox.idmap import IdMapper
+from sandbox.protocol import argument_depth_error
 from sandbox.statediff import compact, fast_copy, loads, new_diff, state_view, sync_diff
 
 
@@ -64,13 +69,18 @@ def deadline(seconds: Optional[float]):
 
 
 def describe(exc: BaseException, filename_prefix: str) -> str:
-    """``Type: message (line N)`` with the line of the innermost frame in environment/check code."""
+    """``Type: message (line N)`` with the line of the innermost frame in environment/check code.
+    Never raises: the exception is the environment's, and so are its ``__str__`` and type."""
     line = None
     for frame, lineno in traceback.walk_tb(exc.__traceback__):
         if frame.f_code.co_filename.startswith(filename_prefix):
             line = lineno
     where = f" (line {line})" if line is not None else ""
-    return f"{type(exc).__name__}: {exc}{where}"
+    try:
+        name, text = str(type(exc).__name__), str(exc)
+    except BaseException:  # noqa: BLE001 - a hostile __str__ must not turn an error into a crash
+        name, text = "BaseException", "<the exception could not be printed>"
+    return f"{name}: {text}{where}"
 
 
 def compile_source(env: Environment) -> Any:
@@ -90,7 +100,8 @@ def _load_class(env: Environment, table: dict[str, Any], filename: str,
     namespace: dict[str, Any] = {"__builtins__": table, "__name__": f"envsched_env_{env.env_id}"}
     try:
         exec(code, namespace)
-    except Exception as e:  # noqa: BLE001 - any failure while importing the source is a load error
+    except BaseException as e:  # noqa: BLE001 - any failure while importing the source (SystemExit,
+        # KeyboardInterrupt and custom BaseExceptions too) is a load error, not a dead episode
         raise EnvLoadError(env.env_id, f"executing the source raised {describe(e, filename)}") \
             from None
     cls = namespace.get(env.class_name)
@@ -162,7 +173,7 @@ class EpisodeRuntime:
                     instance = self.cls()
                 for key, value in state.items():
                     setattr(instance, key, value)
-        except (Exception, SystemExit, _Deadline) as e:  # noqa: BLE001 - reported, never raised raw
+        except BaseException as e:  # noqa: BLE001 - reported, never raised raw (the deadline too)
             raise EnvLoadError(self.env.env_id, f"constructing {self.env.class_name} from the "
                                                 f"initial state raised {describe(e, self._file)}") \
                 from None
@@ -178,6 +189,9 @@ class EpisodeRuntime:
             return f"unknown tool {tool!r}; available tools: {sorted(self._tools)}"
         if not isinstance(arguments, dict):
             return f"arguments of {tool!r} must be a JSON object, got {type(arguments).__name__}"
+        deep = argument_depth_error(tool, arguments)
+        if deep is not None:
+            return deep
         method = getattr(self.instance, tool, None)
         if not callable(method):
             return f"tool {tool!r} is declared but {self.env.class_name} has no such method"
@@ -204,16 +218,23 @@ class EpisodeRuntime:
         try:
             with deadline(timeout_s):
                 observation = getattr(self.instance, tool)(**fast_copy(arguments))
+                # copied inside the try: a returned object's __reduce__/__deepcopy__ is tool code
+                observation = fast_copy(observation)
         except _Deadline:
             error = f"timeout: tool {tool!r} ran longer than {timeout_s} s"
-        except (Exception, SystemExit) as e:  # noqa: BLE001 - the agent sees the tool's error
+        except BaseException as e:  # noqa: BLE001 - the agent sees the tool's error; SystemExit,
+            # KeyboardInterrupt, GeneratorExit and custom BaseExceptions included
             error = f"tool {tool!r} raised {describe(e, self._file)}"
         if error is not None:
             observation = {"success": False, "error": error}
-        else:
-            observation = fast_copy(observation)
         diff = new_diff()
-        sync_diff(shadow, state_view(self.instance), diff)
+        try:
+            with deadline(timeout_s):
+                sync_diff(shadow, state_view(self.instance), diff)
+        except BaseException as e:  # noqa: BLE001 - state objects' __eq__ is environment code
+            self._shadow = None  # half-synced: rebuilt from the live state at the next step
+            error = f"diffing the state after {tool!r} failed: {describe(e, self._file)}"
+            return ActionStep(tool, arguments, {"success": False, "error": error}, {}, error)
         return ActionStep(tool, arguments, observation, compact(diff), error)
 
     def _before_step(self) -> dict[str, Any]:
@@ -300,7 +321,7 @@ def run_checks(checks: list[Check], final: dict, initial: Optional[dict],
     """Run each check's ``check_func(final)`` with ``initial_state`` as a global; a check that
     raises, returns a non-bool or runs past ``timeout_s`` fails with its ``error`` set."""
     cache = code_cache if code_cache is not None else {}
-    return [_run_check(c, final, initial, builtins_table, timeout_s, cache) for c in checks]
+    return [run_check(c, final, initial, builtins_table, timeout_s, cache) for c in checks]
 
 
 def _check_func(check: Check, initial: Optional[dict], builtins_table: dict[str, Any],
@@ -316,8 +337,9 @@ def _check_func(check: Check, initial: Optional[dict], builtins_table: dict[str,
     return namespace["check_func"]
 
 
-def _run_check(check: Check, final: dict, initial: Optional[dict], builtins_table: dict[str, Any],
-               timeout_s: Optional[float], cache: dict[str, Any]) -> CheckResult:
+def run_check(check: Check, final: dict, initial: Optional[dict], builtins_table: dict[str, Any],
+              timeout_s: Optional[float], cache: dict[str, Any]) -> CheckResult:
+    """One check (see ``run_checks``); never raises."""
     try:
         with deadline(timeout_s):
             result = _check_func(check, initial, builtins_table, cache)(final)
@@ -325,12 +347,21 @@ def _run_check(check: Check, final: dict, initial: Optional[dict], builtins_tabl
         return CheckResult(check.check_id, False, f"timeout: check ran longer than {timeout_s} s")
     except SyntaxError as e:
         return CheckResult(check.check_id, False, f"SyntaxError at line {e.lineno}: {e.msg}")
-    except (Exception, SystemExit) as e:  # noqa: BLE001 - a raising check counts 0
+    except BaseException as e:  # noqa: BLE001 - a raising check counts 0, whatever it raised
         return CheckResult(check.check_id, False, describe(e, "<check "))
-    if isinstance(result, bool) or type(result).__name__ == "bool_":
-        return CheckResult(check.check_id, bool(result))
-    return CheckResult(check.check_id, False,
-                       f"check_func returned {type(result).__name__}, not bool")
+    return verdict(check.check_id, result)
+
+
+def verdict(check_id: str, result: Any) -> CheckResult:
+    """Only a genuine ``True`` passes: exactly ``bool``, or numpy's ``bool_`` (checks written with
+    numpy comparisons return it). Any other type fails, truthy or not, so an object whose class
+    is merely *named* ``bool_`` or that defines ``__bool__`` cannot pass."""
+    kind = type(result)
+    numpy = sys.modules.get("numpy")
+    if kind is bool or (numpy is not None and kind is getattr(numpy, "bool_", bool)):
+        return CheckResult(check_id, result is True or (kind is not bool and bool(result)))
+    name = getattr(kind, "__name__", "?")
+    return CheckResult(check_id, False, f"check_func returned {str(name)[:80]}, not bool")
 
 
 def _unpack(action: Union[ToolCall, ActionStep, dict]) -> tuple[str, dict, Any]:

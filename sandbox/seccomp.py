@@ -18,6 +18,16 @@ It answers ``EPERM`` to:
 - with ``refuse_sysv_ipc``: ``shmget``, ``semget``, ``msgget`` (where the sandbox's IPC
   namespace cannot be bounded, ``sandbox.ipc``).
 
+Sockets are an allow-list (``EAFNOSUPPORT`` otherwise, what code that probes for a family
+expects): ``socket()`` of ``AF_INET`` and ``AF_INET6`` (inside the sandbox's empty network
+namespace) and ``AF_NETLINK`` with protocol ``NETLINK_ROUTE`` only (the C library's
+``getaddrinfo``/``getifaddrs`` read that namespace's interfaces through it; other netlink families,
+e.g. the host's uevents, are refused); ``socketpair()`` of ``AF_UNIX`` stream and seqpacket
+sockets only (``multiprocessing.Pipe``, asyncio's self-pipe: connected, nameless, and ``sendto``
+on them cannot name another socket). So no pathname ``AF_UNIX`` socket of the host (a Ray
+session's, D-Bus) can be connected to, ``AF_VSOCK`` (the host's port space) and every other
+family cannot be opened, nor can a datagram socketpair ``sendto`` a host socket path.
+
 On other architectures ``install`` returns False and installs nothing (docs/sandbox.md says so).
 
 May import: the standard library only.
@@ -33,7 +43,11 @@ from typing import Union
 PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 22, 2
 AUDIT_ARCH_X86_64 = 0xC000003E
 RET_ALLOW, RET_KILL_PROCESS, RET_ERRNO = 0x7FFF0000, 0x80000000, 0x00050000
-LD_W_ABS, JEQ_K, JGE_K, JSET_K, RET_K = 0x20, 0x15, 0x35, 0x45, 0x06
+LD_W_ABS, JEQ_K, JGE_K, JSET_K, RET_K, AND_K = 0x20, 0x15, 0x35, 0x45, 0x06, 0x54
+SOCKET, SOCKETPAIR = 41, 53
+AF_UNIX, AF_INET, AF_INET6, AF_NETLINK, NETLINK_ROUTE = 1, 2, 10, 16, 0
+SOCK_STREAM, SOCK_SEQPACKET, SOCK_TYPE_MASK = 1, 5, 0xF
+ARG0, ARG1, ARG2 = 16, 24, 32  # seccomp_data.args[i], low 32 bits (x86_64 is little-endian)
 X32_BIT = 0x40000000
 CLONE_NEW_FLAGS = 0x7E020080  # NEWNS NEWCGROUP NEWUTS NEWIPC NEWUSER NEWPID NEWNET NEWTIME
 CLONE, CLONE3 = 56, 435
@@ -72,10 +86,20 @@ def program(refuse_sysv_ipc: bool = False) -> list[tuple[int, int, int, int]]:
         (LD_W_ABS, 0, 0, 4), (JEQ_K, 0, "kill", AUDIT_ARCH_X86_64),
         (LD_W_ABS, 0, 0, 0), (JGE_K, "deny", 0, X32_BIT),
         (JEQ_K, "clone", 0, CLONE), (JEQ_K, "enosys", 0, CLONE3),
+        (JEQ_K, "socket", 0, SOCKET), (JEQ_K, "socketpair", 0, SOCKETPAIR),
         *[(JEQ_K, "deny", 0, nr) for nr in denied],
         (RET_K, 0, 0, RET_ALLOW),
-        "clone", (LD_W_ABS, 0, 0, 16), (JSET_K, "deny", 0, CLONE_NEW_FLAGS),
+        "clone", (LD_W_ABS, 0, 0, ARG0), (JSET_K, "deny", 0, CLONE_NEW_FLAGS),
         (RET_K, 0, 0, RET_ALLOW),
+        # the kernel reads the family and type as ints: their low 32 bits are what it sees
+        "socket", (LD_W_ABS, 0, 0, ARG0), (JEQ_K, "allow", 0, AF_INET),
+        (JEQ_K, "allow", 0, AF_INET6), (JEQ_K, 0, "noaf", AF_NETLINK),
+        (LD_W_ABS, 0, 0, ARG2), (JEQ_K, "allow", "noaf", NETLINK_ROUTE),
+        "socketpair", (LD_W_ABS, 0, 0, ARG0), (JEQ_K, 0, "noaf", AF_UNIX),
+        (LD_W_ABS, 0, 0, ARG1), (AND_K, 0, 0, SOCK_TYPE_MASK),
+        (JEQ_K, "allow", 0, SOCK_STREAM), (JEQ_K, "allow", "noaf", SOCK_SEQPACKET),
+        "allow", (RET_K, 0, 0, RET_ALLOW),
+        "noaf", (RET_K, 0, 0, RET_ERRNO | errno.EAFNOSUPPORT),
         "deny", (RET_K, 0, 0, deny),
         "enosys", (RET_K, 0, 0, RET_ERRNO | errno.ENOSYS),
         "kill", (RET_K, 0, 0, RET_KILL_PROCESS),

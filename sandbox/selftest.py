@@ -14,7 +14,13 @@ frames, processes outliving their episode, scratch surviving it) and the limit c
 sandbox's own root, capabilities) play several episodes through ``HostileCase.run`` or attack
 one limit each.
 
-Used by ``envsched sandbox selftest`` and by tests/sandbox/test_sandbox_selftest.py.
+The isolation cases (``sandbox.selftest_isolation``), the standard-library case
+(``sandbox.selftest_stdlib``) and the nested-mount case (``sandbox.selftest_mounts``) are
+``HostileCase`` specs too. ``format_table`` prints one backend's reports, ``format_matrix`` the
+reports of several backends, one column each (``envsched sandbox selftest --backend all``).
+
+Used by ``envsched sandbox selftest``, tests/sandbox/test_sandbox_selftest.py (bwrap, unshare)
+and tests/sandbox/test_docker_backend.py (docker).
 
 May import: envs.spec, sandbox.*, the standard library.
 """
@@ -37,7 +43,10 @@ from sandbox.errors import SandboxError
 from sandbox.sanitize import escape_text
 from sandbox.examples import ORDER_DESK, ORDER_DESK_CHECKS, ORDER_DESK_STATE, ORDER_DESK_TASK
 from sandbox.selftest_integrity import INTEGRITY_CASES
+from sandbox.selftest_isolation import ISOLATION_CASES
 from sandbox.selftest_limits import LIMIT_CASES
+from sandbox.selftest_mounts import MOUNT_CASES
+from sandbox.selftest_stdlib import STDLIB_CASES
 from sandbox.worker import SandboxWorker
 
 IMPORTS = "import os, sys, signal, socket, subprocess, ctypes, time, resource\n"
@@ -163,15 +172,17 @@ CASES: list[HostileCase] = [
                 expect=("load_error",)),
     HostileCase("check_hangs", "a verifier check that spins", check=SPIN,
                 expect=("check_failed",)),
+    # each check runs in a fork of its own (sandbox.verifier): killed, or dead, it fails alone
     HostileCase("check_hangs_hard", "a check that ignores SIGALRM and spins",
                 check="signal.signal(signal.SIGALRM, signal.SIG_IGN)\n" + SPIN,
-                expect=("timeout",)),
-    HostileCase("check_exits", "a verifier check that kills the worker",
-                check="os._exit(0)", expect=("crash",)),
+                expect=("check_failed",)),
+    HostileCase("check_exits", "a verifier check that exits its process",
+                check="os._exit(0)", expect=("check_failed",)),
 ]
 
 
-CASES += [HostileCase(**spec) for spec in INTEGRITY_CASES + LIMIT_CASES]
+CASES += [HostileCase(**spec) for spec in INTEGRITY_CASES + LIMIT_CASES + STDLIB_CASES
+          + ISOLATION_CASES + MOUNT_CASES]
 
 
 def hostile_env(case: HostileCase) -> Environment:
@@ -239,15 +250,20 @@ def _setup_probe() -> Probe:
     return probe
 
 
-def run_selftest(config: Optional[SandboxConfig] = None,
-                 names: Optional[list[str]] = None) -> list[CaseReport]:
-    """Run the hostile suite (or the cases in ``names``); see the module docstring."""
-    config = config or SandboxConfig(call_timeout_s=4.0, tool_timeout_s=1.0, memory_mb=1024)
-    cases = [c for c in CASES if names is None or c.name in names]
+def select_cases(names: Optional[list[str]] = None) -> list[HostileCase]:
+    """The cases named (all when None), in the suite's order; an unknown name is a ValueError."""
     unknown = set(names or ()) - {c.name for c in CASES}
     if unknown:
         raise ValueError(f"unknown selftest case(s) {sorted(unknown)}; known: "
                          f"{[c.name for c in CASES]}")
+    return [c for c in CASES if names is None or c.name in names]
+
+
+def run_selftest(config: Optional[SandboxConfig] = None,
+                 names: Optional[list[str]] = None) -> list[CaseReport]:
+    """Run the hostile suite (or the cases in ``names``); see the module docstring."""
+    config = config or SandboxConfig(call_timeout_s=4.0, tool_timeout_s=1.0, memory_mb=1024)
+    cases = select_cases(names)
     probe = _setup_probe()
     reports = []
     try:
@@ -276,13 +292,46 @@ def run_selftest(config: Optional[SandboxConfig] = None,
     return reports
 
 
+def _yn(b: bool) -> str:
+    return "yes" if b else "NO"
+
+
 def format_table(reports: list[CaseReport], backend: str) -> str:
     passed = sum(r.passed for r in reports)
     head = f"sandbox selftest ({backend}): {passed}/{len(reports)} contained"
-    rows = [f"{'case':<18} {'outcome':<13} {'expect':<6} {'contain':<7} {'next ok':<7} "
+    width = max([len("case")] + [len(r.name) for r in reports])
+    rows = [f"{'case':<{width}} {'outcome':<13} {'expect':<6} {'contain':<7} {'next ok':<7} "
             f"{'secs':>5}  detail"]
     for r in reports:
-        yn = lambda b: "yes" if b else "NO"  # noqa: E731
-        rows.append(f"{r.name:<18} {r.outcome:<13} {yn(r.expected):<6} {yn(r.contained):<7} "
-                    f"{yn(r.served):<7} {r.seconds:5.1f}  {r.detail[:90]}")
+        rows.append(f"{r.name:<{width}} {r.outcome:<13} {_yn(r.expected):<6} "
+                    f"{_yn(r.contained):<7} {_yn(r.served):<7} {r.seconds:5.1f}  {r.detail[:90]}")
     return head + "\n" + "\n".join(rows)
+
+
+def format_matrix(runs: dict[str, list[CaseReport]], unavailable: dict[str, str]) -> str:
+    """One row per case, one column per backend run: the outcome where the case passed, ``FAIL``
+    and the outcome where it did not (each failure then listed with its detail); a case a backend
+    did not run is ``-``. Backends that could not run are named with the reason."""
+    head = "sandbox selftest: " + ", ".join(
+        f"{b} {sum(r.passed for r in reports)}/{len(reports)} contained"
+        for b, reports in runs.items())
+    lines = [head] + [f"not run on {b}: {why}" for b, why in unavailable.items()]
+    by_backend = {b: {r.name: r for r in reports} for b, reports in runs.items()}
+    names = list(dict.fromkeys(r.name for reports in runs.values() for r in reports))
+    width = max([len("case")] + [len(n) for n in names])
+    cell = max([18] + [len(b) for b in runs])
+    lines.append(f"{'case':<{width}} " + " ".join(f"{b:<{cell}}" for b in runs).rstrip())
+    failures = []
+    for name in names:
+        cells = []
+        for b in runs:
+            r = by_backend[b].get(name)
+            cells.append("-" if r is None else r.outcome if r.passed else f"FAIL {r.outcome}")
+            if r is not None and not r.passed:
+                failures.append(f"  {b} {name}: outcome {r.outcome} expected {_yn(r.expected)}, "
+                                f"contained {_yn(r.contained)}, next ok {_yn(r.served)}; "
+                                f"{r.detail[:120]}")
+        lines.append(f"{name:<{width}} " + " ".join(f"{c:<{cell}}" for c in cells).rstrip())
+    if failures:
+        lines += ["failures:"] + failures
+    return "\n".join(lines)

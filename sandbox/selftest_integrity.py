@@ -84,7 +84,8 @@ class Hostile:
         traj.VerifyResult.from_checks = staticmethod(lambda checks: traj.VerifyResult(1.0, checks))
         for name, mod in list(sys.modules.items()):
             if name.startswith(('sandbox', 'envs')):
-                for attr in ('run_checks', 'verify_in_fork', 'load_state', '_run', '_run_check'):
+                for attr in ('run_checks', 'verify_in_fork', 'load_state', '_run', 'run_check',
+                             '_judge_alone'):
                     if hasattr(mod, attr):
                         setattr(mod, attr, all_pass)
                         self.patched.append(name + '.' + attr)

@@ -26,6 +26,7 @@ May import: envs.*, sandbox.*, the standard library.
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import marshal
 import os
@@ -87,6 +88,24 @@ class Spare:
                 pass
 
 
+PR_SET_PDEATHSIG = 1
+
+
+def rearm_parent_death_signal(parent: int) -> None:
+    """Be SIGKILLed when the parent dies. The kernel clears this signal on a credential change
+    (the child's uid drop loses the ``setpriv --pdeathsig KILL`` it started with) and on fork (a
+    spare would outlive the clean parent where no pid namespace ends them together: the ``none``
+    backend). Before it was set again, a SIGKILLed pytest left an episode spinning in a tool for
+    28 minutes (tests/sandbox/test_child_dies_with_host.py). Exits at once if the parent died
+    before the call (the signal would never come)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"prctl(PR_SET_PDEATHSIG) failed: {os.strerror(err)}")
+    if os.getppid() != parent:
+        os._exit(1)
+
+
 def fork_spare(close_fds: tuple[int, ...], states: dict[str, bytes],
                envs: dict[str, tuple[str, Any, Any]],
                run_job: Callable[[dict[str, Any], int, int], None],
@@ -95,10 +114,12 @@ def fork_spare(close_fds: tuple[int, ...], states: dict[str, bytes],
     then ``run_job(job, req_fd, rep_fd)``; it never returns."""
     req_r, req_w = os.pipe()
     rep_r, rep_w = os.pipe()
+    parent = os.getpid()
     pid = os.fork()
     if pid == 0:
         status = 70
         try:
+            rearm_parent_death_signal(parent)
             os.setpgid(0, 0)
             for fd in (*close_fds, req_w, rep_r):
                 os.close(fd)

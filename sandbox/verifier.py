@@ -1,23 +1,45 @@
 """Verifier processes: checks run in a fresh fork of the sandbox child (which never ran environment
-code), given the episode's final state by value.
+code), given the episode's final state by value, and each check in a fork of its own.
 
 Environment code that patches the runtime, ``sys.modules`` or builtins in its episode process
 cannot reach the checks judging it: ``verify`` forks the clean parent *after* the episode handed
-its state over (``sandbox.handoff``: plain data only), runs every check there with fresh
-per-episode determinism shims (seed and clock of the episode) and answers the check results as
-JSON, which the parent checks (same ids, same order) before it computes the reward itself.
+its state over (``sandbox.handoff``: plain data only). That verifier process reads the state, then
+judges every check alone: a fork per check (``_Judges``, ``WINDOW`` forks at a time so their
+scheduling waits overlap) that closes every descriptor but the write end of a pipe made for that
+check only, runs it with fresh per-episode determinism shims (seed and clock of the episode), and
+writes one frame, ``{"passed", "error"}``. The verifier takes each verdict from its check's pipe
+and answers them to the parent (one JSON frame) *before* it runs the last check itself (a second
+frame: a fork saved, and a verify of one check forks nothing). So a check can decide only its own
+verdict (which it could anyway, by returning True): it cannot write another check's result, nor
+the verifier's answer for them (``check_forges_verdict``), nor patch the code that judges a later
+check (that runs in another fork). The parent checks both frames (same ids, same order) before it
+computes the reward itself.
+
+A check that raises (any ``BaseException``), returns anything but ``True``, dies (``os._exit``, a
+signal), answers garbage or runs past its time fails, that check only: SIGALRM at
+``tool_timeout_s`` (``runtime.deadline``), then SIGKILL of the check's process group after
+``KILL_GRACE_S`` more; all checks of one verify share a wall-clock budget inside the worker's hard
+limit (``call_timeout_s`` / 2 + ``tool_timeout_s`` per check), past which the remaining checks
+fail unrun. Each check sees the handed-over state as it arrived: a check that mutates
+``final_state`` changes nothing another check sees (in-process ``EpisodeRuntime.verify`` shares
+it, as EnvScaler does). A check that kills the verifier process itself (same uid) is a ``crash``
+of that verify; one that kills a sibling check's process makes that check fail (its own uid can
+signal it): interference can lower a reward, never raise it.
+
 The fork is a spare (``sandbox.spares``) given a verify job: checks, the final state's bytes, the
 initial state's bytes (when a check names ``initial_state``), the episode's seed and clock.
-
-A verifier that dies is a ``crash``; one that hangs is the worker's hard timeout.
 
 May import: envs.*, sandbox.*, the standard library.
 """
 
 from __future__ import annotations
 
+import gc
+import json
 import os
-from dataclasses import asdict
+import select
+import time
+from dataclasses import asdict, dataclass
 from typing import Any, Optional
 
 from envs.spec import Check
@@ -27,24 +49,52 @@ from sandbox.episode import status_text
 from sandbox.errors import SandboxError
 from sandbox.handoff import load_state
 from sandbox.protocol import FrameError, encode_reply, parse_reply, read_frame, write_all
-from sandbox.runtime import run_checks
-from sandbox.spares import Spare
+from sandbox.runtime import run_check
+from sandbox.spares import Spare, close_fds_except
 
 
 def run_verify_job(job: dict[str, Any], rep_fd: int, cfg: dict[str, Any],
                    code_cache: dict[str, Any], clock: Optional[EpisodeClock] = None) -> None:
-    """In a spare given a verify job: run the checks, answer their results as JSON."""
+    """In a spare given a verify job: judge every check but the last in forks of their own and
+    answer those verdicts (one frame), *then* run the last check here and answer its verdict (a
+    second frame). The first frame was written before any check code ran in this process, so
+    the last check can forge only its own verdict, like any check: one fork per verify saved."""
     checks = [Check.model_validate(c) for c in job["checks"]]
-    results = _run(checks, job["final"], job["initial"], job["pristine"], job["seed"],
-                   job["now"], cfg, code_cache, clock)
-    write_all(rep_fd, encode_reply({"ok": True, "checks": [asdict(r) for r in results]}))
+    soft = cfg["tool_timeout_s"]
+    # the forked checks' budget plus the last check's time stays inside the worker's hard limit
+    # (call_timeout_s + tool_timeout_s per check)
+    budget = time.monotonic() + cfg.get("call_timeout_s", 2 * soft) / 2 + soft * (len(checks) - 1)
+    judges = _prepare(job, soft, code_cache, budget, clock)
+    if isinstance(judges, str):
+        first = [CheckResult(c.check_id, False, judges) for c in checks[:-1]]
+    else:
+        first = judges.judge(checks[:-1])
+    write_all(rep_fd, encode_reply({"ok": True, "checks": [asdict(r) for r in first]}))
+    if checks:
+        last = CheckResult(checks[-1].check_id, False, judges) if isinstance(judges, str) else \
+            run_check(checks[-1], judges.final, judges.initial, judges.table, soft, code_cache)
+        write_all(rep_fd, encode_reply({"ok": True, "checks": [_truncated(last)]}))
+
+
+def _truncated(result: CheckResult) -> dict[str, Any]:
+    error = None if result.error is None else result.error[:ERROR_CHARS]
+    return {"check_id": result.check_id, "passed": result.passed, "error": error}
 
 
 def collect(spare: Spare, checks: list[Check], cfg: dict[str, Any]) -> VerifyResult:
-    """The parent's side: read the verifier's answer, check it, compute the reward here."""
+    """The parent's side: read the verifier's two answers (see ``run_verify_job``), check them,
+    compute the reward here. The first frame missing is a ``crash`` of the verify; the second
+    missing, malformed or late fails the last check only."""
     try:
         reply = parse_reply(read_frame(spare.rep_fd, cfg["max_output_bytes"] + 4096), "checks",
                             with_cpu=False)
+        got, want = [c["check_id"] for c in reply["checks"]], [c.check_id for c in checks[:-1]]
+        if got != want:
+            raise SandboxError("protocol", f"the verifier answered checks {got[:8]}, expected "
+                                           f"{want[:8]}")
+        results = [CheckResult(**c) for c in reply["checks"]]
+        if checks:
+            results.append(_last_verdict(spare, checks[-1].check_id, cfg))
     except FrameError as e:
         status = _reap(spare.pid)
         kind = "crash" if e.reason == "eof" else "protocol"
@@ -52,12 +102,21 @@ def collect(spare: Spare, checks: list[Check], cfg: dict[str, Any]) -> VerifyRes
                                  f"({e})") from None
     finally:
         spare.close()
-    _reap(spare.pid)
-    got = [c["check_id"] for c in reply["checks"]]
-    if got != [c.check_id for c in checks]:
-        raise SandboxError("protocol", f"the verifier answered checks {got[:8]}, expected "
-                                       f"{[c.check_id for c in checks][:8]}")
-    return VerifyResult.from_checks([CheckResult(**c) for c in reply["checks"]])
+        _reap(spare.pid)
+    return VerifyResult.from_checks(results)
+
+
+def _last_verdict(spare: Spare, check_id: str, cfg: dict[str, Any]) -> CheckResult:
+    soft = cfg["tool_timeout_s"]
+    try:
+        payload = read_frame(spare.rep_fd, VERDICT_BYTES, time.monotonic() + soft + KILL_GRACE_S)
+        reply = parse_reply(payload, "checks", with_cpu=False)
+    except FrameError as e:
+        return _failed(check_id, e, _reap(spare.pid), soft)
+    if [c["check_id"] for c in reply["checks"]] != [check_id]:
+        return CheckResult(check_id, False, "the check's process answered something that is "
+                                            "not its verdict")
+    return CheckResult(**reply["checks"][0])
 
 
 def _reap(pid: int) -> Optional[int]:
@@ -71,22 +130,138 @@ def _reap(pid: int) -> Optional[int]:
         return None
 
 
-def _run(checks: list[Check], final_blob: bytes, initial_blob: Optional[bytes], pristine: bool,
-         seed: int, now: float, cfg: dict[str, Any], code_cache: dict[str, Any],
-         clock: Optional[EpisodeClock] = None) -> list[CheckResult]:
+KILL_GRACE_S = 0.25      # after the soft SIGALRM: a check that ignores it is killed this late
+VERDICT_BYTES = 64 << 10  # one verdict frame: a bool and an error message (truncated below)
+ERROR_CHARS = 4000
+WINDOW = 4  # checks judged at once: their forks' scheduling waits overlap (RLIMIT_NPROC allows)
+
+
+def _prepare(job: dict[str, Any], soft: float, code_cache: dict[str, Any], budget: float,
+             clock: Optional[EpisodeClock]) -> "_Judges | str":
+    """The judges of this verify, or why the handed-over state cannot be judged."""
     try:
-        final = load_state(final_blob)
+        final = load_state(job["final"])
+        initial = final if job["pristine"] else None if job["initial"] is None else \
+            load_state(job["initial"])
     except Exception as e:  # noqa: BLE001 - an unreadable state fails every check, with the reason
-        why = f"the final state could not be handed to the verifier: {type(e).__name__}: {e}"
-        return [CheckResult(c.check_id, False, why) for c in checks]
-    if pristine:
-        initial = final
-    elif initial_blob is None:
-        initial = None
-    else:
-        initial = load_state(initial_blob)
+        return f"the state could not be handed to the verifier: {type(e).__name__}: {e}"
     clock = clock or EpisodeClock()
-    clock.reseed(seed)
-    clock.now = now
-    return run_checks(checks, final, initial, episode_builtins(clock), cfg["tool_timeout_s"],
-                      code_cache)
+    clock.reseed(job["seed"])
+    clock.now = job["now"]
+    table = episode_builtins(clock)  # each check's fork gets it as it is now, untouched
+    gc.freeze()  # the state stays shared, not copied, by the forks' garbage collections
+    return _Judges(final, initial, table, soft, code_cache, budget)
+
+
+@dataclass
+class _Judge:
+    index: int
+    pid: int
+    read_fd: int
+    deadline: float
+
+
+class _Judges:
+    """Every check in a fork of its own, ``WINDOW`` at a time; verdicts in check order."""
+
+    def __init__(self, final: Any, initial: Any, table: dict[str, Any], soft: float,
+                 code_cache: dict[str, Any], budget: float):
+        self.final, self.initial, self.table, self.soft = final, initial, table, soft
+        self.code_cache, self.budget = code_cache, budget
+
+    def judge(self, checks: list[Check]) -> list[CheckResult]:
+        results: list[Optional[CheckResult]] = [None] * len(checks)
+        todo, running = list(range(len(checks))), []
+        while todo or running:
+            while todo and len(running) < WINDOW:
+                i = todo[0]
+                if time.monotonic() >= self.budget:
+                    results[i] = CheckResult(checks[i].check_id, False, "not run: the verify's "
+                                             "wall-clock budget was spent by earlier checks")
+                elif (judge := self._start(i, checks[i])) is not None:
+                    running.append(judge)
+                elif running:  # no process left (RLIMIT_NPROC): wait for a running check
+                    break
+                else:
+                    results[i] = CheckResult(checks[i].check_id, False, "the check could not "
+                                             "be started: no process left (RLIMIT_NPROC)")
+                todo.pop(0)
+            if running:
+                done = self._wait(running)
+                running.remove(done)
+                results[done.index] = self._verdict(checks[done.index].check_id, done)
+        return results  # type: ignore[return-value]
+
+    def _start(self, index: int, check: Check) -> Optional[_Judge]:
+        read_fd, write_fd = os.pipe()
+        try:
+            pid = os.fork()
+        except OSError:
+            os.close(read_fd)
+            os.close(write_fd)
+            return None
+        if pid == 0:  # the check's own process: nothing but its verdict pipe, then its verdict
+            try:
+                os.setpgid(0, 0)
+                close_fds_except({write_fd})
+                result = run_check(check, self.final, self.initial, self.table, self.soft,
+                                   self.code_cache)
+                verdict = _truncated(result)
+                write_all(write_fd, encode_reply({"passed": verdict["passed"],
+                                                  "error": verdict["error"]}))
+            finally:
+                os._exit(0)
+        os.close(write_fd)
+        deadline = min(time.monotonic() + self.soft + KILL_GRACE_S, self.budget)
+        return _Judge(index, pid, read_fd, deadline)
+
+    def _wait(self, running: list[_Judge]) -> _Judge:
+        """The first check whose pipe has something (a verdict or EOF) or whose time is up."""
+        poller = select.poll()
+        for judge in running:
+            poller.register(judge.read_fd, select.POLLIN | select.POLLHUP | select.POLLERR)
+        while True:
+            now = time.monotonic()
+            late = min(running, key=lambda j: j.deadline)
+            if late.deadline <= now:
+                return late
+            ready = poller.poll(max(1, int((late.deadline - now) * 1000)))
+            if ready:
+                fd = ready[0][0]
+                return next(j for j in running if j.read_fd == fd)
+
+    def _verdict(self, check_id: str, judge: _Judge) -> CheckResult:
+        failure: Optional[FrameError] = None
+        try:
+            payload = read_frame(judge.read_fd, VERDICT_BYTES, judge.deadline)
+        except FrameError as e:
+            failure = e
+        finally:
+            os.close(judge.read_fd)
+        status = _reap(judge.pid)  # the check and whatever it started in its process group
+        if failure is not None:
+            return _failed(check_id, failure, status, self.soft)
+        return _parse_verdict(check_id, payload)
+
+
+def _parse_verdict(check_id: str, payload: bytes) -> CheckResult:
+    try:
+        got = json.loads(payload)
+    except (ValueError, RecursionError):
+        got = None
+    if (isinstance(got, dict) and set(got) == {"passed", "error"}
+            and isinstance(got["passed"], bool)
+            and (got["error"] is None or isinstance(got["error"], str))):
+        return CheckResult(check_id, got["passed"], got["error"])
+    return CheckResult(check_id, False, "the check's process answered something that is not a "
+                                        "verdict")
+
+
+def _failed(check_id: str, e: FrameError, status: Optional[int], soft: float) -> CheckResult:
+    if e.reason == "timeout":
+        why = f"timeout: check ran longer than {soft} s and was killed"
+    elif e.reason == "eof":
+        why = f"the check's process {status_text(status)} without a verdict"
+    else:
+        why = f"the check's process answered too much ({e})"
+    return CheckResult(check_id, False, why)

@@ -45,10 +45,12 @@ from sandbox.backends import is_root, resolve_backend, start_child
 from sandbox.config import SandboxConfig
 from sandbox.errors import EnvLoadError, SandboxError
 from sandbox.episode import status_text
-from sandbox.protocol import FrameError, read_reply, send_request
+from sandbox.protocol import FrameError, argument_depth_error, read_reply, send_request
 
 _UIDS = itertools.count()
 _REPLY_SLACK = 4096
+# ops that run the task's code: what goes wrong during them is the sandbox's report (errors.py)
+_TASK_OPS = frozenset({"load", "reset", "step", "verify", "snapshot", "replay"})
 
 
 def _pick_uid(cfg: SandboxConfig) -> Optional[int]:
@@ -188,7 +190,7 @@ class SandboxWorker:
             elif self._episode_env is not None:
                 self._lost, self._episode_env = f"{kind} during {request['op']}", None
             message += "; replaced" if kind == "protocol" else ""
-        raise SandboxError(kind, message, where)
+        raise SandboxError(kind, message, where, origin="sandbox")
 
     def _failure(self, e: Exception, op: str, where: str, limit: float) -> SandboxError:
         child = self._child
@@ -209,7 +211,7 @@ class SandboxWorker:
             msg = f"worker died during {op} ({status_text(status)})" + \
                   (f": {tail[0]}" if tail else "") + "; replaced"
         self._replace(f"{kind} during {op}")
-        return SandboxError(kind, msg, where)
+        return SandboxError(kind, msg, where, origin="sandbox" if op in _TASK_OPS else "host")
 
     def _retire_if_spent(self) -> None:
         """Replace a child near its lifetime CPU budget, between episodes only."""
@@ -274,8 +276,15 @@ class SandboxWorker:
                                self._where(None))
 
     def step(self, tool: str, arguments: dict[str, Any]) -> ActionStep:
+        """One tool call; a bad call (see ``sandbox.runtime``) is an error step. Arguments nested
+        past ``MAX_ARGUMENT_DEPTH`` are refused here, before they reach the sandbox: echoed in
+        the reply they would make it malformed, which replaces the worker."""
         with self._lock:
             self._require_episode()
+            refused = argument_depth_error(tool, arguments)
+            if refused is not None:
+                return ActionStep(tool, arguments, {"success": False, "error": refused}, {},
+                                  refused)
             reply = self._call({"op": "step", "tool": tool, "arguments": arguments})
             return ActionStep(**reply["step"])
 

@@ -63,13 +63,16 @@ class GroupResult:
     """One completed group as a scheduler sees it.
 
     ``trajectories`` are ``envs.trajectory.Trajectory`` objects when action traces are available
-    (the identifier filter reads them); schedulers that only need rewards ignore them.
+    (the identifier filter reads them); schedulers that only need rewards ignore them. Rewards
+    and trajectories are the group's valid ones (infrastructure faults are never absorbed);
+    ``task_faults`` counts those the task's own code failed (``scheduling.quarantine``).
     """
 
     task_id: str
     step: int
     rewards: np.ndarray
     trajectories: Optional[Sequence[Any]] = None
+    task_faults: int = 0
 
     def __post_init__(self) -> None:
         self.rewards = np.asarray(self.rewards, dtype=np.float64)
@@ -81,7 +84,8 @@ class GroupResult:
     def from_group(group: Any) -> "GroupResult":
         """From an ``envs.trajectory.Group``."""
         return GroupResult(task_id=group.task_id, step=group.step,
-                           rewards=np.array(group.rewards), trajectories=group.trajectories)
+                           rewards=np.array(group.rewards), trajectories=group.trajectories,
+                           task_faults=group.fault_counts()["task_errors"])
 
 
 class SchedulerError(Exception):

@@ -73,3 +73,11 @@ def test_make_venv_with_debians_python_gives_an_installable_environment(tmp_path
     assert "externally-managed-environment" in pip(DEBIAN_PYTHON)
     in_venv = pip(venv / "bin" / "python")
     assert "externally-managed-environment" not in in_venv and "No matching distribution" in in_venv
+
+
+def test_make_model_fetches_smollm2_and_make_test_runs_it_first():
+    fetch = "envsched model fetch smollm2"
+    assert any(ln.startswith(fetch) for ln in _dry_run("model"))
+    lines = _dry_run("test")
+    first_fetch = next(i for i, ln in enumerate(lines) if ln.startswith(fetch))
+    assert first_fetch < lines.index(f"{REPO / '.venv'}/bin/python -m pytest -q --timeout=900")

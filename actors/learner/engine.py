@@ -180,6 +180,13 @@ class LearnerEngine:
         torch.distributed.all_reduce(t)
         return float(t.item())
 
+    def _all_reduce_max(self, value: float) -> float:
+        import torch
+
+        t = torch.tensor([value], dtype=torch.float64, device=self.device)
+        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
+        return float(t.item())
+
     def current_lr(self) -> float:
         """The rate of the learner step about to run (the schedule in the module docstring)."""
         c = self.cfg
@@ -209,7 +216,9 @@ class LearnerEngine:
         micro = self.cfg.micro_batch_size
         totals = {"loss": 0.0, "tokens": 0.0, "clip_frac_sum": 0.0, "ratio_sum": 0.0, "kl_sum": 0.0}
         grad_norms = []
-        for run in mini_batch_runs(-(-len(batch) // micro), self.cfg.mini_batches):
+        mismatch = {k: 0.0 for k in grpo.MISMATCH_SUMS}
+        extremes = {k: float("-inf") for k in grpo.MISMATCH_EXTREMES}
+        for r, run in enumerate(mini_batch_runs(-(-len(batch) // micro), self.cfg.mini_batches)):
             normaliser = self._token_count(
                 batch.loss_mask[run.start * micro:run.stop * micro])
             for k in run:
@@ -218,6 +227,13 @@ class LearnerEngine:
                 width = mb.loss_mask.shape[1]
                 self.engine.set_gradient_accumulation_boundary(k == run.stop - 1)
                 logp = self._scored_forward(self.engine, mb)
+                if r == 0:  # before this step's first update: the engine's weights, if in sync
+                    for key, v in grpo.mismatch_stats(logp, mb.rollout_logprobs,
+                                                      mb.loss_mask).items():
+                        if key in mismatch:
+                            mismatch[key] += v
+                        else:
+                            extremes[key] = max(extremes[key], v)
                 loss, st = grpo.policy_loss(
                     logp, old[rows, :width].to(self.device), mb.advantages, mb.loss_mask,
                     ratio_clip=lc.ratio_clip,
@@ -233,7 +249,11 @@ class LearnerEngine:
             grad_norms.append(self.engine.get_global_grad_norm())
         self.step += 1
         totals["lr"] = lr
-        return self._step_metrics(totals, grad_norms, t0)
+        out = self._step_metrics(totals, grad_norms, t0)
+        sums = {k: self._all_reduce_sum(v) for k, v in mismatch.items()}
+        out.update(grpo.mismatch_metrics(sums, {k: self._all_reduce_max(v)
+                                                for k, v in extremes.items()}))
+        return out
 
     def _step_metrics(self, totals: dict[str, float], grad_norms: list,
                       t0: float) -> dict[str, float]:

@@ -124,6 +124,42 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
     return loss, stats
 
 
+MISMATCH_SUMS = ("mismatch_tokens", "mismatch_abs_sum", "iw_sum", "iw_sq_sum")
+MISMATCH_EXTREMES = ("mismatch_abs_max", "iw_max", "neg_iw_min")
+
+
+def mismatch_stats(logp: torch.Tensor, behav_logp: torch.Tensor,
+                   mask: torch.Tensor) -> dict[str, float]:
+    """Train/inference mismatch on the masked tokens of one micro-batch: the learner's log-prob
+    ``logp`` of each sampled token against the engine's ``behav_logp`` for the same token
+    (``|logp - behav|``) and the importance weight ``w = exp(logp - behav)`` that would correct
+    it. Sums (``MISMATCH_SUMS``) add over micro-batches and ranks; extremes
+    (``MISMATCH_EXTREMES``, the minimum as ``neg_iw_min``) take the maximum. Both inputs [B, T]."""
+    m = mask.bool()
+    if not bool(m.any()):
+        return {**{k: 0.0 for k in MISMATCH_SUMS}, **{k: float("-inf") for k in MISMATCH_EXTREMES}}
+    d = (logp.detach().float() - behav_logp.float())[m]
+    w = torch.exp(d)
+    return {"mismatch_tokens": float(m.sum()), "mismatch_abs_sum": float(d.abs().sum()),
+            "iw_sum": float(w.sum()), "iw_sq_sum": float((w * w).sum()),
+            "mismatch_abs_max": float(d.abs().max()), "iw_max": float(w.max()),
+            "neg_iw_min": float(-w.min())}
+
+
+def mismatch_metrics(sums: dict[str, float], extremes: dict[str, float]) -> dict[str, float]:
+    """The step's mismatch figures from all-reduced ``mismatch_stats``: mean and max ``|dlogp|``,
+    the importance weight's mean, standard deviation, minimum and maximum."""
+    n = sums["mismatch_tokens"]
+    if n <= 0:
+        return {}
+    mean_w = sums["iw_sum"] / n
+    return {"mismatch_logprob_abs_mean": sums["mismatch_abs_sum"] / n,
+            "mismatch_logprob_abs_max": extremes["mismatch_abs_max"],
+            "mismatch_iw_mean": mean_w,
+            "mismatch_iw_std": max(sums["iw_sq_sum"] / n - mean_w * mean_w, 0.0) ** 0.5,
+            "mismatch_iw_min": -extremes["neg_iw_min"], "mismatch_iw_max": extremes["iw_max"]}
+
+
 def _aggregate(tok: torch.Tensor, mask: torch.Tensor, agg: str,
                normaliser: Optional[float]) -> torch.Tensor:
     if agg == "token_mean":

@@ -11,7 +11,11 @@ A step: the driver builds the step's per-rank batches with ``actors.learner.step
 (advantages over the whole step, so batch whitening sees every trajectory, then
 ``batching.shard``), puts each shard into the object store and calls ``train_step`` on every
 rank; it returns rank 0's metrics plus ``loss_per_rank``. Every remote call waits at most
-``LearnerConfig.timeout_s``; a failing rank raises ``LearnerError`` naming the rank.
+``LearnerConfig.timeout_s``; a failing rank raises ``LearnerError`` naming the rank, a dead one
+(its actor or process gone, or a step with no answer within ``timeout_s``) ``LearnerDied``: the
+group is lost and only a new group loaded from a checkpoint can go on (``launch.recovery``).
+``poll_train_step`` reports a dead rank as soon as Ray does, without waiting for the ranks that
+are stuck in a collective with it.
 
 May import: ray, the learner's plain modules, envs.trajectory (torch/deepspeed only inside actors).
 """
@@ -20,6 +24,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
@@ -35,6 +40,10 @@ REPO = Path(__file__).resolve().parents[2]
 
 class LearnerError(RuntimeError):
     """A learner rank failed or timed out; the message names the rank and the call."""
+
+
+class LearnerDied(LearnerError):
+    """A learner rank died (or a step got no answer within ``timeout_s``): the group is lost."""
 
 
 class LearnerActor:
@@ -97,6 +106,10 @@ class LearnerActor:
 
         learner_sync_broadcast(self.engine)
 
+    def pid(self) -> int:
+        """This rank's process id (for operators and fault-injection tests)."""
+        return os.getpid()
+
 
 def learner_actor_options(cfg: LearnerConfig) -> dict[str, Any]:
     """Ray options of one rank: its CPUs and GPUs, and DeepSpeed's accelerator for them."""
@@ -135,7 +148,11 @@ class LearnerGroup:
                                f"(ranks {self.cfg.ranks}, master {getattr(self, 'master', None)})"
                                ) from e
         except ray.exceptions.RayActorError as e:
-            raise LearnerError(f"learner {what}: a rank died: {e}") from e
+            rank = next((r for r, a in enumerate(self.actors)
+                         if getattr(e, "actor_id", None) == a._actor_id.hex()), "?")
+            first = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
+            raise LearnerDied(f"learner {what}: rank {rank} died ({type(e).__name__}: "
+                              f"{first})") from e
         except ray.exceptions.RayTaskError as e:
             raise LearnerError(f"learner {what} failed: {e}") from e
 
@@ -150,7 +167,24 @@ class LearnerGroup:
         """Start one optimiser step and return at once: one ObjectRef per rank, to be passed
         to ``finish_train_step`` (the driver keeps working while the ranks train)."""
         shards = step_shards(groups, self.cfg)
+        self._step_started = time.monotonic()
         return [a.train_step.remote(ray.put(s)) for a, s in zip(self.actors, shards)]
+
+    def poll_train_step(self, refs: list, timeout: float) -> bool:
+        """Whether every rank finished the step ``refs`` runs, waiting at most ``timeout`` s. A
+        rank that died or failed raises here at once (the others may wait in a collective for
+        it until gloo's or NCCL's own timeout); a step running past ``timeout_s`` raises
+        ``LearnerDied``."""
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout)
+        if len(ready) == len(refs):
+            return True
+        self._get(ready, f"train_step {self.step + 1}")
+        running = time.monotonic() - getattr(self, "_step_started", time.monotonic())
+        if running > self.cfg.timeout_s:
+            late = [r for r, ref in enumerate(refs) if ref not in ready]
+            raise LearnerDied(f"learner train_step {self.step + 1}: ranks {late} gave no answer "
+                              f"in {running:.0f} s (learner.timeout_s={self.cfg.timeout_s})")
+        return False
 
     def finish_train_step(self, refs: list) -> dict[str, Any]:
         """The metrics of the step ``refs`` (from ``start_train_step``) ran."""

@@ -6,7 +6,10 @@ calls the ranks, kept here so it is tested without Ray:
 - ``step_advantages(groups, loss)``: equations (1)-(4) of ``actors.learner.grpo`` over the whole
   step (so batch whitening sees every trajectory), with the switches of ``loss`` (``GRPOConfig``:
   ``group_std_norm``, ``whiten``, ``adv_clip`` = c, ``eps``, ``negative_scale``); one list of
-  advantages per group, in the groups' trajectory order;
+  advantages per group, in the groups' trajectory order. A group's trajectories are its K' valid
+  ones: those lost to infrastructure faults are in ``Group.dropped`` (``envs.trajectory``), so
+  equation (1)'s baseline is the mean (and std) over the K' rewards, as if the group had been
+  sampled with K' (the controller re-issues a group left with fewer than 2);
 - ``step_shards(groups, cfg)``: the step's trajectories with their advantages dealt to
   ``cfg.ranks`` ranks by ``batching.shard`` (equal row counts, multiples of
   ``cfg.micro_batch_size``), one ``PackedBatch`` per rank; with ``loss.malformed_credit:

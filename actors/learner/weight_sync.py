@@ -6,16 +6,19 @@ engine reports it (``engine.version``) for every generation that follows.
 - ``ObjectStoreSync`` (CPU, any cluster): learner rank 0 gathers the full state dict (all ranks take
   part under ZeRO-3), ``ray.put``s it once, and every target gets the same ObjectRef:
   ``target.update_weights(named_tensors, version)`` (a Ray actor handle or a local engine).
-- ``NCCLSync`` (GPUs): a separate NCCL group {learner rank 0, every vLLM worker} built once with
-  vLLM's ``StatelessProcessGroup`` + ``PyNcclCommunicator`` (the learner's own DeepSpeed group is
-  untouched). Per publish, rank 0 broadcasts each parameter in turn (gathered first under ZeRO-3 by
-  ``GatheredParameters``, all ranks iterating in step) and the workers receive and load it
-  (``VLLMWorkerExtension``, loaded in vLLM through ``worker_extension_cls``). Target contract (the
-  vLLM engine actor forwards to its workers with ``collective_rpc``):
+- ``CollectiveSync`` (vLLM engines): a separate group {learner rank 0, every vLLM worker} built
+  once (``stateless_comm``: NCCL through vLLM's ``StatelessProcessGroup`` + ``PyNcclCommunicator``
+  on GPUs, a gloo group over its own ``TCPStore`` on CPUs; the learner's own DeepSpeed group is
+  untouched). Per publish, rank 0 broadcasts each parameter in turn (gathered first under ZeRO-3
+  by ``GatheredParameters``, all ranks iterating in step) and the workers receive and load it as
+  it arrives (``VLLMWorkerExtension``, loaded in vLLM through ``worker_extension_cls``). Target
+  contract (the vLLM engine actor forwards to its workers with ``collective_rpc``):
   ``num_sync_workers() -> int``, ``init_weight_sync(addr, port, rank_offset, world_size)``,
   ``receive_weights(meta, version, wait_idle)``. ``wait_idle`` is True unless partial rollout is on:
   the engine finishes in-flight generation before the first broadcast and holds new requests until
-  the last, so weights never change under a running generation.
+  the last, so weights never change under a running generation. Only the communicator class
+  differs between the GPU and the CPU run (tests/actors/test_weight_sync_collective.py runs the
+  rest over gloo with a real vLLM engine and a ZeRO-3 learner).
 
 Not covered here: NCCL needs one GPU per rank; learner rank 0 must not share its GPU with a vLLM
 worker (a known NCCL failure; put them on separate GPUs).
@@ -76,7 +79,7 @@ class ObjectStoreSync(WeightSync):
         return SyncReport(version, time.perf_counter() - t0, len(self.targets), "object_store")
 
 
-class NCCLSync(WeightSync):
+class CollectiveSync(WeightSync):
     def __init__(self, targets: Sequence[Any], partial_rollout: bool = False,
                  timeout_s: float = 600.0):
         super().__init__(targets, timeout_s)
@@ -101,29 +104,76 @@ class NCCLSync(WeightSync):
         refs = [t.receive_weights.remote(self.meta, version, wait_idle) for t in self.targets]
         learner.sync_broadcast()
         self._wait(refs, f"receive_weights(version={version})")
-        return SyncReport(version, time.perf_counter() - t0, len(self.targets), "nccl")
+        return SyncReport(version, time.perf_counter() - t0, len(self.targets), "collective")
 
 
 def make_weight_sync(targets: Sequence[Any], method: str = "auto", partial_rollout: bool = False,
                      timeout_s: float = 600.0) -> WeightSync:
-    """``auto``: NCCL when the targets speak it (vLLM engines), else the object store."""
-    if method not in ("auto", "nccl", "object_store"):
-        raise ValueError(f"weight sync method must be auto, nccl or object_store, got {method!r}")
-    nccl = method == "nccl" or (method == "auto" and targets and all(
+    """``auto``: the collective group when the targets speak it (vLLM engines), else the object
+    store."""
+    if method not in ("auto", "collective", "object_store"):
+        raise ValueError(f"weight sync method must be auto, collective or object_store, got "
+                         f"{method!r}")
+    nccl = method == "collective" or (method == "auto" and targets and all(
         hasattr(getattr(t, "receive_weights", None), "remote") for t in targets))
     if nccl:
-        return NCCLSync(targets, partial_rollout, timeout_s)
+        return CollectiveSync(targets, partial_rollout, timeout_s)
     return ObjectStoreSync(targets, timeout_s)
 
 
 # -- inside the processes: learner ranks and vLLM workers ---------------------------------------
 
-def _stateless_nccl(addr: str, port: int, rank: int, world: int, device):
-    from vllm.distributed.device_communicators.pynccl import PyNcclCommunicator
-    from vllm.distributed.utils import StatelessProcessGroup
+class _NcclComm:
+    """vLLM's ``PyNcclCommunicator`` over a ``StatelessProcessGroup`` (GPUs)."""
 
-    group = StatelessProcessGroup.create(host=addr, port=port, rank=rank, world_size=world)
-    return PyNcclCommunicator(group, device=device)
+    backend = "nccl"
+
+    def __init__(self, addr: str, port: int, rank: int, world: int, device):
+        from vllm.distributed.device_communicators.pynccl import PyNcclCommunicator
+        from vllm.distributed.utils import StatelessProcessGroup
+
+        group = StatelessProcessGroup.create(host=addr, port=port, rank=rank, world_size=world)
+        self.comm = PyNcclCommunicator(group, device=device)
+
+    def broadcast(self, tensor, src: int) -> None:
+        import torch
+
+        self.comm.broadcast(tensor, src=src, stream=torch.cuda.current_stream())
+
+    def synchronize(self) -> None:
+        import torch
+
+        torch.cuda.synchronize()
+
+
+class _GlooComm:
+    """The same group on CPUs: a gloo process group over its own ``TCPStore`` (rank 0 hosts it),
+    never the process's default group (DeepSpeed's on a learner rank, vLLM's in its workers).
+    Everything above it -- set-up, rank offsets, per-tensor broadcast, the worker extension -- is
+    the NCCL path's, so a CPU test runs the code a GPU run uses but for this class."""
+
+    backend = "gloo"
+
+    def __init__(self, addr: str, port: int, rank: int, world: int, device, timeout_s=600.0):
+        from datetime import timedelta
+
+        import torch.distributed as dist
+
+        timeout = timedelta(seconds=timeout_s)
+        store = dist.TCPStore(addr, port, world, is_master=rank == 0, timeout=timeout)
+        self.group = dist.ProcessGroupGloo(store, rank, world, timeout)
+
+    def broadcast(self, tensor, src: int) -> None:
+        self.group.broadcast(tensor, src).wait()
+
+    def synchronize(self) -> None:
+        pass
+
+
+def stateless_comm(addr: str, port: int, rank: int, world: int, device):
+    """The weight-sync group's communicator for ``device``: NCCL on CUDA, gloo on CPU."""
+    kind = getattr(device, "type", str(device))
+    return (_NcclComm if kind == "cuda" else _GlooComm)(addr, port, rank, world, device)
 
 
 def learner_sync_init(engine, addr: str, port: int, world: int) -> list:
@@ -133,20 +183,28 @@ def learner_sync_init(engine, addr: str, port: int, world: int) -> list:
         shape = tuple(getattr(p, "ds_shape", p.shape))
         meta.append((name, str(p.dtype).removeprefix("torch."), shape))
     if engine.rank == 0:
-        engine.sync_comm = _stateless_nccl(addr, port, 0, world, engine.device)
+        engine.sync_comm = stateless_comm(addr, port, 0, world, engine.device)
     return meta
 
 
 def learner_sync_broadcast(engine) -> None:
     """On every learner rank (ZeRO-3 gathers are collective); rank 0 broadcasts each parameter."""
-    import torch
-
     for _, tensor in engine.iter_full_params():
         if engine.rank == 0:
-            engine.sync_comm.broadcast(tensor.contiguous(), src=0,
-                                       stream=torch.cuda.current_stream())
+            engine.sync_comm.broadcast(tensor.contiguous(), src=0)
     if engine.rank == 0:
-        torch.cuda.synchronize()
+        engine.sync_comm.synchronize()
+
+
+def load_into_runner(runner, weights) -> None:
+    """Load ``weights`` (an iterable of (name, tensor)) into a vLLM model runner, in order.
+    ``reload_weights`` where vLLM has it: the layerwise in-place reload redoes the post-load
+    processing (e.g. the CPU backend's repacked linear weights, whose parameters lose their
+    weight_loader); else the model's ``load_weights``."""
+    if hasattr(runner, "reload_weights"):
+        runner.reload_weights(weights_iterator=weights)
+    else:
+        runner.model.load_weights(weights=weights)
 
 
 class VLLMWorkerExtension:
@@ -157,14 +215,25 @@ class VLLMWorkerExtension:
         from vllm.distributed.parallel_state import get_world_group
 
         rank = get_world_group().rank + rank_offset
-        self.sync_comm = _stateless_nccl(addr, port, rank, world, self.device)
+        self.sync_comm = stateless_comm(addr, port, rank, world, self.device)
 
     def receive_weights(self, meta: list, version: int) -> int:
+        """Receive every parameter of ``meta`` in the learner's order and load it as it arrives
+        (one tensor in flight: no second copy of the model)."""
         import torch
 
-        for name, dtype, shape in meta:
-            buf = torch.empty(shape, dtype=getattr(torch, dtype), device=self.device)
-            self.sync_comm.broadcast(buf, src=0, stream=torch.cuda.current_stream())
-            self.model_runner.model.load_weights(weights=[(name, buf)])
-        torch.cuda.synchronize()
+        received = []
+
+        def arriving():
+            for name, dtype, shape in meta:
+                buf = torch.empty(shape, dtype=getattr(torch, dtype), device=self.device)
+                self.sync_comm.broadcast(buf, src=0)
+                received.append(name)
+                yield name, buf
+
+        load_into_runner(self.model_runner, arriving())
+        if len(received) != len(meta):  # the learner still broadcasts: the group would hang
+            raise RuntimeError(f"receive_weights: the loader took {len(received)} of "
+                               f"{len(meta)} parameters")
+        self.sync_comm.synchronize()
         return version

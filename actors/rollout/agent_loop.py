@@ -14,7 +14,10 @@ drifts (Qwen3's template drops earlier ``<think>`` blocks, and BPE merges across
 differ). ``token_ids``, ``logprobs`` (0 on non-generated tokens) and ``loss_mask`` always have the
 same length. A turn cut at the token limit gets the template's end-of-turn token (masked) before
 the next segment so the sequence stays well formed. Tool calls are parsed by the parser of
-``config.tool_parser`` (``actors.rollout.toolcall``: hermes/Qwen, Llama 3 JSON, Mistral).
+``config.tool_parser`` (``actors.rollout.toolcall``: hermes/Qwen, Llama 3 JSON, Mistral); a
+template that does not render tools gets that parser's tool prompt in the system prompt, and
+text from the pool or the environment is encoded as plain text, never as a special token
+(``actors.rollout.chat``).
 
 Termination: a plain reply (no tool call) ends the episode with status ``ok``; a tool call
 when ``max_turns`` calls were already made, a sequence that reached ``max_tokens_per_sequence``,
@@ -24,8 +27,10 @@ in a row (``info["ended_by"] = "malformed_streak"``). Malformed turns follow ``c
 (see ``actors.rollout.config``) and are counted per kind in ``info["malformed"]``; their token spans
 (``[start, stop)`` into ``token_ids``) are ``info["malformed_spans"]``, so the learner can tell a
 broken call from the turns that earned the reward (``GRPOConfig.malformed_credit``). A sandbox failure
-ends the episode ``env_error`` (``timeout`` when it was a timeout) with reward 0; the caller may
-retry it on a fresh session.
+ends the episode ``env_error`` (``timeout`` when it was a timeout) with reward 0 and a ``fault``
+(``envs.trajectory.FAULTS``): ``task`` when the sandbox reported it (``SandboxError.origin``) or
+``step_timeout_s`` / ``verify_timeout_s`` fired (the task's code held the sandbox then), ``infra``
+otherwise (the executor, Ray, the open, ``generate_timeout_s``); the caller retries ``infra``.
 
 Sessions implement ``EnvSession`` (the executor pool's sticky session, or ``InProcessSession``).
 ``run`` also takes a session that is still opening (any awaitable of one; ``GroupRunner`` passes
@@ -51,7 +56,7 @@ from typing import Any, Awaitable, Optional, Protocol, Union
 from actors.rollout.chat import ChatFormat
 from actors.rollout.config import RolloutConfig
 from actors.rollout.engines.base import Engine, SamplingParams
-from actors.rollout.toolcall import get_parser, tool_parameters
+from actors.rollout.toolcall import tool_parameters
 from envs.spec import Environment, TaskSpec
 from envs.trajectory import ActionStep, Trajectory, VerifyResult
 from sandbox.errors import SandboxError
@@ -102,6 +107,7 @@ class _Episode:
     status: str = "ok"
     final_reply: str = ""
     error: str = ""
+    fault: Optional[str] = None   # who a failure is blamed on (envs.trajectory.FAULTS)
 
     def __post_init__(self) -> None:
         self.logprobs = [0.0] * len(self.token_ids)
@@ -118,8 +124,9 @@ class AgentLoop:
 
     def __init__(self, engine: Engine, tokenizer, config: RolloutConfig):
         self.engine, self.tokenizer, self.config = engine, tokenizer, config
-        self.chat = ChatFormat(tokenizer, enable_thinking=config.enable_thinking)
-        self.parser = get_parser(config.tool_parser, tokenizer.chat_template)
+        self.chat = ChatFormat(tokenizer, enable_thinking=config.enable_thinking,
+                               tool_parser=config.tool_parser)
+        self.parser = self.chat.parser
         self.stop_ids = tuple(dict.fromkeys(self.chat.stop_ids + tuple(engine.stop_ids)))
 
     def segment(self, observation: str, cut: bool) -> list[int]:
@@ -142,16 +149,18 @@ class AgentLoop:
             if ep.status in ("ok", "truncated"):
                 sandbox = await self._sandbox(ep)   # any wait goes to open_wait_s, not here
                 t0 = time.perf_counter()
-                result = await asyncio.wait_for(sandbox.averify(), self.config.verify_timeout_s)
+                result = await self._call(ep, sandbox.averify(), self.config.verify_timeout_s)
                 ep.timings["verify_s"] = time.perf_counter() - t0
                 reward, checks = result.reward, result.checks
         except (asyncio.TimeoutError, TimeoutError) as e:
-            ep.status, ep.error = "timeout", f"timed out: {e!r}"
+            ep.status, ep.error, ep.fault = "timeout", f"timed out: {e!r}", ep.fault or "infra"
         except SandboxError as e:
             ep.status, ep.error = ("timeout" if e.kind == "timeout" else "env_error"), str(e)
+            ep.fault = "task" if e.origin == "sandbox" else "infra"
         ep.timings["total_s"] = time.perf_counter() - start
         return Trajectory(
-            task_id=task.task_id, reward=reward, status=ep.status, actions=ep.actions,
+            task_id=task.task_id, reward=reward, status=ep.status, fault=ep.fault,
+            actions=ep.actions,
             final_reply=ep.final_reply, checks=checks, token_ids=ep.token_ids,
             logprobs=ep.logprobs, loss_mask=ep.loss_mask, prompt_len=prompt_len,
             policy_version=min(ep.versions, default=self.engine.version), seed=seed,
@@ -172,10 +181,21 @@ class AgentLoop:
                 raise SandboxError("timeout", f"opening a session failed: {e!r}") from None
             except SandboxError as e:
                 raise SandboxError(e.kind, f"opening a session failed: {e.message}",
-                                   e.where) from None
+                                   e.where, e.origin) from None
             finally:
                 ep.timings["open_wait_s"] += time.perf_counter() - t0
         return ep.session
+
+    @staticmethod
+    async def _call(ep: _Episode, call: Awaitable[Any], timeout: float) -> Any:
+        """A sandbox call under one of the loop's deadlines. One that fires does so while the
+        task's code holds the sandbox, which the host cannot tell from a stuck executor: blamed
+        on the task, so an environment cannot turn its own hangs into dropped episodes."""
+        try:
+            return await asyncio.wait_for(call, timeout)
+        except (asyncio.TimeoutError, TimeoutError):
+            ep.fault = "task"
+            raise
 
     async def _turns(self, ep: _Episode, env: Environment, task: TaskSpec,
                      seed: Optional[int]) -> None:
@@ -243,8 +263,8 @@ class AgentLoop:
         ep.malformed_streak = 0
         session = await self._sandbox(ep)
         t0 = time.perf_counter()
-        step = await asyncio.wait_for(session.astep(parsed.name, parsed.arguments),
-                                      cfg.step_timeout_s)
+        step = await self._call(ep, session.astep(parsed.name, parsed.arguments),
+                                cfg.step_timeout_s)
         ep.timings["env_s"] += time.perf_counter() - t0
         ep.actions.append(step)
         # A tool that failed (bad binding, raised) already reports {"success": False, "error"}.

@@ -16,33 +16,66 @@ earlier ``<think>`` blocks, and BPE merges across a boundary can differ); it app
   well formed.
 - ``stop_ids``: the end-of-turn token (the tail's first token) and the tokenizer's EOS.
 
-May import: the standard library (the tokenizer is passed in).
+Every model sees its tools. A probe renders a conversation with a tool of a distinctive name;
+when the name does not appear (SmolLM2's ChatML template ignores ``tools``), ``renders_tools`` is
+False and the tool parser's own tool prompt (``actors.rollout.toolcall.tool_instructions``: the
+schemas and the call syntax) is appended to the system prompt, with one warning in the log.
+``tool_parser="auto"`` on such a template, when it names no known call format, is ``hermes``.
+
+Text from outside the policy (system prompt, instruction, tool schemas, observations) never
+becomes a special or added token: prompts and tool segments are encoded by
+``actors.rollout.plain_text`` (placeholders, alignment, added tokens only where the template
+put them). With text that holds no token string, the ids are ``tokenizer.encode`` of the render.
+
+May import: the standard library, actors.rollout.plain_text, actors.rollout.toolcall (the
+tokenizer is passed in).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 from collections import OrderedDict
 from typing import Any, Optional
 
+from actors.rollout.plain_text import (SLOT, PlainEncoder, Slots, Spans, TemplateError, align,
+                                       drop_prefix)
+from actors.rollout.toolcall import detect_parser, get_parser, tool_instructions
+
+__all__ = ["ChatFormat", "TemplateError"]
+log = logging.getLogger(__name__)
 _PROMPTS = 64   # prompts kept by ChatFormat.prompt
 PLACEHOLDER = "\u2063PLACEHOLDER\u2063"
+PROBE_TOOL = "zq_probe_tool_7f3a"
 _REFERENCE = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}]
 _CALL = {"role": "assistant", "content": "", "tool_calls": [{
     "id": "call00001", "type": "function", "function": {"name": "f", "arguments": {}}}]}
 
 
-class TemplateError(ValueError):
-    """The chat template cannot render tool results as appendable segments; says why."""
+def _schema(name: str) -> dict[str, Any]:
+    return {"type": "function", "function": {
+        "name": name, "description": "d", "parameters": {"type": "object", "properties": {}}}}
+
+
+def _tool_message(content: str) -> dict[str, Any]:
+    return {"role": "tool", "content": content, "tool_call_id": "call00001", "name": "f"}
 
 
 class ChatFormat:
+    """One tokenizer's chat format: ``parser`` (the ``tool_parser``'s, resolved),
+    ``renders_tools``, ``tail``, ``end_id``, ``stop_ids``; ``prompt`` and ``tool_segment``."""
+
     def __init__(self, tokenizer, tools: Optional[list[dict[str, Any]]] = None,
-                 enable_thinking: bool = True):
+                 enable_thinking: bool = True, tool_parser: str = "auto"):
         self.tokenizer, self.enable_thinking = tokenizer, enable_thinking
+        self.plain = PlainEncoder(tokenizer)
         self._prompts: OrderedDict[tuple, tuple[list, tuple[int, ...]]] = OrderedDict()
-        self.tools = tools or [{"type": "function", "function": {
-            "name": "f", "description": "d", "parameters": {"type": "object", "properties": {}}}}]
+        self.tools = tools or [_schema("f")]
+        self.renders_tools = PROBE_TOOL in self._render(_REFERENCE, tools=[_schema(PROBE_TOOL)])
+        self.parser = get_parser(tool_parser, tokenizer.chat_template, self.renders_tools)
+        if not self.renders_tools:
+            self._warn_injected(tool_parser)
         closed = self._render(_REFERENCE + [{"role": "assistant", "content": PLACEHOLDER}])
         if PLACEHOLDER not in closed:
             raise TemplateError("the chat template drops the content of an assistant message")
@@ -51,19 +84,38 @@ class ChatFormat:
         self.end_id = tail_ids[0] if tail_ids and tail_ids[0] in self._special_ids() else None
         self._end_text = tokenizer.decode([self.end_id]) if self.end_id is not None else ""
         self._before_tool = self._render(_REFERENCE + [_CALL])
+        self._tool_masked = self._render(_REFERENCE + [_CALL, _tool_message(SLOT.format(0))],
+                                         generation_prompt=True)
+        self._check_grows(self._tool_masked)
+        # a template that transforms message text fails here (and on the driver's check), not
+        # in an episode: padded and quoted text exercises trimming and tojson
+        self.prompt_spans(' "S" ', ' "U" ', self.tools)
+        self._tool_spans(' "O" ')
         eos = tokenizer.eos_token_id
         self.stop_ids = tuple(dict.fromkeys(i for i in (self.end_id, eos) if i is not None))
+
+    def _warn_injected(self, tool_parser: str) -> None:
+        template = self.tokenizer.chat_template or ""
+        digest = hashlib.sha256(template.encode()).hexdigest()[:8]
+        fell_back = tool_parser == "auto" and detect_parser(template) is None
+        log.warning(
+            "the chat template of %s (sha256 %s) does not render tools: the %s tool schemas and "
+            "call format are written into the system prompt%s", self.tokenizer.name_or_path,
+            digest, self.parser.name, " (tool_parser auto found no known call format in the "
+            "template and fell back to hermes)" if fell_back else "")
 
     def _special_ids(self) -> set[int]:
         tok = self.tokenizer
         return set(tok.all_special_ids) | set(getattr(tok, "added_tokens_decoder", {}) or {})
 
-    def _render(self, messages: list[dict[str, Any]], generation_prompt: bool = False) -> str:
+    def _render(self, messages: list[dict[str, Any]], generation_prompt: bool = False,
+                tools: Optional[list[dict[str, Any]]] = None) -> str:
         return self.tokenizer.apply_chat_template(
-            messages, tools=self.tools, tokenize=False, add_generation_prompt=generation_prompt,
-            enable_thinking=self.enable_thinking)
+            messages, tools=self.tools if tools is None else tools, tokenize=False,
+            add_generation_prompt=generation_prompt, enable_thinking=self.enable_thinking)
 
     def encode(self, text: str) -> list[int]:
+        """Template text (trusted: its token strings become tokens)."""
         return self.tokenizer.encode(text, add_special_tokens=False)
 
     def prompt(self, system: str, user: str, tools: list[dict[str, Any]]) -> list[int]:
@@ -77,32 +129,53 @@ class ChatFormat:
         if hit is not None and hit[0] is tools:
             self._prompts.move_to_end(key)
             return list(hit[1])
-        messages = [{"role": "system", "content": system}, {"role": "user", "content": user}]
-        ids = self.encode(self.tokenizer.apply_chat_template(
-            messages, tools=tools, tokenize=False, add_generation_prompt=True,
-            enable_thinking=self.enable_thinking))
+        ids = self.plain.encode(self.prompt_spans(system, user, tools))
         self._prompts[key] = (tools, tuple(ids))
         while len(self._prompts) > _PROMPTS:
             self._prompts.popitem(last=False)
         return ids
 
-    def tool_text(self, observation: str) -> str:
-        """The template's text for one tool result and the next turn's generation prompt."""
-        after = self._render(_REFERENCE + [_CALL, {"role": "tool", "content": observation,
-                                                   "tool_call_id": "call00001", "name": "f"}],
-                             generation_prompt=True)
+    def prompt_spans(self, system: str, user: str, tools: list[dict[str, Any]]) -> Spans:
+        """The prompt's text as spans of template text and of the pool's (untrusted) text; the
+        tool prompt, when the template does not render tools, is ours around the pool's schemas."""
+        slots = Slots()
+        masked_system, real_system = slots(system), system
+        if not self.renders_tools:
+            before, schemas, after = tool_instructions(self.parser, tools)
+            masked_system = f"{masked_system}\n\n{before}{slots(schemas)}{after}"
+            real_system = f"{system}\n\n{before}{schemas}{after}"
+        masked = self._render([{"role": "system", "content": masked_system},
+                               {"role": "user", "content": slots(user)}],
+                              generation_prompt=True, tools=slots.mask(tools))
+        real = self._render([{"role": "system", "content": real_system},
+                             {"role": "user", "content": user}], generation_prompt=True,
+                            tools=tools)
+        return align(masked, real, slots.values)
+
+    def _check_grows(self, after: str) -> None:
         if not after.startswith(self._before_tool):
             raise TemplateError(
                 "the chat template re-renders earlier turns when a tool result is appended "
                 f"(rendered {json.dumps(after[:120])}... does not extend "
                 f"{json.dumps(self._before_tool[:120])}...); token-in/token-out needs a template "
                 "whose conversation only grows")
-        return after[len(self._before_tool):]
+
+    def _tool_spans(self, observation: str) -> Spans:
+        after = self._render(_REFERENCE + [_CALL, _tool_message(observation)],
+                             generation_prompt=True)
+        self._check_grows(after)
+        spans = align(self._tool_masked, after, [observation])
+        return drop_prefix(spans, len(self._before_tool))
+
+    def tool_text(self, observation: str) -> str:
+        """The template's text for one tool result and the next turn's generation prompt."""
+        return "".join(text for text, _ in self._tool_spans(observation))
 
     def tool_segment(self, observation: str, stopped: bool) -> list[int]:
         """Tokens appended after a model turn; ``stopped``: it ended with a stop token, which
-        stands in for the template's end-of-turn token (else the turn was cut)."""
+        stands in for the template's end-of-turn token (else the turn was cut). The observation
+        is encoded as plain text."""
         tail = self.tail
         if stopped and self._end_text and tail.startswith(self._end_text):
             tail = tail[len(self._end_text):]
-        return self.encode(tail + self.tool_text(observation))
+        return self.plain.encode([(tail, True)] + self._tool_spans(observation))

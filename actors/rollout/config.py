@@ -18,10 +18,15 @@ Decisions where the paper is silent:
   a run (so no reward came after it), while those turns made the slowest groups of a step 3-5x
   longer and the learner wait (docs/demo.md, 2026-12-03).
 - ``tool_parser``: how a turn's tool call is written (``actors.rollout.toolcall``); ``auto`` picks
-  it from the chat template, whose own rendering is used for prompts and tool results.
+  it from the chat template, whose own rendering is used for prompts and tool results. A
+  template that does not render ``tools`` (SmolLM2's) gets the parser's tool prompt in the system
+  prompt (``actors.rollout.chat``); ``auto`` on such a template, naming no known call format, is
+  ``hermes`` (the format most instruction-tuned models have seen), logged once. A template that
+  renders tools in a format no parser knows needs an explicit value.
 - Timeouts (seconds) bound every awaited call: one generation, one tool step, one verify, and
-  opening a sandbox session. ``episode_retries`` re-runs an episode that ended ``env_error`` or
-  ``timeout`` on a fresh session; when retries are spent the trajectory is kept with its status.
+  opening a sandbox session. ``episode_retries`` re-runs an episode that the infrastructure
+  failed (fault ``infra``, ``envs.trajectory``) on a fresh session; when retries are spent the
+  trajectory is dropped from its group. One the task failed (fault ``task``) is kept, not re-run.
 
 May import: pydantic and the standard library only.
 """
@@ -54,7 +59,8 @@ class RolloutConfig(BaseModel):
     enable_thinking: bool = Field(True, description="passed to the chat template")
     tool_parser: ToolParserName = Field(
         "auto", description="tool-call format of the policy: hermes (Qwen), llama3_json, mistral; "
-        "auto detects it from the tokenizer's chat template")
+        "auto detects it from the tokenizer's chat template (hermes when the template shows no "
+        "tools and no call format)")
     k: int = Field(8, ge=1, description="trajectories per group")
     max_concurrent_episodes: int = Field(64, ge=1, description="per RolloutWorker")
     generate_timeout_s: float = Field(600.0, gt=0)

@@ -34,6 +34,7 @@ VLLM_KNOWN_KEYS = frozenset({
     "quantization", "block_size", "swap_space", "cpu_offload_gb", "seed", "trust_remote_code",
     "revision", "tokenizer_mode", "distributed_executor_backend", "disable_custom_all_reduce",
     "max_logprobs", "calculate_kv_scales", "compilation_config", "hf_overrides",
+    "kv_cache_memory_bytes",
 })
 RESERVED = frozenset({"model", "tokenizer", "worker_extension_cls", "model_path"})
 ENGINES = Path(__file__).resolve().parent / "engines"

@@ -16,9 +16,15 @@ one complete ``Group``; the logic of the RolloutWorker actor, without Ray.
   batched engine the episodes of a wave start together, and their opens would otherwise leave the
   engine idle all at once. ``timings``: ``open_s`` is how long the open took, ``open_wait_s``
   how long the episode waited for it after its first turn (``actors.rollout.summary``).
-- Failures: an episode that ends ``env_error`` or ``timeout`` (including a session that could not
-  be opened) is retried on a fresh session up to ``config.episode_retries`` times with the same
-  seed; after that the last attempt is kept with its status. A group always has K trajectories.
+- Failures (``envs.trajectory``: a failed episode's ``fault``): one the infrastructure caused
+  (``infra``: the executor died, Ray failed, a session could not be opened) is retried on a fresh
+  session up to ``config.episode_retries`` times with the same seed; after that it goes to
+  ``Group.dropped``, out of the trajectories that are trained and absorbed. One the task caused
+  (``task``: its code crashed, hung or overflowed the sandbox) is not retried (the same seed would
+  replay it, and retrying until it passes would keep only the task's lucky runs): it stays with
+  its reward and status. ``info["failed_attempts"]`` lists the error of every attempt the
+  infrastructure lost (the last one too when it was); a group has K' <= K valid trajectories and
+  K - K' dropped ones.
 - Seeds: episode ``i`` of (task, step, group seed) gets a seed derived by hashing, so a group is
   reproducible and re-issuing it (same ticket seed) replays the same sandbox randomness.
 - ``metrics()`` aggregates statuses, malformed kinds, and time spent generating, waiting on the
@@ -43,8 +49,6 @@ from actors.ticket import Ticket
 from envs.spec import Environment, TaskSpec
 from envs.trajectory import Group, Trajectory
 from sandbox.errors import SandboxError
-
-RETRYABLE = ("env_error", "timeout")
 
 
 def _close_late_session(fut: "asyncio.Future") -> None:
@@ -89,7 +93,9 @@ class GroupRunner:
                  for i in range(ticket.k or self.config.k)]
         trajectories = await asyncio.gather(*(self._episode(env, task, s) for s in seeds))
         self._stats["groups"] += 1
-        return Group(task_id=ticket.task_id, step=ticket.step, trajectories=list(trajectories),
+        return Group(task_id=ticket.task_id, step=ticket.step,
+                     trajectories=[t for t in trajectories if t.fault != "infra"],
+                     dropped=[t for t in trajectories if t.fault == "infra"],
                      env_id=env.env_id, ticket_id=ticket.id)
 
     async def _episode(self, env: Environment, task: TaskSpec, seed: int) -> Trajectory:
@@ -99,7 +105,7 @@ class GroupRunner:
         for attempt in range(self.config.episode_retries + 1):
             async with self._sem:
                 traj = await self._attempt(env, task, seed)
-            if traj.status not in RETRYABLE:
+            if traj.fault != "infra":
                 break
             errors.append(traj.info.get("error", traj.status))
             self._stats["retries"] += attempt < self.config.episode_retries
@@ -160,6 +166,8 @@ class GroupRunner:
     def _record(self, traj: Trajectory) -> None:
         self._stats["episodes"] += 1
         self._stats[f"status_{traj.status}"] += 1
+        if traj.fault is not None:
+            self._stats[f"fault_{traj.fault}"] += 1   # fault_infra: dropped from its group
         self._malformed.update(traj.info.get("malformed", {}))
         self._time["generate_s"] += traj.timings.get("generate_s", 0.0)
         self._time["executor_s"] += executor_wait_s(traj.timings)

@@ -23,6 +23,7 @@ from envs.spec import TaskSpec
 from envs.trajectory import ActionStep, VerifyResult
 from sandbox.config import SandboxConfig
 from sandbox.errors import SandboxError
+from sandbox.packages import require_pool_packages
 from sandbox.worker import SandboxWorker
 
 
@@ -70,6 +71,7 @@ class SandboxSessions:
         if workers < 1:
             raise ValueError(f"workers must be >= 1, got {workers}")
         self.pool, self.config = pool, config
+        require_pool_packages(pool, config.python if config else None)
         self._all = [SandboxWorker(config) for _ in range(workers)]
         self._idle = list(self._all)
         self._target = workers

@@ -61,6 +61,8 @@ def summarize(groups: Iterable[Group], wall_s: float,
         "mean_group_variance": sum(variances) / len(variances) if variances else 0.0,
         "nontrivial_groups": sum(v > 0 for v in variances),
         "statuses": dict(Counter(t.status for t in trajs)),
+        # lost to infrastructure faults after their retries (envs.trajectory.Group.dropped)
+        "dropped": sum(len(g.dropped) for g in groups),
         "malformed": dict(malformed),
         "mean_turns": sum(t.info.get("turns", 0) for t in trajs) / len(trajs) if trajs else 0.0,
         "generated_tokens": sum(t.info.get("generated_tokens", 0) for t in trajs),

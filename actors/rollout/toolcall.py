@@ -15,6 +15,14 @@ the first call, we refuse several so the policy learns the format). Arguments ma
 or a JSON string holding one (the OpenAI string form); Llama's ``parameters`` and ``arguments``
 are both accepted.
 
+Each parser also owns its tool prompt (``tool_prompt``, ``call_syntax``, ``schemas``; the
+model family's own wording: Qwen2.5/Hermes' ``<tools></tools>`` block, Llama 3.1's "Given the
+following functions", Mistral's ``[AVAILABLE_TOOLS]``), which ``actors.rollout.chat`` writes
+into the system prompt when the chat template does not render ``tools`` itself
+(``tool_instructions``).
+``auto`` on a template that mentions no known call syntax and renders no tools falls back to
+``hermes`` (``FALLBACK``) with that prompt; one that renders tools in an unknown format is refused.
+
 Errors are classified (``MALFORMED_KINDS``) so the loop can count them per kind:
 ``invalid_json``, ``unknown_tool``, ``wrong_arguments`` (not an object, a required parameter
 missing, or a parameter the schema does not declare), ``several_calls``, ``no_closing_tag``,
@@ -69,6 +77,17 @@ class HermesParser:
     """``<tool_call>{json}</tool_call>``: Qwen2.5, Qwen3, Hermes 2/3 templates."""
 
     name, marker = "hermes", OPEN
+    call_syntax = f'{OPEN}\n{{"name": <function-name>, "arguments": <args-json-object>}}\n{CLOSE}'
+    # Qwen2.5's and Hermes' own tool prompt, one call per turn
+    tool_prompt = (
+        "# Tools\n\nYou may call a function to assist with the user query.\n\nYou are "
+        "provided with function signatures within <tools></tools> XML tags:\n<tools>\n{tools}\n"
+        "</tools>\n\nFor a function call, return a json object with function name and arguments "
+        f"within {OPEN}{CLOSE} XML tags:\n{{call}}\n\nCall at most one function per reply; "
+        "reply without a function call when you are done.")
+
+    def schemas(self, tools: list[dict[str, Any]]) -> str:
+        return "\n".join(json.dumps(t, ensure_ascii=False) for t in tools)
 
     def parse(self, text: str, tools: Tools) -> ParsedTurn:
         visible = strip_turn(text)
@@ -95,6 +114,16 @@ class Llama3JsonParser:
     optionally after ``<|python_tag|>``; several calls would be separated by ``;``."""
 
     name, marker = "llama3_json", "<|python_tag|>"
+    call_syntax = '{"name": function name, "parameters": dictionary of argument name and its value}'
+    # Llama 3.1's own words for JSON tool calling, one call per turn
+    tool_prompt = (
+        "Given the following functions, please respond with a JSON for a function call with its "
+        "proper arguments that best answers the given prompt.\n\nRespond in the format {call}. "
+        "Do not use variables. Call at most one function per reply; when no function call is "
+        "needed, reply in plain text.\n\n{tools}")
+
+    def schemas(self, tools: list[dict[str, Any]]) -> str:
+        return "\n\n".join(json.dumps(t, indent=4, ensure_ascii=False) for t in tools)
 
     def parse(self, text: str, tools: Tools) -> ParsedTurn:
         visible = strip_turn(text)
@@ -123,6 +152,15 @@ class MistralParser:
     """Mistral v3 / Nemo: ``[TOOL_CALLS]`` then a JSON list of ``{"name", "arguments"}``."""
 
     name, marker = "mistral", "[TOOL_CALLS]"
+    call_syntax = '[TOOL_CALLS][{"name": function name, "arguments": {argument name: value}}]'
+    tool_prompt = (
+        "You can call the following functions:\n[AVAILABLE_TOOLS]{tools}[/AVAILABLE_TOOLS]\n\n"
+        "To call a function, reply with [TOOL_CALLS] followed by a JSON list holding the call: "
+        "{call}\nCall at most one function per reply; when no function call is needed, reply "
+        "in plain text.")
+
+    def schemas(self, tools: list[dict[str, Any]]) -> str:
+        return json.dumps(tools, ensure_ascii=False)
 
     def parse(self, text: str, tools: Tools) -> ParsedTurn:
         visible = strip_turn(text)
@@ -154,22 +192,42 @@ _SIGNATURES = (("mistral", ("[TOOL_CALLS]",)), ("hermes", ("<tool_call>",)),
                ("llama3_json", ("<|python_tag|>", "<|eom_id|>", '"parameters"')))
 
 
-def detect_parser(chat_template: Optional[str]) -> str:
-    """The registry name whose call syntax the chat template mentions."""
+FALLBACK = "hermes"   # auto, on a template that shows no tool-call format and no tools
+
+
+def detect_parser(chat_template: Optional[str]) -> Optional[str]:
+    """The registry name whose call syntax the chat template mentions, or None."""
     for name, needles in _SIGNATURES:
         if chat_template and any(n in chat_template for n in needles):
             return name
-    raise ValueError("the tool_parser parameter of RolloutConfig is 'auto' but the chat template "
-                     f"matches none of {sorted(PARSERS)}; set rollout.tool_parser to one of them")
+    return None
 
 
-def get_parser(name: str, chat_template: Optional[str] = None):
-    """The parser called ``name`` (``"auto"``: detected from ``chat_template``)."""
+def get_parser(name: str, chat_template: Optional[str] = None, renders_tools: bool = True):
+    """The parser called ``name``. ``"auto"``: detected from ``chat_template``; a template that
+    mentions no known call syntax gets ``FALLBACK`` when it does not render tools either (the
+    caller writes that parser's tool prompt into the system prompt), and is refused when it
+    renders them (its tool format is one we cannot parse)."""
     key = detect_parser(chat_template) if name == "auto" else name
+    if key is None and not renders_tools:
+        key = FALLBACK
+    if key is None:
+        raise ValueError(
+            "the tool_parser parameter of RolloutConfig is 'auto' but the chat template renders "
+            f"tools in a call format matching none of {sorted(PARSERS)}; set rollout.tool_parser "
+            "to the one the model was trained on")
     if key not in PARSERS:
         raise ValueError(f"the tool_parser parameter of RolloutConfig must be 'auto' or one of "
                          f"{sorted(PARSERS)}, got {name!r}")
     return PARSERS[key]
+
+
+def tool_instructions(parser, tools: list[dict[str, Any]]) -> tuple[str, str, str]:
+    """The parser's tool prompt for ``tools`` as (text before the schemas, the schemas, text
+    after): for templates that do not render tools, appended to the system prompt. The schemas
+    are the pool's text and the rest ours, so the caller can encode them apart."""
+    before, after = parser.tool_prompt.replace("{call}", parser.call_syntax).split("{tools}")
+    return before, parser.schemas(tools), after
 
 
 def parse_turn(text: str, tools: Tools) -> ParsedTurn:

@@ -19,12 +19,14 @@ kept as published. EnvScaler ships no reference solutions; validation then only 
 Errors name the file, the record (index or line) and the task/env id; with ``strict=False`` bad
 records are skipped and listed in the returned ``ImportSummary``.
 
+``--src`` is untrusted: it is read through ``envs.adapters.common.records_in`` (symlinks that
+leave it refused, sizes and nesting bounded).
+
 May import: envs.*, pydantic (its validation error), the standard library.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -33,6 +35,7 @@ from pydantic import ValidationError
 from envs.adapters.common import ImportSummary, records_in
 from envs.pool import PoolError, PoolProblem, write_pool
 from envs.spec import Check, Environment, PoolMeta, TaskSpec
+from envs.untrusted import UntrustedFileError, parse_json
 
 ENV_KEYS = {"env_id", "env_class_code"}
 TASK_KEYS = {"task_id", "env_id", "checklist_with_func"}
@@ -54,9 +57,9 @@ def _task_from_record(rec: dict[str, Any]) -> TaskSpec:
     init = rec.get("init_config") or {}
     if isinstance(init, str):
         try:
-            init = json.loads(init)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"init_config is a string but not JSON ({e.msg} at column {e.colno})")
+            init = parse_json(init, "init_config")
+        except UntrustedFileError as e:
+            raise ValueError(f"init_config is a string but not JSON ({e.message})") from None
     if not isinstance(init, dict):
         raise ValueError(f"init_config must be a JSON object, got {type(init).__name__}")
     checks_raw = rec.get("checklist_with_func")

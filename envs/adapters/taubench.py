@@ -26,6 +26,11 @@ The pool built from them:
 Decision: the instruction is tau-bench's user persona + goal, used as the task instruction (the
 non-conversational mode of EnvScaler); a simulated-user mode is out of scope here.
 
+The checkout is untrusted: every file is read through ``envs.adapters.common.read_source_text``
+(``envs.untrusted``: a symlink that leaves ``--src`` is refused, naming it and its target, so no
+host file reaches the output pool; sizes and JSON nesting are bounded), and a source file that
+``ast`` cannot parse (too deeply nested, null bytes) is an error naming it, never a traceback.
+
 May import: envs.*, the standard library; ``sandbox.worker`` and ``sandbox.errors`` inside the
 functions of the gold replay only (``sandbox`` imports ``envs``, so never at module level).
 """
@@ -39,9 +44,10 @@ import re
 from pathlib import Path
 from typing import Any, Optional
 
-from envs.adapters.common import ImportSummary
-from envs.pool import PoolError, PoolProblem, read_pool_text, write_pool
+from envs.adapters.common import ImportSummary, read_source_text
+from envs.pool import PoolError, PoolProblem, write_pool
 from envs.spec import Check, Environment, PoolMeta, TaskSpec, ToolCall
+from envs.untrusted import UntrustedFileError, parse_json
 
 RESPOND_SCHEMA = {
     "type": "function",
@@ -77,14 +83,18 @@ def _domain_dir(src: Path, domain: str) -> Path:
                                            f"tau_bench/envs/{domain})")])
 
 
-def _parse(path: Path) -> ast.Module:
+def _parse(src: Path, path: Path, text: Optional[str] = None) -> ast.Module:
     try:
-        return ast.parse(read_pool_text(path, str(path)), filename=str(path))
+        return ast.parse(read_source_text(src, path) if text is None else text,
+                         filename=str(path))
     except SyntaxError as e:
         raise PoolError([PoolProblem(str(path), f"syntax error: {e.msg}", line=e.lineno)]) from None
+    except (ValueError, RecursionError, MemoryError) as e:  # null bytes, nesting past the parser
+        raise PoolError([PoolProblem(str(path), f"cannot be parsed: {type(e).__name__}: "
+                                                f"{str(e)[:200]}")]) from None
 
 
-def _read_tools(tools_dir: Path) -> tuple[list[str], list[tuple[str, dict]]]:
+def _read_tools(src: Path, tools_dir: Path) -> tuple[list[str], list[tuple[str, dict]]]:
     """Tool sources (imports of tau_bench stripped) and (class name, schema) pairs."""
     if not tools_dir.is_dir():
         raise PoolError([PoolProblem(str(tools_dir), "missing tools directory")])
@@ -92,7 +102,8 @@ def _read_tools(tools_dir: Path) -> tuple[list[str], list[tuple[str, dict]]]:
     for path in sorted(tools_dir.glob("*.py")):
         if path.name == "__init__.py":
             continue
-        tree = _parse(path)
+        text = read_source_text(src, path)
+        tree = _parse(src, path, text)
         for node in tree.body:
             if not isinstance(node, ast.ClassDef):
                 continue
@@ -102,14 +113,14 @@ def _read_tools(tools_dir: Path) -> tuple[list[str], list[tuple[str, dict]]]:
             ret = next((n for n in ast.walk(methods["get_info"]) if isinstance(n, ast.Return)), None)
             try:
                 schema = ast.literal_eval(ret.value) if ret is not None else None
-            except ValueError:
+            except (ValueError, TypeError, SyntaxError, RecursionError, MemoryError):
                 schema = None
             if not isinstance(schema, dict) or "function" not in schema:
                 raise PoolError([PoolProblem(str(path), f"{node.name}.get_info() must return a "
                                              "literal function schema", line=node.lineno)])
             tools.append((node.name, schema))
-        text = "\n".join(line for line in read_pool_text(path, str(path)).splitlines()
-                         if not re.match(r"\s*(from|import)\s+tau_bench\b", line))
+        text = "\n".join(line for line in text.splitlines()
+                          if not re.match(r"\s*(from|import)\s+tau_bench\b", line))
         sources.append(f"# --- {path.name}\n{text}")
     if not tools:
         raise PoolError([PoolProblem(str(tools_dir), "no tool classes with invoke/get_info")])
@@ -132,13 +143,13 @@ def _env_source(class_name: str, sources: list[str], tools: list[tuple[str, dict
     return header + "\n\n".join(sources) + "\n\n\n" + wrapper
 
 
-def _read_tasks(path: Path) -> list[tuple[int, dict[str, Any]]]:
+def _read_tasks(src: Path, path: Path) -> list[tuple[int, dict[str, Any]]]:
     tasks = []
-    for node in ast.walk(_parse(path)):
+    for node in ast.walk(_parse(src, path)):
         if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "Task":
             try:
                 tasks.append((node.lineno, _call_to_dict(node)))
-            except ValueError as e:
+            except (ValueError, TypeError, SyntaxError, RecursionError) as e:
                 raise PoolError([PoolProblem(str(path), f"Task is not a literal: {e}",
                                              line=node.lineno)]) from None
     return tasks
@@ -152,28 +163,31 @@ def _call_to_dict(node: ast.AST) -> Any:
     return ast.literal_eval(node)
 
 
-def _read_database(data_dir: Path) -> dict[str, Any]:
+def _read_database(src: Path, data_dir: Path) -> dict[str, Any]:
     if not data_dir.is_dir():
         raise PoolError([PoolProblem(str(data_dir), "missing data directory")])
     data = {}
     for path in sorted(data_dir.glob("*.json")):
         try:
-            data[path.stem] = json.loads(read_pool_text(path, str(path)))
-        except json.JSONDecodeError as e:
-            raise PoolError([PoolProblem(str(path), f"invalid JSON: {e.msg}",
-                                         line=e.lineno)]) from None
+            data[path.stem] = parse_json(read_source_text(src, path), str(path))
+        except UntrustedFileError as e:
+            raise PoolError([PoolProblem(str(path), e.message, line=e.line)]) from None
     if not data:
         raise PoolError([PoolProblem(str(data_dir), "no JSON tables")])
     return data
 
 
-def _rules(dom: Path) -> list[str]:
+def _rules(src: Path, dom: Path) -> list[str]:
     path = dom / "rules.py"
-    if not path.is_file():
+    if not path.is_file() and not path.is_symlink():
         return []
-    for node in ast.walk(_parse(path)):
+    for node in ast.walk(_parse(src, path)):
         if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "RULES" for t in node.targets):
-            return [str(r) for r in ast.literal_eval(node.value)]
+            try:
+                return [str(r) for r in ast.literal_eval(node.value)]
+            except (ValueError, TypeError, SyntaxError, RecursionError) as e:
+                raise PoolError([PoolProblem(str(path), f"RULES is not a literal list: {e}",
+                                             line=node.lineno)]) from None
     return []
 
 
@@ -189,20 +203,21 @@ def import_taubench(src: str | Path, domain: str, split: str, out: str | Path,
     task_file = dom / f"tasks_{split}.py"
     if not task_file.is_file():
         raise PoolError([PoolProblem(str(task_file), f"missing: no {split!r} split for {domain}")])
-    sources, tools = _read_tools(dom / "tools")
+    sources, tools = _read_tools(src, dom / "tools")
     wiki_path = dom / "wiki.md"
-    wiki = read_pool_text(wiki_path, str(wiki_path)) if wiki_path.is_file() else ""
+    wiki = read_source_text(src, wiki_path) \
+        if wiki_path.is_file() or wiki_path.is_symlink() else ""
     class_name = f"TauBench{domain.title()}"
     env = Environment(env_id=f"taubench_{domain}", class_name=class_name,
                       source=_env_source(class_name, sources, tools),
                       tools=[s for _, s in tools] + [RESPOND_SCHEMA], introduction=wiki,
-                      rules=_rules(dom), domain=domain)
+                      rules=_rules(src, dom), domain=domain)
     state_ref = f"states/{domain}_db.json"
-    state = {"data": _read_database(dom / "data"), "replies": []}
+    state = {"data": _read_database(src, dom / "data"), "replies": []}
     own = None if replay is not None else _SandboxReplay()
     replay = replay or own
     try:
-        specs, summary = _convert_tasks(task_file, env, state, state_ref, domain, split, replay,
+        specs, summary = _convert_tasks(src, task_file, env, state, state_ref, domain, split, replay,
                                         strict)
     finally:
         if own is not None:
@@ -217,14 +232,14 @@ def import_taubench(src: str | Path, domain: str, split: str, out: str | Path,
     return summary
 
 
-def _convert_tasks(task_file: Path, env: Environment, state: dict[str, Any], state_ref: str,
+def _convert_tasks(src: Path, task_file: Path, env: Environment, state: dict[str, Any], state_ref: str,
                    domain: str, split: str, replay: Any, strict: bool
                    ) -> tuple[list[TaskSpec], ImportSummary]:
     from sandbox.errors import SandboxError
 
     summary = ImportSummary(source=str(task_file))
     specs = []
-    for k, (lineno, raw) in enumerate(_read_tasks(task_file)):
+    for k, (lineno, raw) in enumerate(_read_tasks(src, task_file)):
         task_id = f"taubench_{domain}_{split}_{k}"
         try:
             gold = [ToolCall(name=a["name"], arguments=a.get("kwargs") or {})

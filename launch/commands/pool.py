@@ -16,11 +16,11 @@ lives in ``launch/commands/pool_import.py`` without touching this file.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
 
+from envs import strict_json
 from launch.cli import add_module_command
 from launch.errors import UserError
 
@@ -46,7 +46,7 @@ def _validate_run(args: argparse.Namespace) -> int:
     tty = sys.stderr.isatty() and not args.json
     report = validate_pool(args.dir, strict=args.strict, seed=args.seed,
                            progress=progress if tty else None)
-    print(json.dumps(report.to_dict(), indent=1) if args.json else report.format())
+    print(strict_json.dumps(report.to_dict(), indent=1) if args.json else report.format())
     return 0 if report.ok else 1
 
 

@@ -18,8 +18,9 @@ dotted keys nest: ``--set engine_kwargs.KEY=VALUE``). The work itself is ``launc
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
+
+from envs import strict_json
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -85,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         with open(args.out, "w") as f:
             for g in groups:
-                f.write(json.dumps(g.to_dict()) + "\n")
+                f.write(strict_json.dumps(g.to_dict()) + "\n")
     summary = summarize(groups, wall, ready_s)
-    print(json.dumps(summary, indent=1) if args.json else format_summary(summary))
+    print(strict_json.dumps(summary, indent=1) if args.json else format_summary(summary))
     return 0

@@ -12,7 +12,8 @@ HF model directory usable as ``rollout``/``learner`` model path.
 from __future__ import annotations
 
 import argparse
-import json
+
+from envs import strict_json
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -44,5 +45,5 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--target-loss must be > 0, got {args.target_loss}")
     summary = run_sft(args.pool, args.out, args.epochs, args.lr, args.task_fraction,
                       args.max_examples, args.seed, args.base, args.batch, args.target_loss)
-    print(json.dumps(summary, indent=2))
+    print(strict_json.dumps(summary, indent=2))
     return 0

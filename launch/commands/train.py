@@ -11,13 +11,20 @@ intact checkpoint (so repeating a command is idempotent); ``--resume`` insists o
 ``RUN_DIR`` started with another config is refused with the list of changed keys, except
 ``run.steps`` (extend a run) and where Ray runs; ``--resume-changed`` continues it anyway and
 records the change (``config_changes.jsonl``, the old ``config.step_N.yaml``).
+
+A run that stops on a fault it cannot recover from (``launch.errors.RunStopped``: a learner that
+died and cannot be rebuilt, a disk that filled during a checkpoint) prints one line on stderr:
+what failed, where, and the command that continues the run; exit 1. ``ENVSCHED_DEBUG=1`` shows
+the full traceback instead.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
+import sys
 from pathlib import Path
 
 
@@ -67,8 +74,18 @@ def run(args: argparse.Namespace) -> int:
     # SIGTERM (ray job stop, a scheduler, kill) unwinds like Ctrl-C: the trainer's finally blocks
     # stop the actors and an embedded Ray; the latest checkpoint stays valid for --resume.
     signal.signal(signal.SIGTERM, _terminate)
-    summary = train(cfg, Path(args.out), address=args.address, resume=args.resume,
-                    resume_changed=args.resume_changed)
+    from launch.errors import RunStopped
+
+    try:
+        summary = train(cfg, Path(args.out), address=args.address, resume=args.resume,
+                        resume_changed=args.resume_changed)
+    except RunStopped as e:
+        if os.environ.get("ENVSCHED_DEBUG"):
+            raise
+        from envs.text import printable
+
+        print(f"envsched train: stopped: {printable(e)}", file=sys.stderr, flush=True)
+        return 1
     print(json.dumps(summary, indent=2, sort_keys=True))
     from launch.metrics import format_summary
 

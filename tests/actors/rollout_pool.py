@@ -89,10 +89,19 @@ FRAGILE = Environment(
     tools=[_tool("explode", [], [])], introduction="A tool that kills its process.")
 
 
+FRAGILE_TASK = TaskSpec(task_id="fragile-1", env_id="fragile", instruction="Press the button.",
+                        initial_state={}, checks=[_check("never", "False")],
+                        reference_solution=[ToolCall(name="explode")])
+
+
 def make_fragile_pool(root: Path):
     """One task whose only tool kills the sandbox process: every episode ends ``env_error``."""
-    task = TaskSpec(task_id="fragile-1", env_id="fragile", instruction="Press the button.",
-                    initial_state={}, checks=[_check("never", "False")],
-                    reference_solution=[ToolCall(name="explode")])
-    write_pool(root, PoolMeta(name="fragile-test"), [FRAGILE], [task])
+    write_pool(root, PoolMeta(name="fragile-test"), [FRAGILE], [FRAGILE_TASK])
+    return load_pool(root)
+
+
+def make_notes_and_fragile_pool(root: Path):
+    """The notes tasks beside fragile-1: healthy tasks and one whose own tool crashes."""
+    write_pool(root, PoolMeta(name="mixed-test"), [ENV, FRAGILE], TASKS + [FRAGILE_TASK],
+               {"states/notes.json": STATE})
     return load_pool(root)

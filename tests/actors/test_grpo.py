@@ -191,3 +191,27 @@ def test_config_defaults_follow_the_paper_and_errors_say_the_fix():
         LearnerConfig(dtype="bf16")
     with pytest.raises(ValidationError, match="warmup_steps"):
         LearnerConfig(warmup_steps=5, total_steps=5)
+
+
+def test_mismatch_stats_measure_the_engine_against_the_learner_on_masked_tokens_only():
+    # learner log-probs vs engine log-probs: |d| = 0.1, 0.3 on the two masked tokens; the third
+    # token (d = 5) is masked out and must not count
+    logp = torch.tensor([[-1.0, -2.0, -3.0]])
+    behav = torch.tensor([[-1.1, -1.7, 2.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0]])
+    s = grpo.mismatch_stats(logp, behav, mask)
+    assert s["mismatch_tokens"] == 2
+    assert s["mismatch_abs_sum"] == pytest.approx(0.4)
+    assert s["mismatch_abs_max"] == pytest.approx(0.3)
+    w = [math.exp(0.1), math.exp(-0.3)]
+    assert s["iw_sum"] == pytest.approx(sum(w)) and s["iw_max"] == pytest.approx(w[0])
+    m = grpo.mismatch_metrics({k: s[k] for k in grpo.MISMATCH_SUMS},
+                              {k: s[k] for k in grpo.MISMATCH_EXTREMES})
+    assert m["mismatch_logprob_abs_mean"] == pytest.approx(0.2)
+    assert m["mismatch_iw_min"] == pytest.approx(w[1])
+    assert m["mismatch_iw_std"] == pytest.approx(abs(w[0] - w[1]) / 2)
+    # an engine in sync with the learner: no mismatch, importance weights exactly 1
+    same = grpo.mismatch_metrics(*[{k: v for k, v in grpo.mismatch_stats(logp, logp, mask).items()
+                                    if k in keys} for keys in (grpo.MISMATCH_SUMS,
+                                                               grpo.MISMATCH_EXTREMES)])
+    assert same["mismatch_logprob_abs_max"] == 0 and same["mismatch_iw_std"] == 0

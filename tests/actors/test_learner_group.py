@@ -171,7 +171,7 @@ def test_checkpoint_restores_weights_and_step_and_export_loads_in_hf(learner, gr
 
 
 def test_auto_sync_picks_object_store_for_engines_without_nccl():
-    from actors.learner.weight_sync import NCCLSync, ObjectStoreSync, make_weight_sync
+    from actors.learner.weight_sync import CollectiveSync, ObjectStoreSync, make_weight_sync
 
     class Local:
         def update_weights(self, named_tensors, version):
@@ -184,7 +184,7 @@ def test_auto_sync_picks_object_store_for_engines_without_nccl():
         receive_weights = update_weights = _M()
 
     assert isinstance(make_weight_sync([Local()]), ObjectStoreSync)
-    assert isinstance(make_weight_sync([Remote()]), NCCLSync)
+    assert isinstance(make_weight_sync([Remote()]), CollectiveSync)
     assert isinstance(make_weight_sync([Remote()], "object_store"), ObjectStoreSync)
     with pytest.raises(ValueError, match="auto, nccl or object_store"):
         make_weight_sync([Local()], "gloo")

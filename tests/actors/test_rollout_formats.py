@@ -1,5 +1,6 @@
 """Tool-call formats beyond Qwen: the tiny policy's tokenizer given a Llama 3.1-style and a
-Mistral v3-style chat template (written here, no downloads) and the Qwen3 template it ships with.
+Mistral v3-style chat template (``chat_families``, no downloads) and the Qwen3 template it ships
+with.
 For each family: the parser is detected from the template, the prompt is the template's own
 rendering, reference calls in the family's syntax parse and solve the task, the token stream
 equals the template's rendering of the whole conversation, and with the real policy sampling the
@@ -7,93 +8,19 @@ tokens the learner trains on are exactly the sampled tokens plus the template's 
 
 from __future__ import annotations
 
-import asyncio
 import copy
-from typing import Any, Optional
 
 import pytest
 
 from actors.policy import build_tiny_policy, load_tokenizer
-from actors.rollout.agent_loop import AgentLoop, format_observation
+from actors.rollout.agent_loop import format_observation
 from actors.rollout.chat import ChatFormat, TemplateError
-from actors.rollout.config import RolloutConfig
-from actors.rollout.engines.base import Engine, Generation, SamplingParams
+from actors.rollout.engines.base import Engine
 from actors.rollout.engines.hf_engine import HFEngine
-from actors.rollout.session import InProcessSession
 from actors.rollout.toolcall import PARSERS, detect_parser, get_parser
+from chat_families import (FAMILIES, ScriptedTurns, episode, expected_tool_text,
+                           family_tokenizer)
 from rollout_pool import make_notes_pool
-
-LLAMA3 = """{{- '<|begin_of_text|>' -}}
-{{- '<|start_header_id|>system<|end_header_id|>\\n\\nEnvironment: ipython\\n\\n' }}
-{%- if messages[0].role == 'system' %}{{- messages[0].content }}{%- set rest = messages[1:] %}
-{%- else %}{%- set rest = messages %}{%- endif %}
-{{- '<|eot_id|>' }}
-{%- for message in rest %}
-  {%- if message.role == 'user' and loop.first and tools %}
-    {{- '<|start_header_id|>user<|end_header_id|>\\n\\nGiven the following functions, please respond with a JSON for a function call with its proper arguments that best answers the given prompt.\\n\\nRespond in the format {"name": function name, "parameters": dictionary of argument name and its value}. Do not use variables.\\n\\n' }}
-    {%- for t in tools %}{{- t | tojson(indent=4) + '\\n\\n' }}{%- endfor %}
-    {{- message.content + '<|eot_id|>' }}
-  {%- elif message.role == 'assistant' and message.tool_calls %}
-    {%- set call = message.tool_calls[0].function %}
-    {{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n{"name": "' + call.name + '", "parameters": ' + call.arguments | tojson + '}<|eot_id|>' }}
-  {%- elif message.role == 'tool' %}
-    {{- '<|start_header_id|>ipython<|end_header_id|>\\n\\n' + message.content + '<|eot_id|>' }}
-  {%- else %}
-    {{- '<|start_header_id|>' + message.role + '<|end_header_id|>\\n\\n' + message.content + '<|eot_id|>' }}
-  {%- endif %}
-{%- endfor %}
-{%- if add_generation_prompt %}{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{%- endif %}"""
-
-MISTRAL = """{%- if messages[0].role == 'system' %}{%- set system = messages[0].content %}{%- set rest = messages[1:] %}
-{%- else %}{%- set system = '' %}{%- set rest = messages %}{%- endif %}
-{%- set ns = namespace(last_user=-1) %}
-{%- for m in rest %}{%- if m.role == 'user' %}{%- set ns.last_user = loop.index0 %}{%- endif %}{%- endfor %}
-{{- '<s>' }}
-{%- for message in rest %}
-  {%- if message.role == 'user' %}
-    {%- if loop.index0 == ns.last_user and tools %}{{- '[AVAILABLE_TOOLS] ' + tools | tojson + '[/AVAILABLE_TOOLS]' }}{%- endif %}
-    {{- '[INST] ' }}{%- if loop.index0 == ns.last_user and system %}{{- system + '\\n\\n' }}{%- endif %}
-    {{- message.content + '[/INST]' }}
-  {%- elif message.role == 'assistant' and message.tool_calls %}
-    {%- set call = message.tool_calls[0].function %}
-    {{- '[TOOL_CALLS][{"name": "' + call.name + '", "arguments": ' + call.arguments | tojson + '}]</s>' }}
-  {%- elif message.role == 'assistant' %}
-    {{- message.content + '</s>' }}
-  {%- elif message.role == 'tool' %}
-    {{- '[TOOL_RESULTS] {"content": ' + message.content | tojson + ', "call_id": "' + message.tool_call_id + '"}[/TOOL_RESULTS]' }}
-  {%- endif %}
-{%- endfor %}"""
-
-FAMILIES = {
-    # template, special tokens, EOS, the template's text for one tool result (hand-written)
-    "hermes": (None, [], None, "\n<|im_start|>user\n<tool_response>\n{}\n</tool_response>"
-                               "<|im_end|>\n<|im_start|>assistant\n"),
-    "llama3_json": (LLAMA3, ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>",
-                             "<|eot_id|>", "<|python_tag|>"], "<|eot_id|>",
-                    "<|start_header_id|>ipython<|end_header_id|>\n\n{}<|eot_id|>"
-                    "<|start_header_id|>assistant<|end_header_id|>\n\n"),
-    "mistral": (MISTRAL, ["<s>", "</s>", "[INST]", "[/INST]", "[TOOL_CALLS]", "[AVAILABLE_TOOLS]",
-                          "[/AVAILABLE_TOOLS]", "[TOOL_RESULTS]", "[/TOOL_RESULTS]"], "</s>",
-                '[TOOL_RESULTS] {{"content": {}, "call_id": "call00001"}}[/TOOL_RESULTS]'),
-}
-
-
-def family_tokenizer(base, family: str):
-    template, specials, eos, _ = FAMILIES[family]
-    tok = copy.deepcopy(base)
-    if template is not None:
-        tok.add_special_tokens({"additional_special_tokens": specials},
-                               replace_extra_special_tokens=False)
-        tok.eos_token = eos
-        tok.chat_template = template
-    return tok
-
-
-def expected_tool_text(family: str, observation: str) -> str:
-    import json
-
-    text = FAMILIES[family][3]
-    return text.format(json.dumps(observation) if family == "mistral" else observation)
 
 
 @pytest.fixture(scope="module")
@@ -104,32 +31,6 @@ def base_tokenizer():
 @pytest.fixture(scope="module")
 def pool(tmp_path_factory):
     return make_notes_pool(tmp_path_factory.mktemp("notes"))
-
-
-class ScriptedTurns(Engine):
-    """Plays fixed turn texts (in the family's call syntax), each ended by ``end_id``."""
-
-    def __init__(self, tokenizer, turns: list[str], end_id: int):
-        super().__init__()
-        self.tokenizer, self.turns, self.end_id, self.calls = tokenizer, turns, end_id, 0
-
-    async def generate(self, prompt_token_ids, sampling: SamplingParams,
-                       task_id: Optional[str] = None) -> Generation:
-        text = self.turns[min(self.calls, len(self.turns) - 1)]
-        self.calls += 1
-        ids = self.tokenizer.encode(text, add_special_tokens=False) + [self.end_id]
-        return Generation(ids, [0.0] * len(ids), "stop")
-
-    def update_weights(self, named_tensors: dict[str, Any], version: int) -> None:
-        self._version = version
-
-
-def episode(engine, tok, pool, task_id="notes-2", seed=0, **cfg):
-    task = pool.task(task_id)
-    env = pool.environment(task.env_id)
-    loop = AgentLoop(engine, tok, RolloutConfig(**cfg))
-    session = InProcessSession(env, task, pool.initial_state(task), seed)
-    return loop, asyncio.run(loop.run(env, task, session, seed))
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
@@ -247,9 +148,19 @@ def test_a_template_that_rewrites_history_is_refused(base_tokenizer):
         ChatFormat(tok).tool_text("x")
 
 
-def test_an_unknown_template_needs_an_explicit_parser(base_tokenizer):
+def test_auto_refuses_a_template_that_renders_tools_in_an_unknown_format(base_tokenizer):
+    tok = copy.deepcopy(base_tokenizer)
+    tok.chat_template = ("{%- for t in tools or [] %}{{- 'TOOL ' + t.function.name + '\n' }}"
+                         "{%- endfor %}{%- for m in messages %}{{- '<|im_start|>' + m.role + '\n'"
+                         " + m.content + '<|im_end|>\n' }}{%- endfor %}"
+                         "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}"
+                         "{%- endif %}")
+    with pytest.raises(ValueError, match="set rollout.tool_parser"):
+        ChatFormat(tok)
+    assert ChatFormat(tok, tool_parser="mistral").parser is PARSERS["mistral"]
     with pytest.raises(ValueError, match="set rollout.tool_parser"):
         get_parser("auto", "{{ messages }}")
+    assert get_parser("auto", "{{ messages }}", renders_tools=False) is PARSERS["hermes"]
     assert get_parser("mistral", "{{ messages }}") is PARSERS["mistral"]
 
 
@@ -267,12 +178,13 @@ def test_a_prompt_is_rendered_once_per_group_and_each_caller_gets_its_own_list(b
     chat.tokenizer = copy.copy(base_tokenizer)
     chat.tokenizer.apply_chat_template = counting
     first = chat.prompt("sys", "do it", tools)
+    per_prompt = len(calls)   # the render with placeholders and the real one (plain_text)
     second = chat.prompt("sys", "do it", tools)
-    assert first == second and first is not second and len(calls) == 1
+    assert first == second and first is not second and len(calls) == per_prompt <= 2
     first.append(0)                                   # an episode extends its own list
-    assert chat.prompt("sys", "do it", tools) == second and len(calls) == 1
+    assert chat.prompt("sys", "do it", tools) == second and len(calls) == per_prompt
     other = [dict(t) for t in tools]                  # equal content, another object: rendered
-    assert chat.prompt("sys", "do it", other) == second and len(calls) == 2
-    assert chat.prompt("sys", "do that", tools) != second and len(calls) == 3
+    assert chat.prompt("sys", "do it", other) == second and len(calls) == 2 * per_prompt
+    assert chat.prompt("sys", "do that", tools) != second and len(calls) == 3 * per_prompt
     fresh = ChatFormat(base_tokenizer, enable_thinking=False)
     assert fresh.prompt("sys", "do it", tools) == second

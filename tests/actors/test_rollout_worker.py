@@ -70,18 +70,22 @@ def test_hf_worker_groups_are_complete_aligned_and_follow_weight_updates(ray_loc
     ray_local.kill(worker)
 
 
-def test_crashing_sandbox_episodes_are_retried_then_kept_with_their_status(ray_local, tmp_path):
+def test_episodes_the_tasks_tool_crashes_are_kept_with_their_status_not_retried(ray_local,
+                                                                                 tmp_path):
+    """The crash is reported by the sandbox (its episode process died), through the executor
+    actor and Ray: the task's fault, so the trajectory is a reward 0 with its status."""
     pool = make_fragile_pool(tmp_path)
     worker = start_rollout_worker(str(pool.root), "scripted", num_cpus=0.5, executors=EXECUTORS,
                                   executor_config=EXECUTOR_CONFIG,
                                   config={"k": 2, "episode_retries": 1})
     group = ray_local.get(worker.run_group.remote(Ticket.direct("fragile-1")), timeout=300)
-    assert len(group.trajectories) == 2
+    assert len(group.trajectories) == 2 and group.dropped == []
     for t in group.trajectories:
-        assert (t.status, t.reward, t.info["attempts"]) == ("env_error", 0.0, 2)
-        assert len(t.info["failed_attempts"]) == 2 and "crash" in t.info["error"]
+        assert (t.status, t.fault, t.reward, t.info["attempts"]) == ("env_error", "task", 0.0, 1)
+        assert "failed_attempts" not in t.info and "crash" in t.info["error"]
     metrics = ray_local.get(worker.metrics.remote(), timeout=30)
-    assert (metrics["retries"], metrics["status_env_error"]) == (2, 2)
+    assert "retries" not in metrics   # counted only when one happens
+    assert (metrics["status_env_error"], metrics["fault_task"]) == (2, 2)
     ray_local.kill(worker)
 
 

@@ -98,8 +98,25 @@ def test_step_extras_sum_worker_metrics_and_take_the_worst_p95():
                    "rollout_time_executor_s": 4.0, "rollout_time_episode_s": 10.0,
                    "executor_share": pytest.approx(0.4), "executor_wait_s": 1.0,
                    "executor_waiting_now": 1.0, "executors": 4.0, "executor_wait_p95_s": 1.5,
-                   "rollout_restarts": 2.0, "scheduler_restarts": 1.0}
+                   "rollout_restarts": 2.0, "scheduler_restarts": 1.0, "learner_restarts": 0.0}
     assert all(isinstance(v, float) for v in out.values())
+
+
+def test_a_learner_rebuild_is_counted_and_its_recovery_time_reported_once():
+    """Hand-worked clock: found dead at t=10, rebuilt twice (the second before any step), the
+    next step's record at t=25: 15 s from the first loss; the step after has no recovery time."""
+    now = [0.0]
+    core = RolesCore(60.0, clock=lambda: now[0])
+    core.workers.append("w0")
+    core.launched("g1", 0)
+    assert core.abandon() == ["g1"] and core.flights == {}
+    core.learner_rebuilt(10.0)
+    core.learner_rebuilt(12.0)
+    now[0] = 25.0
+    out = core.step_extras({}, [])
+    assert out["learner_restarts"] == 2.0 and out["learner_recovery_s"] == 15.0
+    again = core.step_extras({}, [])
+    assert again["learner_restarts"] == 2.0 and "learner_recovery_s" not in again
 
 
 def test_step_extras_without_episodes_has_no_executor_share():

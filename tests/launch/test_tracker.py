@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 
 from actors.ticket import EVAL, TRAIN, Ticket
+from envs.trajectory import Group, Trajectory
 from launch.tracker import TicketTracker, failure
 from scheduling.base import Selection
 
@@ -15,14 +14,39 @@ def _train(i: int) -> Ticket:
     return Ticket(Selection(f"t{i}", "coverage", i), 0).issued(i, seed=10 + i, unseen=0)
 
 
-def _group(*statuses: str):
-    return SimpleNamespace(trajectories=[SimpleNamespace(status=s) for s in statuses])
+def _traj(status: str, fault=None) -> Trajectory:
+    info = {"error": f"{fault} {status}", "failed_attempts": ["x", "y"]} if fault == "infra" else {}
+    return Trajectory("t", 0.0, status, fault=fault, info=info)
 
 
-def test_failure_names_an_exception_or_a_group_whose_every_trajectory_failed():
+def _group(*outcomes) -> Group:
+    """Each outcome: a status (a task fault when failed) or (status, "infra")."""
+    trajs = [_traj(*o) if isinstance(o, tuple) else _traj(o) for o in outcomes]
+    return Group("t", 0, [t for t in trajs if t.fault != "infra"],
+                 dropped=[t for t in trajs if t.fault == "infra"])
+
+
+def test_failure_names_an_exception_or_a_group_left_under_two_valid_trajectories():
     assert failure(TimeoutError("late")) == "TimeoutError: late"
-    assert failure(_group("env_error", "timeout")) == "every trajectory failed: env_error,timeout"
-    assert failure(_group("env_error", "ok")) is None
+    lost = _group("ok", ("env_error", "infra"), ("timeout", "infra"))
+    assert failure(lost) == ("1 of 3 trajectories left after infrastructure faults: "
+                             "infra env_error; infra timeout")
+    assert failure(_group("ok", "ok", ("env_error", "infra"))) is None   # K' = 2 trains
+    # the task's own failures are rewards, not failed groups: an all-crashed group is kept
+    assert failure(_group("env_error", "timeout")) is None
+    # a group of one (evaluation with k = 1) needs its one trajectory
+    assert failure(_group("ok")) is None and failure(_group(("timeout", "infra"))) is not None
+
+
+def test_settle_counts_each_fault_of_every_group_back_then_resets():
+    tracker = TicketTracker(retries=1)
+    assert tracker.settle(_group("ok", "env_error", ("timeout", "infra"))) is None
+    assert tracker.settle(_group(("env_error", "infra"), ("env_error", "infra"))) is not None
+    assert tracker.settle(RuntimeError("worker died")) is not None
+    assert tracker.take_counts() == {"task_errors": 1.0, "infra_errors": 6.0,
+                                     "trajectories_dropped": 3.0}
+    assert tracker.take_counts() == dict.fromkeys(("task_errors", "infra_errors",
+                                                   "trajectories_dropped"), 0.0)
 
 
 @pytest.mark.parametrize("kind", [TRAIN, EVAL])

@@ -27,6 +27,9 @@ from sandbox.errors import SandboxError
 from sandbox.examples import ORDER_DESK, ORDER_DESK_CHECKS, ORDER_DESK_STATE, ORDER_DESK_TASK
 from sandbox.runtime import EpisodeRuntime
 from sandbox.selftest import CASES, run_selftest
+from sandbox.selftest_isolation import ISOLATION_CASES
+from sandbox.selftest_mounts import MOUNT_CASES
+from sandbox.selftest_stdlib import STDLIB_CASES
 from sandbox.worker import SandboxWorker
 
 # the selftest's own defaults: at 2 s the 64 MiB huge_output reply can outlast the hard limit on a
@@ -57,13 +60,30 @@ def test_container_argv_confines_network_filesystem_privileges_and_resources():
     assert _flag(argv, "--pids-limit") == [str(DOCKER.max_processes + 8)]
     assert _flag(argv, "--memory") == _flag(argv, "--memory-swap") == ["1024m"]
     assert _flag(argv, "--cpus") == ["1"] and _flag(argv, "--ipc") == ["none"]
-    assert _flag(argv, "--tmpfs") == [f"/tmp:rw,nosuid,nodev,noexec,size={DOCKER.scratch_mb}m,"
-                                      "mode=1777"]
-    volumes = _flag(argv, "--volume")
-    assert volumes and all(v.endswith(":ro") for v in volumes)
-    assert f"{PROJECT_ROOT}:{PROJECT_ROOT}:ro" in volumes
+    # /dev/pts: docker's own devpts has no pty limit; an empty read-only tmpfs replaces it
+    assert _flag(argv, "--tmpfs") == [
+        f"/tmp:rw,nosuid,nodev,noexec,size={DOCKER.scratch_mb}m,mode=1777",
+        "/dev/pts:ro,nosuid,nodev,noexec,size=4k,mode=0755"]
+    assert "--volume" not in argv  # a recursive ":ro" bind leaves the mounts under it writable
+    mounts = _flag(argv, "--mount")
+    assert mounts and all(m.endswith(",readonly,bind-nonrecursive=true") for m in mounts)
+    assert f"type=bind,src={PROJECT_ROOT},dst={PROJECT_ROOT},readonly,bind-nonrecursive=true" \
+        in mounts
     assert argv[-3:-1] == ["-m", "sandbox.child"] and argv[-5] == image.image_tag()
     assert json.loads(argv[-1]) == {"uid": 200123}
+
+
+def test_a_bind_of_a_path_with_a_comma_or_a_quote_is_csv_quoted_as_the_cli_parses_it():
+    assert docker_backend._bind('/p/a, "b') == \
+        'type=bind,"src=/p/a, ""b","dst=/p/a, ""b",readonly,bind-nonrecursive=true'
+
+
+def test_every_host_mount_under_a_root_is_bound_on_its_own_after_its_parent(monkeypatch):
+    monkeypatch.setattr(docker_backend, "mount_roots", lambda: ["/r", "/s"])
+    points = ["/", "/r", "/r/sub", "/r/sub/deeper", "/rx/not_under", "/s/file", "/r/gone"]
+    monkeypatch.setattr(docker_backend, "_mount_points", lambda: [(p, {"rw"}) for p in points])
+    monkeypatch.setattr(docker_backend.os.path, "lexists", lambda p: p != "/r/gone")
+    assert docker_backend.read_only_binds() == ["/r", "/s", "/r/sub", "/s/file", "/r/sub/deeper"]
 
 
 def test_mounts_are_the_interpreter_site_packages_and_project_never_usr_or_root():
@@ -151,6 +171,7 @@ class Probe:
                 "no_new_privs": status['NoNewPrivs'].strip(), "root_writable": root_writable,
                 "interfaces": [n for _, n in socket.if_nameindex()],
                 "tmp_bytes": tmp.f_blocks * tmp.f_frsize, "dev_shm": os.path.exists('/dev/shm'),
+                "ptmx": os.path.exists('/dev/ptmx'), "pts": os.listdir('/dev/pts'),
                 "pids_max": read('/sys/fs/cgroup/pids/pids.max', '/sys/fs/cgroup/pids.max'),
                 "memory_max": read('/sys/fs/cgroup/memory/memory.limit_in_bytes',
                                    '/sys/fs/cgroup/memory.max'),
@@ -173,6 +194,7 @@ def test_worker_container_runs_confined(docker):
     assert int(facts["lo_flags"], 16) & 1 == 0  # IFF_UP: the loopback is down
     assert facts["no_new_privs"] == "1" and not facts["root_writable"]
     assert facts["interfaces"] == ["lo"] and not facts["dev_shm"]
+    assert not facts["ptmx"] and facts["pts"] == []  # no devpts: no pty to take
     assert facts["tmp_bytes"] == DOCKER.scratch_mb << 20
     assert facts["pids_max"] == str(DOCKER.max_processes + 8)
     assert facts["memory_max"] == str(1024 << 20)
@@ -194,15 +216,18 @@ def test_docker_worker_episode_equals_the_in_process_episode(docker):
 
 @pytest.mark.slow
 def test_every_hostile_case_is_contained_on_docker(docker):
+    """The whole suite, the isolation, stdlib and nested-mount cases included (76 s at load 28)."""
     reports = run_selftest(DOCKER)
     failed = [(r.name, r.outcome, r.expected, r.contained, r.served, r.detail)
               for r in reports if not r.passed]
     assert not failed, failed
-    assert len(reports) == len(CASES)
+    assert [r.name for r in reports] == [c.name for c in CASES]
+    newer = [c["name"] for c in ISOLATION_CASES + STDLIB_CASES + MOUNT_CASES]
+    assert set(newer) <= {r.name for r in reports} and "ptmx_flood" in newer
 
 
 def test_selftest_command_runs_on_docker(docker, capsys):
-    assert main(["sandbox", "selftest", "--backend", "docker", "--cases", "network,shell",
+    assert main(["sandbox", "selftest", "--backend", "docker", "--cases", "ptmx_flood,vsock",
                  "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["backend"] == "docker" and out["passed"]

@@ -15,7 +15,7 @@ import pytest
 from launch.cli import main
 from sandbox.backends import PROJECT_ROOT, backend_problem
 from sandbox.config import SandboxConfig
-from sandbox.selftest import CASES, run_selftest
+from sandbox.selftest import CASES, CaseReport, format_matrix, run_selftest
 
 FAST = dict(call_timeout_s=2.0, tool_timeout_s=0.5, memory_mb=1024)
 NOBODY = 65534
@@ -131,6 +131,46 @@ def test_selftest_command_rejects_unknown_case_in_one_line(capsys):
     assert main(["sandbox", "selftest", "--cases", "nope"]) == 2
     err = capsys.readouterr().err
     assert "unknown selftest case(s) ['nope']" in err and len(err.strip().splitlines()) == 1
+
+
+def _report(name, outcome, passed=True):
+    return CaseReport(name, "attack", outcome, expected=passed, contained=True, served=True,
+                      seconds=0.1, detail=f"detail of {name}")
+
+
+def test_the_matrix_has_one_column_per_backend_and_lists_each_failure_with_its_detail():
+    runs = {"bwrap": [_report("network", "error_step"), _report("ptmx_flood", "error_step")],
+            "docker": [_report("network", "error_step"),
+                       _report("ptmx_flood", "host_ptys", passed=False)]}
+    lines = format_matrix(runs, {"unshare": "unshare (util-linux) is not installed"}).splitlines()
+    assert lines[0] == "sandbox selftest: bwrap 2/2 contained, docker 1/2 contained"
+    assert lines[1] == "not run on unshare: unshare (util-linux) is not installed"
+    assert lines[2].split() == ["case", "bwrap", "docker"]
+    assert lines[3].split() == ["network", "error_step", "error_step"]
+    assert lines[4].split() == ["ptmx_flood", "error_step", "FAIL", "host_ptys"]
+    assert lines[5:] == ["failures:", "  docker ptmx_flood: outcome host_ptys expected NO, "
+                         "contained yes, next ok yes; detail of ptmx_flood"]
+
+
+def test_selftest_all_runs_each_case_on_every_isolating_backend_that_works_here(capsys):
+    works = [b for b in ("bwrap", "unshare", "docker") if backend_problem(b) is None]
+    if not works:
+        pytest.skip("no isolating backend runs here")
+    assert main(["sandbox", "selftest", "--backend", "all", "--cases", "network,vsock",
+                 "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["passed"] and list(out["backends"]) == works
+    assert sorted(out["unavailable"]) == sorted({"bwrap", "unshare", "docker"} - set(works))
+    assert all(out["unavailable"].values())  # each with its reason
+    for run in out["backends"].values():
+        assert run["passed"] and [c["name"] for c in run["cases"]] == ["network", "vsock"]
+
+
+def test_selftest_all_rejects_an_unknown_case_before_starting_any_sandbox(capsys, monkeypatch):
+    monkeypatch.setattr("sandbox.backends.backend_problem",
+                        lambda *a: pytest.fail("a backend was probed"))
+    assert main(["sandbox", "selftest", "--backend", "all", "--cases", "network,nope"]) == 2
+    assert "unknown selftest case(s) ['nope']" in capsys.readouterr().err
 
 
 def test_backends_command_lists_every_backend(capsys):

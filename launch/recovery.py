@@ -1,0 +1,133 @@
+"""Learner recovery: a run whose learner group dies goes on from its newest checkpoint, in the
+same process, as a resume would; where it cannot, it stops with one line naming the fix.
+
+``Recovery(cfg, roles, run_dir, make_controller)``: ``start(ckpt)`` makes the controller
+(restored from ``ckpt``, or new); ``run(policy_dir)`` runs it to ``run.steps`` and exports the
+policy. A ``LearnerDied`` from any learner call on the way (a step, a weight publish, a checkpoint
+save, the export) is caught here, in this one place: the newest intact checkpoint is loaded; if
+there is none, or ``controller.learner_restarts`` rebuilds were done already, or the new group
+cannot start, the run stops with ``LearnerLost`` (one line; ``launch.trainer`` adds the command
+that continues or restarts the run). Otherwise ``Roles.rebuild_learner`` cancels every group in
+flight and starts a fresh learner group (with its weight sync) and scheduler actor, and a fresh
+controller restores the checkpoint into them, which loads the learner and publishes its weights
+to the rollout workers as version s.
+
+Decision where the issue left it open: the whole driver state is restored, not only the learner.
+A checkpoint of step s holds the learner's weights and optimiser at s together with the
+controller (policy version s, admission counters, RNG, tickets open, buffered groups, selections
+issued) and the scheduler at s; steps s+1..v lived only in the dead learner. Loading the learner
+at s under a driver at v would publish the weights of s as version v, break the staleness
+accounting and leave groups in the logs that are in no surviving weights. Restored whole, the run
+from s on is the resumed run of ``tests/launch/test_controller.py`` (selections equal an
+uninterrupted run's), so after a rebuild from step s:
+
+- the policy version, admission counters, scheduler state and the rollout engines' weights are
+  those of step s; the tickets open at s are re-issued first with their seeds, the buffered ones
+  kept, and the restored scheduler hands out the same selections under the same ticket ids;
+- ``metrics.jsonl``, ``eval.jsonl`` and ``groups.jsonl`` are cut back to step s (steps s+1..v are
+  trained again and logged once): ``groups.jsonl`` lists each ticket at most once, and the final
+  weights hold each listed group exactly once. What the dead learner trained after s is lost
+  with its weights, as are the rollouts since s (the price: those steps again, plus a learner
+  start); the rebuilt scheduler absorbs each accepted group once;
+- ``learner_restarts`` (rebuilds in this process) is in every later metrics row, and
+  ``learner_recovery_s`` (learner found dead -> the first step after the rebuild done) in the
+  row of that step.
+
+May import: launch.*, actors.learner.learner_actor (``LearnerDied``), the standard library.
+"""
+
+from __future__ import annotations
+
+import shlex
+import time
+import warnings
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from actors.learner.learner_actor import LearnerDied, LearnerError
+from launch.checkpoint import Checkpoint, CheckpointError, CheckpointWarning, latest_checkpoint
+from launch.errors import LearnerLost
+
+
+def has_checkpoint(run_dir: Path) -> bool:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CheckpointWarning)
+        try:
+            latest_checkpoint(run_dir)
+        except CheckpointError:
+            return False
+    return True
+
+
+def next_command(run_dir: Path, address: Optional[str] = None) -> str:
+    """What continues the run in ``run_dir`` from its newest checkpoint, or, without one, starts
+    it over with the same config (a directory with steps but no checkpoint is refused)."""
+    addr = f" --address {shlex.quote(address)}" if address else ""
+    config = shlex.quote(str(Path(run_dir) / "config.yaml"))
+    if has_checkpoint(run_dir):
+        return (f"continue with: envsched train --config {config} "
+                f"--out {shlex.quote(str(run_dir))}{addr} --resume")
+    return f"start over with: envsched train --config {config} --out NEW_RUN_DIR{addr}"
+
+
+class Recovery:
+    """The controller's run and the policy export, with learner rebuilds (module docstring)."""
+
+    def __init__(self, cfg: Any, roles: Any, run_dir: Path, make_controller: Callable[[], Any]):
+        self.cfg, self.roles, self.run_dir = cfg, roles, Path(run_dir)
+        self.make_controller = make_controller
+        self.ctl: Any = None      # the current controller (a new one after each rebuild)
+        self.restarts = 0
+
+    def start(self, ckpt: Optional[Checkpoint]) -> None:
+        self.ctl = self._controller(ckpt)
+
+    def run(self, policy_dir: Path) -> tuple[dict[str, Any], str]:
+        """(the controller's result, the exported policy directory)."""
+        while True:
+            try:
+                result = self.ctl.run()
+                return {**result, "learner_restarts": self.restarts}, \
+                    self.roles.export_policy(policy_dir)
+            except LearnerDied as e:
+                self._rebuild(e, time.monotonic())
+
+    def _controller(self, ckpt: Optional[Checkpoint]) -> Any:
+        ctl = self.make_controller()
+        if ckpt is not None:
+            ctl.restore(ckpt)
+        return ctl
+
+    def _rebuild(self, death: LearnerDied, lost_at: float) -> None:
+        """Rebuild the roles and restore the newest checkpoint into a fresh controller, or raise
+        ``LearnerLost``; a learner that dies again while it is rebuilt costs another restart."""
+        step = self.ctl.step + 1   # the step that was running (or being published / saved)
+        while True:
+            cause = str(death).splitlines()[0]
+            try:
+                ckpt = latest_checkpoint(self.run_dir)
+            except CheckpointError:
+                raise LearnerLost(
+                    f"the learner died at step {step} ({cause}) before the run's first checkpoint "
+                    f"(controller.checkpoint_every={self.cfg.controller.checkpoint_every}): there "
+                    f"is nothing to rebuild it from") from None
+            budget = self.cfg.controller.learner_restarts
+            if self.restarts >= budget:
+                raise LearnerLost(
+                    f"the learner died at step {step} ({cause}) after {self.restarts} rebuild(s) "
+                    f"(controller.learner_restarts={budget}); the newest checkpoint is "
+                    f"{ckpt.path} (step {ckpt.step})") from None
+            self.restarts += 1
+            print(f"[envsched] the learner died at step {step} ({cause}); rebuilding it from "
+                  f"{ckpt.path} (rebuild {self.restarts} of {budget}); steps {ckpt.step + 1}.."
+                  f"{step} are trained again", flush=True)
+            try:
+                self.roles.rebuild_learner(lost_at)
+                self.ctl = self._controller(ckpt)
+                return
+            except LearnerDied as again:
+                death = again
+            except LearnerError as e:   # e.g. no room for the new ranks: their start timed out
+                raise LearnerLost(
+                    f"the learner died at step {step} ({cause}); rebuilding it from {ckpt.path} "
+                    f"failed: {str(e).splitlines()[0]}") from e

@@ -1,0 +1,116 @@
+"""Packages a pool declares (``pool.yaml`` ``packages: [...]``, ``PoolMeta.packages``): checked on
+the host before a sandbox serves the pool, so a missing one is one clear line at start instead of
+a ``ModuleNotFoundError`` in every episode (which environment code may catch and score wrong).
+
+What environment code may import: the whole standard library and every package installed in the
+sandbox interpreter's site-packages, declared or not — those directories are bound read-only and
+reachable by the sandbox uid (``sandbox.importpaths``). Declaring a package adds the check, not
+the visibility.
+
+A declared name is an import name (``dateutil``, ``yaml``) or a distribution name
+(``python-dateutil``, ``PyYAML``). It is present when the sandbox's interpreter finds it (the
+module's spec, else the distribution's metadata) *inside* the directories the sandbox binds
+(``import_roots``): one found only through ``PYTHONPATH`` or an editable install elsewhere would
+not import in the sandbox, and is refused as well. A ``SandboxConfig.python`` other than this
+interpreter is asked through ``python -m sandbox.packages NAME ...`` (one JSON line).
+
+May import: sandbox.errors, sandbox.importpaths, the standard library.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Iterable, Optional
+
+from sandbox.errors import SandboxError
+from sandbox.importpaths import PROJECT_ROOT, import_roots
+
+
+def _inside(path: str, roots: list[str]) -> bool:
+    real = os.path.realpath(path)
+    return any(real == r or real.startswith(r.rstrip("/") + "/") for r in roots)
+
+
+def _spec_location(name: str) -> Optional[str]:
+    """Where the import system finds module ``name`` (None: not found, or not an import name)."""
+    if not name.replace(".", "").replace("_", "").isalnum():
+        return None
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):  # a parent package missing, or a bad name
+        return None
+    if spec is None:
+        return None
+    if spec.submodule_search_locations:
+        return list(spec.submodule_search_locations)[0]
+    return spec.origin
+
+
+def package_problem(name: str) -> Optional[str]:
+    """Why ``name`` would not import in a sandbox of this interpreter, with the fix; None if it
+    would."""
+    roots = import_roots(nested=True)
+    fix = f"fix: {sys.executable} -m pip install {name}"
+    where = _spec_location(name)
+    if where is None:
+        try:
+            dist = importlib.metadata.distribution(name)
+        except (importlib.metadata.PackageNotFoundError, ValueError):
+            return f"not installed for the sandbox interpreter {sys.executable}; {fix}"
+        where = str(dist.locate_file(""))
+    if where in ("built-in", "frozen") or _inside(where, roots):
+        return None
+    return (f"found at {where}, outside the directories the sandbox binds ({', '.join(roots)}); "
+            f"{fix}")
+
+
+def missing_packages(packages: Iterable[str], python: Optional[str] = None,
+                     timeout_s: float = 60.0) -> list[tuple[str, str]]:
+    """``(name, why and the fix)`` for each declared package a sandbox running ``python``
+    (default: this interpreter) could not import."""
+    names = list(packages)
+    if not names:
+        return []
+    if python is None or os.path.realpath(python) == os.path.realpath(sys.executable):
+        return [(n, p) for n in names if (p := package_problem(n)) is not None]
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(PROJECT_ROOT), "PYTHONNOUSERSITE": "1"}
+    try:
+        done = subprocess.run([python, "-m", "sandbox.packages", *names], capture_output=True,
+                              text=True, timeout=timeout_s, env=env, cwd=PROJECT_ROOT)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return [(n, f"the sandbox interpreter {python} could not be asked: {e}") for n in names]
+    try:
+        return [(str(n), str(p)) for n, p in json.loads(done.stdout)]
+    except ValueError:
+        return [(n, f"the sandbox interpreter {python} could not be asked (exit "
+                    f"{done.returncode}): {done.stderr.strip()[-300:]}") for n in names]
+
+
+def require_packages(packages: Iterable[str], pool_yaml: str | Path,
+                     python: Optional[str] = None) -> None:
+    """Raise ``SandboxError`` (``unavailable``), one line naming ``pool_yaml``, the package and
+    the fix, when a declared package would not import in the sandbox."""
+    missing = missing_packages(packages, python)
+    if missing:
+        name, why = missing[0]
+        more = f" (and {len(missing) - 1} more: {[n for n, _ in missing[1:]]})" \
+            if len(missing) > 1 else ""
+        raise SandboxError("unavailable", f"{pool_yaml}: declared package {name!r} cannot be "
+                                          f"imported in the sandbox: {why}{more}")
+
+
+def require_pool_packages(pool: Any, python: Optional[str] = None) -> None:
+    """``require_packages`` for a loaded pool (``envs.pool.Pool``: its ``meta.packages`` and
+    ``root``); what an executor checks before it starts its sandboxes."""
+    if pool.meta.packages:
+        require_packages(pool.meta.packages, Path(pool.root) / "pool.yaml", python)
+
+
+if __name__ == "__main__":  # python -m sandbox.packages NAME ... (missing_packages, another python)
+    print(json.dumps([[n, p] for n in sys.argv[1:] if (p := package_problem(n)) is not None]))
