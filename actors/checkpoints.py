@@ -119,7 +119,8 @@ def resolve_policy_path(path: Union[str, Path]) -> Path:
             raise PolicyPathError(f"{p}: no such GGUF file (policy.path accepts a .gguf file, an "
                                   f"HF model directory, a builtin name {sorted(BUILTINS)} or a "
                                   f"hub id in the local cache)")
-        return convert_gguf(p)
+        # stderr: a first resolve can take half a minute, and stdout may be a printed path
+        return convert_gguf(p, log=lambda line: print(line, file=sys.stderr, flush=True))
     if (p / "config.json").is_file():
         return p
     if p.is_dir() and any(p.glob("*.gguf")):

@@ -42,7 +42,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from envs import strict_json
 from envs.spec import Check, Environment, TaskSpec
-from envs.untrusted import UntrustedFileError, is_file_beneath, iter_lines, parse_json
+from envs.untrusted import (UntrustedFileError, atomic_writer, beneath, is_file_beneath, iter_lines,
+                            parse_json)
 
 OP_TYPES = ("lookup", "update", "create", "delete", "validate", "authorize")
 GATE_KINDS = ("identifier_resolution", "state_precondition", "authorization")
@@ -313,12 +314,16 @@ def pool_descriptions(pool: Any) -> Optional[dict[str, dict[str, Any]]]:
     return read_descriptions(root / DESCRIPTIONS_FILE, root=root)
 
 
-def write_descriptions(path: "str | Path", descriptions: dict[str, dict[str, Any]]) -> Path:
-    """``op_descriptions.jsonl``: one ``{"task_id", "description"}`` per line."""
+def write_descriptions(path: "str | Path", descriptions: dict[str, dict[str, Any]],
+                       root: "str | Path | None" = None) -> Path:
+    """``op_descriptions.jsonl``: one ``{"task_id", "description"}`` per line. ``root``: the
+    pool when ``path`` lies in it — a symlink on the way there is then refused
+    (``envs.untrusted.atomic_writer``; default: only the file name is checked)."""
     path = Path(path)
-    with open(path, "w") as f:
+    with atomic_writer(*beneath(root if root is not None else path.parent, path)) as f:
         for task_id, desc in descriptions.items():
-            f.write(strict_json.dumps({"task_id": task_id, "description": desc}) + "\n")
+            line = strict_json.dumps({"task_id": task_id, "description": desc}) + "\n"
+            f.write(line.encode("utf-8"))
     return path
 
 

@@ -10,9 +10,10 @@ turns it into constrained decoding), or the paper's ``json_object``.
 Every answer is validated (``OpDescription`` + ``check_against_task``). An invalid answer is retried
 with the validation error appended to the conversation, up to ``retries`` times; a request that
 fails or keeps answering invalid JSON falls back to the static extractor, and the reason is logged
-and returned. Results are cached by a content hash of (model, prompt version, system prompt, user
-message), so re-running on an unchanged pool sends no request. Requests run concurrently
-(``concurrency`` threads) with a progress bar.
+and returned. Results are cached (an append-only JSONL file, read and appended through
+``envs.untrusted``: a link planted at it or above it in the pool is refused) by a content hash
+of (model, prompt version, system prompt, user message), so re-running on an unchanged pool
+sends no request. Requests run concurrently (``concurrency`` threads) with a progress bar.
 
 The deterministic abstraction (Appendix E steps 1–5) is applied downstream, by
 ``scheduling.abstraction`` when the graph is built, to descriptions from any source.
@@ -41,6 +42,7 @@ from envs.opdesc import (CONFLICT_KINDS, GATE_KINDS, GROUP_RELATIONS, OP_TYPES, 
                          OpDescription, OpDescriptionError, check_against_task)
 from envs.opdesc_static import static_description
 from envs.spec import Environment, TaskSpec
+from envs.untrusted import beneath, is_file_beneath, iter_lines, open_for_append, parse_json
 
 log = logging.getLogger(__name__)
 PROMPT_VERSION = "e1-v1"
@@ -113,7 +115,8 @@ class LLMDescriber:
     def __init__(self, endpoint: str, model: str, api_key: Optional[str] = None,
                  cache_path: Optional[str | Path] = None, concurrency: int = 8, retries: int = 2,
                  timeout_s: float = 120.0, json_mode: str = "json_schema",
-                 max_tokens: int = 2048, temperature: float = 0.0):
+                 max_tokens: int = 2048, temperature: float = 0.0,
+                 cache_root: Optional[str | Path] = None):
         if json_mode not in ("json_schema", "json_object"):
             raise ValueError(f"the json_mode parameter of LLMDescriber must be 'json_schema' or "
                              f"'json_object', got {json_mode!r}")
@@ -122,18 +125,28 @@ class LLMDescriber:
         self.concurrency, self.retries, self.timeout_s = concurrency, retries, timeout_s
         self.json_mode, self.max_tokens, self.temperature = json_mode, max_tokens, temperature
         self.cache_path = Path(cache_path) if cache_path else None
+        # (tree, path in it): the cache is pool data when it lies in the pool (``cache_root``)
+        self._cache_at = beneath(cache_root if cache_root is not None else self.cache_path.parent,
+                                 self.cache_path) if self.cache_path else None
         self._cache = self._read_cache()
         self._lock = threading.Lock()
 
     def _read_cache(self) -> dict[str, dict[str, Any]]:
+        """The cached answers, read through ``envs.untrusted`` (a link leaving the tree raises
+        ``UntrustedFileError``; a bad or overlong line is skipped with a warning)."""
         cache: dict[str, dict[str, Any]] = {}
-        if self.cache_path and self.cache_path.is_file():
-            for line in self.cache_path.read_text().splitlines():
-                try:
-                    rec = json.loads(line)
-                    cache[rec["key"]] = rec["description"]
-                except (json.JSONDecodeError, KeyError):
-                    log.warning("ignoring a corrupt line in %s", self.cache_path)
+        if self._cache_at is None or not is_file_beneath(*self._cache_at):
+            return cache
+        for lineno, _, raw in iter_lines(*self._cache_at):
+            if raw is not None and not raw.strip():
+                continue
+            try:
+                if raw is None:
+                    raise ValueError("line too long")
+                rec = parse_json(raw.decode("utf-8"), self._cache_at[1], line=lineno)
+                cache[rec["key"]] = rec["description"]
+            except (ValueError, KeyError, TypeError) as e:  # UntrustedFileError, bad UTF-8 too
+                log.warning("ignoring a corrupt line %s:%d (%s)", self.cache_path, lineno, e)
         return cache
 
     def _key(self, message: str) -> str:
@@ -214,11 +227,12 @@ class LLMDescriber:
     def _store(self, key: str, task_id: str, desc: OpDescription) -> None:
         with self._lock:
             self._cache[key] = desc.model_dump()
-            if self.cache_path:
-                self.cache_path.parent.mkdir(parents=True, exist_ok=True)
-                with open(self.cache_path, "a") as f:
-                    f.write(strict_json.dumps({"key": key, "task_id": task_id,
-                                        "description": desc.model_dump()}) + "\n")
+            if self._cache_at is not None:  # no link followed in the tree (``envs.untrusted``)
+                self._cache_at[0].mkdir(parents=True, exist_ok=True)
+                with open_for_append(*self._cache_at) as f:
+                    f.write((strict_json.dumps({"key": key, "task_id": task_id,
+                                                "description": desc.model_dump()}) + "\n")
+                            .encode("utf-8"))
 
     def describe_pool(self, pool: Any, progress: bool = True
                       ) -> tuple[dict[str, dict[str, Any]], DescribeStats]:

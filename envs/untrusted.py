@@ -23,6 +23,17 @@ host:
   parsing (``json`` recurses, so a deep line would raise ``RecursionError``), the non-standard
   constants ``NaN``/``Infinity`` and numbers that overflow to infinity.
 
+- **Writes into the tree never go through a link** (``atomic_writer``, ``write_bytes_atomic``,
+  ``open_for_append``: the graph cache, op descriptions and their answer cache, written as root
+  into a pool someone else made): *every* symlink on the path under the root — a folder or the
+  file itself, leaving the tree or not — is refused naming it (``symlink graph.npz ->
+  /etc/cron.d/x in the pool; refused``), as is a file that is not regular. Folders are created
+  and entered one at a time with ``O_NOFOLLOW`` (``mkdirat`` / ``openat``); a whole file is
+  written to a fresh ``O_EXCL | O_NOFOLLOW`` temporary beside it and ``os.replace``-d in
+  (atomic, and a rename replaces a link swapped in at the destination instead of following
+  it); an append opens with ``O_NOFOLLOW | O_APPEND``. ``beneath(root, path)`` says which tree a
+  user-given output path is written under.
+
 Every refusal is ``UntrustedFileError`` naming the file (relative to the tree) and, where known,
 the line. These bounds are the one place each limit is defined.
 
@@ -36,9 +47,11 @@ import json
 import math
 import os
 import re
+import secrets
 import stat
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, BinaryIO, Iterator, Optional
 
 import yaml
 
@@ -47,6 +60,8 @@ MAX_LINE_BYTES = 8 << 20    # one line of a JSONL file (a task with an inline st
 MAX_DEPTH = 64              # nesting of a JSON or YAML value
 
 _READ = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW
+_DIR = _READ | os.O_DIRECTORY
+_WRITE = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
 _JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"', re.S)
 _NOT_BRACKET = bytes(b for b in range(256) if b not in b"[]{}")
 
@@ -152,6 +167,105 @@ def iter_lines(root: str | Path, rel: str, what: str = "the pool",
                 yield lineno, start, None
                 continue
             yield lineno, start, line
+
+
+def beneath(root: str | Path, path: str | Path) -> tuple[Path, str]:
+    """``(tree, rel)`` to write ``path`` with: under ``root`` when ``path`` lies (lexically)
+    inside it, so links planted in the tree are refused; else ``path``'s own folder (the
+    caller's choice, created), with only the file name checked."""
+    rel = os.path.relpath(os.path.abspath(path), os.path.abspath(root))
+    if rel != os.pardir and not rel.startswith(os.pardir + os.sep):
+        return Path(root), rel
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    return Path(path).parent, Path(path).name
+
+
+def _unwritable(fd: int, name: str, shown: str, what: str) -> UntrustedFileError:
+    """Why ``name`` (in directory ``fd``; ``shown``: its path in the tree) is not written."""
+    mode = os.lstat(name, dir_fd=fd).st_mode
+    if stat.S_ISLNK(mode):
+        return UntrustedFileError(shown, f"symlink {shown} -> {os.readlink(name, dir_fd=fd)} in "
+                                  f"{what}; refused: nothing is written through a link (remove "
+                                  f"it)")
+    kind = "a directory" if stat.S_ISDIR(mode) else "not a regular file"
+    return UntrustedFileError(shown, f"{kind} where a file is written; refused")
+
+
+def _open_parent(root: str | Path, rel: str, what: str) -> tuple[int, str]:
+    """A descriptor of the folder that holds ``rel`` under ``root`` (folders created, no link
+    followed) and ``rel``'s file name, checked to be absent or a regular file."""
+    parts = Path(rel).parts
+    if not parts or Path(rel).is_absolute() or os.pardir in parts or os.curdir in parts:
+        raise UntrustedFileError(str(rel), f"not a file path inside {what}; refused")
+    fd = os.open(os.path.realpath(root), _DIR)
+    try:
+        for i, part in enumerate(parts[:-1]):
+            try:
+                os.mkdir(part, 0o755, dir_fd=fd)
+            except FileExistsError:
+                pass
+            try:
+                nxt = os.open(part, _DIR, dir_fd=fd)
+            except OSError as e:
+                if e.errno in (errno.ELOOP, errno.ENOTDIR):
+                    raise _unwritable(fd, part, os.path.join(*parts[:i + 1]), what) from None
+                raise
+            os.close(fd)
+            fd = nxt
+        try:
+            mode = os.lstat(parts[-1], dir_fd=fd).st_mode
+        except FileNotFoundError:
+            return fd, parts[-1]
+        if not stat.S_ISREG(mode):
+            raise _unwritable(fd, parts[-1], str(rel), what)
+        return fd, parts[-1]
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+@contextmanager
+def atomic_writer(root: str | Path, rel: str, what: str = "the pool") -> Iterator[BinaryIO]:
+    """A binary file that becomes ``rel`` under ``root`` when the block ends without an error
+    (and is removed when it raises); see the module docstring."""
+    fd, name = _open_parent(root, rel, what)
+    tmp = f".{name}.{secrets.token_hex(6)}.tmp"
+    try:
+        f = os.fdopen(os.open(tmp, _WRITE | os.O_EXCL, 0o644, dir_fd=fd), "wb")
+        try:
+            with f:
+                yield f
+            os.replace(tmp, name, src_dir_fd=fd, dst_dir_fd=fd)
+        except BaseException:
+            os.unlink(tmp, dir_fd=fd)
+            raise
+    finally:
+        os.close(fd)
+
+
+def write_bytes_atomic(root: str | Path, rel: str, data: bytes, what: str = "the pool") -> Path:
+    """Write ``data`` as ``rel`` under ``root`` (``atomic_writer``); the path written."""
+    with atomic_writer(root, rel, what) as f:
+        f.write(data)
+    return Path(root) / rel
+
+
+def open_for_append(root: str | Path, rel: str, what: str = "the pool") -> BinaryIO:
+    """``rel`` under ``root`` opened to append bytes (created if absent); see the module
+    docstring."""
+    fd, name = _open_parent(root, rel, what)
+    try:
+        out = os.open(name, _WRITE | os.O_APPEND, 0o644, dir_fd=fd)
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.ENXIO):  # a link or a FIFO swapped in meanwhile
+            raise _unwritable(fd, name, str(rel), what) from None
+        raise
+    finally:
+        os.close(fd)
+    if not stat.S_ISREG(os.fstat(out).st_mode):
+        os.close(out)
+        raise UntrustedFileError(str(rel), "not a regular file where a file is written; refused")
+    return os.fdopen(out, "ab")
 
 
 def _deep_line(text: str) -> int:

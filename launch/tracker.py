@@ -5,12 +5,12 @@
 failed group when it raised (worker died, timeout) or infrastructure faults left it fewer valid
 trajectories than GRPO's group baseline needs (``failure``; ``envs.trajectory.Group.trainable``:
 two, of K >= 2). Trajectories the task failed are valid (rewards with a status), so a group whose
-every episode the task crashed is kept. ``fail(ticket, why)`` then queues ``ticket.retried()`` (same id, same
-episode seed, one more attempt) while the ticket has been re-issued fewer than ``retries`` times,
-else records it in ``dropped[kind]`` (for training, the rows of ``dropped.jsonl``). When a waiting
-ticket goes out again is the caller's: a training ticket when admission has a slot, an evaluation
-ticket at once (evaluation is outside admission). Tickets restored from a checkpoint wait the
-same way.
+every episode the task crashed is kept. ``fail(ticket, why)`` then queues ``ticket.retried()``
+(same id, same episode seed, one more attempt) while the ticket has been re-issued fewer than
+``retries`` times, else records it in ``dropped[kind]`` (for training, the rows of
+``dropped.jsonl``). When a waiting ticket goes out again is the caller's: a training ticket when
+admission has a slot, an evaluation ticket at once (evaluation is outside admission). Tickets
+restored from a checkpoint wait the same way.
 
 ``settle(result)`` is ``failure`` for the controller, which also counts, over every group that
 comes back (``take_counts``, one metrics row each): ``task_errors``, ``infra_errors``,

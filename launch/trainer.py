@@ -45,6 +45,10 @@ def prepare_pool(cfg: Any, run_dir: Path) -> Path:
     return out
 
 
+def _progress(line: str) -> None:
+    print(f"envsched train: {line}", flush=True)
+
+
 def prepare_policy(cfg: Any, pool_dir: Path, run_dir: Path) -> str:
     if cfg.policy.path:  # a directory, or a hub id in the local cache: resolved once, here
         from actors.policy import resolve_model
@@ -86,6 +90,7 @@ def train(cfg: Any, run_dir: Path, address: Optional[str] = None, resume: bool =
     from launch.metrics import read_metrics, summarize
     from launch.recovery import Recovery, next_command
     from launch.resume import open_run
+    from launch.rollout import check_chat_format
     from launch.roles import Roles
     from launch.split import eval_sets, pool_split
 
@@ -101,8 +106,13 @@ def train(cfg: Any, run_dir: Path, address: Optional[str] = None, resume: bool =
                         f"run.batch_size={cfg.run.batch_size} (one step selects B distinct tasks; "
                         f"fix: lower run.batch_size or use a larger pool)")
     t_pool = time.perf_counter()
+    _progress(f"pool {pool_dir}: {len(pool.tasks)} tasks ({t_pool - t0:.0f} s)")
     model_path = prepare_policy(cfg, pool_dir, run_dir)
+    check_chat_format(cfg.policy.engine, model_path, cfg.rollout)
     t_sft = time.perf_counter()
+    _progress(f"policy {model_path} ({t_sft - t_pool:.0f} s); starting Ray and the roles "
+              f"({cfg.cluster.rollout.num} {cfg.policy.engine} rollout worker(s), "
+              f"{cfg.learner.ranks} learner rank(s), executors)")
     info = connect(cfg.cluster, address)
     roles = recovery = None
     try:
@@ -114,11 +124,13 @@ def train(cfg: Any, run_dir: Path, address: Optional[str] = None, resume: bool =
             cfg, roles, run_dir, eval_split_of=split_of,
             eval_task_ids=[t for ids in sets.values() for t in ids]))
         recovery.start(ckpt)
+        _progress("waiting for the executors' sandboxes and the rollout engines to start")
         not_ready = roles.wait_ready(cfg.controller.call_timeout_s)
         if not_ready:
             print(f"warning: not every executor started ({not_ready}); the run goes on and the "
                   f"executor pool replaces those that failed", flush=True)
         t_start = time.perf_counter()
+        _progress(f"ready after {t_start - t0:.0f} s; training {cfg.run.steps} steps")
         result, policy_dir = recovery.run(run_dir / "policy")
         t_train = time.perf_counter()
         _write_jsonl(run_dir / "filter_log.jsonl", roles.filter_events())

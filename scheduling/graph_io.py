@@ -12,6 +12,7 @@ the graph class is passed in).
 
 from __future__ import annotations
 
+import io
 import json
 from dataclasses import asdict
 from pathlib import Path
@@ -27,7 +28,17 @@ ARRAYS = ("env_of", "abs_group", "within_idx", "within_sim", "within_complete", 
 
 
 def save_graph(graph, path: Path) -> Path:
+    """Write ``graph`` to ``path`` (a run's own folder; a pool's cache goes through
+    ``envs.untrusted.write_bytes_atomic`` with ``graph_bytes``, refusing planted links)."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp.npz")
+    tmp.write_bytes(graph_bytes(graph))
+    tmp.replace(path)
+    return path
+
+
+def graph_bytes(graph) -> bytes:
+    """The ``.npz`` of ``graph`` (the layout above), in memory."""
     out = {k: getattr(graph, k) for k in ARRAYS}
     for name in ("X_full", "X_abs"):
         m = getattr(graph, name)
@@ -38,10 +49,9 @@ def save_graph(graph, path: Path) -> Path:
     meta = {"format_version": FORMAT_VERSION, "config": asdict(graph.config),
             "content_hash": graph.content_hash, "info": graph.info}
     out["meta"] = np.array(json.dumps(meta))
-    tmp = path.with_name(path.name + ".tmp.npz")
-    np.savez(tmp, **out)
-    tmp.replace(path)
-    return path
+    buf = io.BytesIO()
+    np.savez(buf, **out)
+    return buf.getvalue()
 
 
 def load_graph(cls, path: Path, expected_hash: Optional[str] = None):

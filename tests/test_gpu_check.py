@@ -29,6 +29,7 @@ def test_collect_only_lists_every_gpu_test_and_the_benchmarks(tmp_path):
     assert any("test_learner_gpu.py::" in ln for ln in listed)
     assert any("test_rollout_vllm.py::test_vllm_engine_on_a_gpu" in ln for ln in listed)
     assert "bench: envsched bench learner --ranks 1 --zero 3 --gpus-per-rank 1" in out.stdout
+    assert "train-real: envsched train --config configs/gpu_single_node.yaml" in out.stdout
 
 
 @pytest.mark.skipif(_cuda(), reason="a CUDA machine runs the real check")

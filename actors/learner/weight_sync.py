@@ -205,6 +205,21 @@ def load_into_runner(runner, weights) -> None:
         runner.reload_weights(weights_iterator=weights)
     else:
         runner.model.load_weights(weights=weights)
+    _repack_cpu_lm_head(runner.get_model() if hasattr(runner, "get_model") else runner.model)
+
+
+def _repack_cpu_lm_head(model) -> None:
+    """vLLM's CPU backend packs a linear layer's weight once after loading (``cpu_linear``: a
+    oneDNN handle or a packed copy). A tied ``lm_head`` shares the embedding's weight but gets no
+    weights of its own on a reload, so it went on sampling from the packed copy of the old
+    embedding: 1.17 nats off the learner after a sync that changed the embedding, found by the
+    collective-sync test. Pack it again from the (new) shared weight; GPUs have no packed copy."""
+    head = getattr(model, "lm_head", None)
+    if head is None or not hasattr(head, "cpu_linear") or getattr(head, "weight", None) is None:
+        return
+    from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
+
+    dispatch_cpu_unquantized_gemm(head, remove_weight=False)
 
 
 class VLLMWorkerExtension:

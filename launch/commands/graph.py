@@ -3,8 +3,9 @@
 ``build`` loads the pool, derives operation descriptions (the pool's own, else those of an LLM
 pre-pass in ``<pool>/op_descriptions.jsonl`` (``envsched graph describe``), else the static
 extractor), encodes the six views and the abstract view, ranks candidates and writes the cache
-(default ``<pool>/graph.npz``), then prints its size (nodes, nnz, candidate-list lengths, bytes)
-and the time per stage. ``--json`` prints the same as one JSON object.
+(default ``<pool>/graph.npz``; a symlink on the way inside the pool is refused,
+``envs.untrusted.write_bytes_atomic``), then prints its size (nodes, nnz, candidate-list
+lengths, bytes) and the time per stage. ``--json`` prints the same as one JSON object.
 
 Other modules may add subcommands: a module ``launch/commands/graph_<name>.py`` (e.g.
 ``graph_describe.py``) with ``add_arguments(parser)`` and ``run(args) -> int`` becomes
@@ -42,9 +43,11 @@ def run_build(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from envs.pool import load_pool
+    from envs.untrusted import UntrustedFileError, beneath, write_bytes_atomic
     from launch.errors import UserError
     from envs.opdesc import OpDescriptionError, pool_descriptions
     from scheduling.graph import DualGraph, GraphConfig, GraphError
+    from scheduling.graph_io import graph_bytes
 
     pool = load_pool(args.pool)
     overrides = {k: v for k, v in (("within_candidates", args.within_candidates),
@@ -55,8 +58,14 @@ def run_build(args: argparse.Namespace) -> int:
                                 state_of=pool.initial_state)
     except (GraphError, OpDescriptionError) as e:
         raise UserError(str(e)) from None
+    except UntrustedFileError as e:  # op_descriptions.jsonl linked out of the pool
+        raise UserError(f"{args.pool}: {e}") from None
     out = Path(args.out) if args.out else Path(args.pool) / "graph.npz"
-    graph.save(out)
+    tree, rel = beneath(args.pool, out)
+    try:  # the pool is data: a link planted at graph.npz (or a folder above it) is refused
+        write_bytes_atomic(tree, rel, graph_bytes(graph))
+    except UntrustedFileError as e:
+        raise UserError(f"{tree}: {e}") from None
     report = {"pool": str(args.pool), "out": str(out), **graph.size(),
               "file_bytes": out.stat().st_size, **graph.info}
     if args.json:

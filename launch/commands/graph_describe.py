@@ -3,7 +3,9 @@
 Asks an OpenAI-compatible server (e.g. `vllm serve MODEL` -> http://HOST:8000/v1) for each task's
 structured operation description (Appendix E), validates and caches every answer, falls back to
 the static extractor with a logged reason, and writes ``DIR/op_descriptions.jsonl`` (or --out),
-which ``envsched graph build`` then uses instead of the static extractor.
+which ``envsched graph build`` then uses instead of the static extractor. Both files are pool
+data: a symlink planted at them or at a folder above them in the pool is refused, naming it
+(``envs.untrusted``).
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ from __future__ import annotations
 import argparse
 import os
 from pathlib import Path
+
+CACHE_FILE = ".cache/op_descriptions_cache.jsonl"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -36,16 +40,21 @@ def run(args: argparse.Namespace) -> int:
     from envs.opdesc import DESCRIPTIONS_FILE, write_descriptions
     from envs.opdesc_llm import LLMDescriber
     from envs.pool import load_pool
+    from envs.untrusted import UntrustedFileError
+    from launch.errors import UserError
 
     pool = load_pool(args.pool)
     root = Path(args.pool)
-    describer = LLMDescriber(args.endpoint, args.model, api_key=args.api_key,
-                             cache_path=args.cache or root / ".cache" / "op_descriptions_cache.jsonl",
-                             concurrency=args.concurrency, retries=args.retries,
-                             timeout_s=args.timeout, json_mode=args.json_mode,
-                             max_tokens=args.max_tokens)
-    descriptions, stats = describer.describe_pool(pool, progress=not args.no_progress)
-    out = write_descriptions(args.out or root / DESCRIPTIONS_FILE, descriptions)
+    try:  # the pool is data: its cache and descriptions are never read or written via a link
+        describer = LLMDescriber(args.endpoint, args.model, api_key=args.api_key,
+                                 cache_path=args.cache or root / CACHE_FILE, cache_root=root,
+                                 concurrency=args.concurrency, retries=args.retries,
+                                 timeout_s=args.timeout, json_mode=args.json_mode,
+                                 max_tokens=args.max_tokens)
+        descriptions, stats = describer.describe_pool(pool, progress=not args.no_progress)
+        out = write_descriptions(args.out or root / DESCRIPTIONS_FILE, descriptions, root=root)
+    except UntrustedFileError as e:
+        raise UserError(f"{args.pool}: {e}") from None
     print(f"{len(descriptions)} tasks: {stats.summary()}")
     for task_id, reason in list(stats.reasons.items())[:20]:
         print(f"  fallback {task_id}: {reason}")

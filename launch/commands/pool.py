@@ -1,8 +1,9 @@
 """Pool tools: envsched pool validate|generate (and import, when its module is present).
 
-``envsched pool validate DIR [--strict/--no-strict] [--json]`` loads a pool, checks tool schemas
-and checks statically, then loads every environment and replays every reference solution inside
-the sandbox (``envs.validate``). Exit status: 0 valid, 1 problems found (listed; bad tasks are
+``envsched pool validate DIR [--strict/--no-strict] [--json] [--workers N]`` loads a pool,
+checks tool schemas and checks statically, then loads every environment and replays every
+reference solution inside the sandbox (``envs.validate``; ``--workers``: how many sandbox
+workers replay in parallel). Exit status: 0 valid, 1 problems found (listed; bad tasks are
 skipped), 2 with ``--strict`` at the first problem (one line naming file, line and task id).
 
 ``envsched pool generate --out DIR --envs N --tasks-per-env M --seed S`` writes a builtin pool
@@ -33,6 +34,9 @@ def _validate_arguments(p: argparse.ArgumentParser) -> None:
                    help="abort at the first bad task (default: skip and list bad tasks)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--seed", type=int, default=0, help="episode seed for the replays")
+    p.add_argument("--workers", type=int, default=None,
+                   help="sandbox workers replaying in parallel (default: one per CPU, at most "
+                        "envs.validate.MAX_WORKERS, never more than environments)")
 
 
 def _validate_run(args: argparse.Namespace) -> int:
@@ -43,9 +47,11 @@ def _validate_run(args: argparse.Namespace) -> int:
             print(f"\rchecked {done}/{total} tasks", end="\n" if done == total else "",
                   file=sys.stderr, flush=True)
 
+    if args.workers is not None and args.workers < 1:
+        raise UserError(f"--workers must be >= 1, got {args.workers}")
     tty = sys.stderr.isatty() and not args.json
     report = validate_pool(args.dir, strict=args.strict, seed=args.seed,
-                           progress=progress if tty else None)
+                           progress=progress if tty else None, workers=args.workers)
     print(strict_json.dumps(report.to_dict(), indent=1) if args.json else report.format())
     return 0 if report.ok else 1
 

@@ -1,5 +1,6 @@
 """``envsched bench mfu``: the FLOP accounting is the documented formula, and a run on the tiny
-policy reports every figure with MFU in (0, 1]."""
+policy reports every figure. Utilisation is only checked to be positive: on a shared 2-core host
+the wall-clock peak probe of a small matmul can be slower than the model's step."""
 
 from __future__ import annotations
 
@@ -23,13 +24,13 @@ def test_a_tiny_policy_run_reports_rates_and_utilisation(capsys):
     from actors.policy import build_tiny_policy
 
     assert main(["bench", "mfu", "--model", str(build_tiny_policy()), "--seq", "32",
-                 "--batch", "2", "--steps", "1", "--peak-n", "128", "--peak-reps", "1",
+                 "--batch", "2", "--steps", "1", "--peak-n", "256", "--peak-reps", "3",
                  "--dtypes", "fp32", "--generate", "3", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     run = out["runs"][0]
     assert run["dtype"] == "fp32" and run["tokens_per_step"] == 64 and run["tokens_per_s"] > 0
     assert 0 < run["mfu"] and 0 < run["cpu_mfu"] and run["peak_gflops"] > 0
-    assert out["generate"]["generated"] == 3 and out["generate"]["decode_tokens_per_s"] > 0
+    assert out["generate"]["generated"] == 3 and out["generate"]["decode_cpu_s_per_token"] > 0
 
 
 def test_bad_dtypes_are_a_one_line_error(capsys):

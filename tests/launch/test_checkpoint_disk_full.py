@@ -129,7 +129,7 @@ def test_a_run_whose_checkpoint_disk_fills_stops_with_one_line_and_resumes_from_
 
     pool_dir = generate_pool(tmp_path / "pool", 3, 3, seed=2)
     run_dir = tmp_path / "run"
-    disk = small_disk(run_dir / "checkpoints", 24)
+    disk = small_disk(run_dir / "checkpoints", 64)   # three checkpoints of ~13 MB
     config = tmp_path / "config.yaml"
     config.write_text(yaml.safe_dump({
         "run": {"steps": 3, "batch_size": 2, "seed": 0}, "pool": {"path": str(pool_dir)},

@@ -11,8 +11,8 @@ rank's process gets SIGKILL.
 What "exactly once" means across the rebuild (the resume semantics, ``launch/recovery.py``):
 groups.jsonl lists every ticket once and B per step (rows of the steps after the checkpoint are
 cut and those steps trained again); the rows up to the checkpoint are the ones written before
-the death; the restored scheduler observed each accepted group once. Measured here (2-core box,
-load ~6): SIGKILL -> the first step after the rebuild done in ~20 s (`pytest -s` prints it)."""
+the death; the restored scheduler observed each accepted group once. ``pytest -s`` prints the
+recovery time (SIGKILL -> the first step after the rebuild done) and the run's time."""
 
 from __future__ import annotations
 

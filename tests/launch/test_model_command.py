@@ -43,3 +43,14 @@ def test_fetch_of_a_cached_builtin_downloads_nothing(tmp_path, monkeypatch, caps
     monkeypatch.setattr(checkpoints.subprocess, "run", None)  # any download would raise
     assert main(["model", "fetch", "smollm2"]) == 0
     assert capsys.readouterr().out == f"ready: {out}\n"
+
+
+def test_a_run_with_an_unfetched_builtin_fails_its_preflight_in_one_line(tmp_path, monkeypatch):
+    from launch.config import load_config
+    from launch.doctor import check_policy
+
+    monkeypatch.setenv("ENVSCHED_CACHE", str(tmp_path))
+    [check] = check_policy(load_config(None, ["policy.path=smollm2"]))
+    line = check.line()
+    assert check.status == "fail" and "\n" not in line and "(fix:" not in line
+    assert line.endswith("run `envsched model fetch smollm2` (or `make model`)")
