@@ -150,13 +150,10 @@ class RoleResources(_Section):
     @field_validator("python")
     @classmethod
     def _python_is_absolute(cls, v: Optional[str]) -> Optional[str]:
-        if v is None:
-            return v
-        path = os.path.expanduser(v)
-        if not os.path.isabs(path):
+        if v is not None and not os.path.isabs(os.path.expanduser(v)):
             raise ValueError(f"python must be an absolute path (a node's interpreter), got {v!r}; "
                              f"fix: e.g. ~/.cache/envsched/vllm-cpu/bin/python")
-        return path
+        return v if v is None else os.path.expanduser(v)
 
 
 class ClusterConfig(_Section):

@@ -16,6 +16,7 @@ need them.
 
 from __future__ import annotations
 
+import sys
 import time
 from typing import Any, Optional
 
@@ -80,6 +81,27 @@ def check_chat_format(engine: str, model: Optional[str], config) -> None:
         raise UserError(f"model {path}: {e}") from None
 
 
+def _say(line: str) -> None:
+    print(f"envsched rollout: {line}", file=sys.stderr, flush=True)
+
+
+def _wait_showing_progress(refs: list, timeout: float, k: int, t0: float) -> list:
+    """Wait for every group (at most ``timeout`` s), printing a line as each one lands (on stderr:
+    ``--json`` output stays clean); returns the refs still pending."""
+    import ray
+
+    pending, total = list(refs), len(refs)
+    while pending:
+        left = timeout - (time.perf_counter() - t0)
+        if left <= 0:
+            break
+        _, pending = ray.wait(pending, num_returns=1, timeout=left)
+        done = total - len(pending)
+        _say(f"groups {done}/{total} ({done * k}/{total * k} episodes), "
+             f"{time.perf_counter() - t0:.0f} s")
+    return pending
+
+
 def run_groups(pool_dir: str, task_ids: list[str], engine: str, model: Optional[str], config,
                workers: int, seed: int, timeout: float, executor_cfg: Optional[dict] = None,
                num_cpus: float = 0.5) -> tuple[list, float, float]:
@@ -104,6 +126,8 @@ def run_groups(pool_dir: str, task_ids: list[str], engine: str, model: Optional[
                                     config=config.model_dump(), executor_config=executor_cfg,
                                     name=f"rollout-{i}")
                for i in range(workers)]
+    _say(f"starting {workers} {engine} rollout worker(s) and their sandboxes for "
+         f"{len(task_ids)} groups of {config.k}")
     try:
         ray.get([h.ping.remote() for h in handles], timeout=min(timeout, 600))
         t_ready = time.perf_counter()
@@ -112,7 +136,7 @@ def run_groups(pool_dir: str, task_ids: list[str], engine: str, model: Optional[
         t0 = time.perf_counter()
         refs = [handles[i % workers].run_group.remote(Ticket.direct(task_id, 0, seed, ticket_id=i))
                 for i, task_id in enumerate(task_ids)]
-        ready, pending = ray.wait(refs, num_returns=len(refs), timeout=timeout)
+        pending = _wait_showing_progress(refs, timeout, config.k, t0)
         if pending:
             missing = [task_ids[refs.index(r)] for r in pending]
             raise TimeoutError(f"{len(pending)} groups unfinished after {timeout} s: {missing[:5]}")

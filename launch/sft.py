@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import sys
 import time
 from pathlib import Path
 from typing import Any, Optional, Sequence
@@ -142,6 +143,9 @@ def train_sft(model: Any, sequences: list[tuple[list[int], list[int]]], epochs: 
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
         losses.append(total / max(count, 1.0))
+        print(f"sft: epoch {len(losses)}/{epochs}: masked loss {losses[-1]:.4f}"
+              + (f" (stops at {target_loss})" if target_loss is not None else ""),
+              file=sys.stderr, flush=True)
         if target_loss is not None and losses[-1] <= target_loss:
             break
     model.eval()

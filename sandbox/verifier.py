@@ -17,14 +17,15 @@ computes the reward itself.
 
 A check that raises (any ``BaseException``), returns anything but ``True``, dies (``os._exit``, a
 signal), answers garbage or runs past its time fails, that check only: SIGALRM at
-``tool_timeout_s`` (``runtime.deadline``), then SIGKILL of the check's process group after
-``KILL_GRACE_S`` more; all checks of one verify share a wall-clock budget inside the worker's hard
-limit (``call_timeout_s`` / 2 + ``tool_timeout_s`` per check), past which the remaining checks
-fail unrun. Each check sees the handed-over state as it arrived: a check that mutates
-``final_state`` changes nothing another check sees (in-process ``EpisodeRuntime.verify`` shares
-it, as EnvScaler does). A check that kills the verifier process itself (same uid) is a ``crash``
-of that verify; one that kills a sibling check's process makes that check fail (its own uid can
-signal it): interference can lower a reward, never raise it.
+``tool_timeout_s`` (``runtime.deadline``), then SIGKILL of the check's process group once the
+parent has waited ``backstop_s`` (the fork's start is unseen by the parent); all checks of one
+verify share a wall-clock budget inside the worker's hard limit (``call_timeout_s`` / 2 +
+``tool_timeout_s`` per check), past which the remaining checks fail unrun. Each check sees the
+handed-over state as it arrived: a check that mutates ``final_state`` changes nothing another
+check sees (in-process ``EpisodeRuntime.verify`` shares it, as EnvScaler does). A check that
+kills the verifier process itself (same uid) is a ``crash`` of that verify; one that kills a
+sibling check's process makes that check fail (its own uid can signal it): interference can
+lower a reward, never raise it.
 
 The fork is a spare (``sandbox.spares``) given a verify job: checks, the final state's bytes, the
 initial state's bytes (when a check names ``initial_state``), the episode's seed and clock.
@@ -109,7 +110,7 @@ def collect(spare: Spare, checks: list[Check], cfg: dict[str, Any]) -> VerifyRes
 def _last_verdict(spare: Spare, check_id: str, cfg: dict[str, Any]) -> CheckResult:
     soft = cfg["tool_timeout_s"]
     try:
-        payload = read_frame(spare.rep_fd, VERDICT_BYTES, time.monotonic() + soft + KILL_GRACE_S)
+        payload = read_frame(spare.rep_fd, VERDICT_BYTES, time.monotonic() + backstop_s(soft))
         reply = parse_reply(payload, "checks", with_cpu=False)
     except FrameError as e:
         return _failed(check_id, e, _reap(spare.pid), soft)
@@ -131,6 +132,16 @@ def _reap(pid: int) -> Optional[int]:
 
 
 KILL_GRACE_S = 0.25      # after the soft SIGALRM: a check that ignores it is killed this late
+
+
+def backstop_s(soft: float) -> float:
+    """How long the parent waits for a check's verdict before it kills the check's process. The
+    check's own SIGALRM fires ``soft`` after the check starts in its fork, which the parent cannot
+    see: on a loaded machine a new fork can wait most of a second to be scheduled (seen: a
+    1 s check killed at 1.25 s with 40 sessions waiting on 2 cores, reward 0.5 for a reference
+    solution). So the backstop allows the fork ``soft`` to start, then ``soft + KILL_GRACE_S``;
+    it only ever ends checks that ignore their alarm."""
+    return 2 * soft + KILL_GRACE_S
 VERDICT_BYTES = 64 << 10  # one verdict frame: a bool and an error message (truncated below)
 ERROR_CHARS = 4000
 WINDOW = 4  # checks judged at once: their forks' scheduling waits overlap (RLIMIT_NPROC allows)
@@ -212,7 +223,7 @@ class _Judges:
             finally:
                 os._exit(0)
         os.close(write_fd)
-        deadline = min(time.monotonic() + self.soft + KILL_GRACE_S, self.budget)
+        deadline = min(time.monotonic() + backstop_s(self.soft), self.budget)
         return _Judge(index, pid, read_fd, deadline)
 
     def _wait(self, running: list[_Judge]) -> _Judge:

@@ -124,7 +124,7 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
     return loss, stats
 
 
-MISMATCH_SUMS = ("mismatch_tokens", "mismatch_abs_sum", "iw_sum", "iw_sq_sum")
+MISMATCH_SUMS = ("mismatch_tokens", "mismatch_abs_sum", "iw_sum", "iw_dev_sq_sum")
 MISMATCH_EXTREMES = ("mismatch_abs_max", "iw_max", "neg_iw_min")
 
 
@@ -138,10 +138,11 @@ def mismatch_stats(logp: torch.Tensor, behav_logp: torch.Tensor,
     m = mask.bool()
     if not bool(m.any()):
         return {**{k: 0.0 for k in MISMATCH_SUMS}, **{k: float("-inf") for k in MISMATCH_EXTREMES}}
-    d = (logp.detach().float() - behav_logp.float())[m]
+    d = (logp.detach().double() - behav_logp.double())[m]
     w = torch.exp(d)
+    # (w - 1)^2, not w^2: weights within 1e-5 of 1 leave E[w^2] - E[w]^2 to rounding noise
     return {"mismatch_tokens": float(m.sum()), "mismatch_abs_sum": float(d.abs().sum()),
-            "iw_sum": float(w.sum()), "iw_sq_sum": float((w * w).sum()),
+            "iw_sum": float(w.sum()), "iw_dev_sq_sum": float(torch.expm1(d).square().sum()),
             "mismatch_abs_max": float(d.abs().max()), "iw_max": float(w.max()),
             "neg_iw_min": float(-w.min())}
 
@@ -153,10 +154,11 @@ def mismatch_metrics(sums: dict[str, float], extremes: dict[str, float]) -> dict
     if n <= 0:
         return {}
     mean_w = sums["iw_sum"] / n
+    shift = mean_w - 1.0
     return {"mismatch_logprob_abs_mean": sums["mismatch_abs_sum"] / n,
             "mismatch_logprob_abs_max": extremes["mismatch_abs_max"],
             "mismatch_iw_mean": mean_w,
-            "mismatch_iw_std": max(sums["iw_sq_sum"] / n - mean_w * mean_w, 0.0) ** 0.5,
+            "mismatch_iw_std": max(sums["iw_dev_sq_sum"] / n - shift * shift, 0.0) ** 0.5,
             "mismatch_iw_min": -extremes["neg_iw_min"], "mismatch_iw_max": extremes["iw_max"]}
 
 

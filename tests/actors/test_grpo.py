@@ -215,3 +215,10 @@ def test_mismatch_stats_measure_the_engine_against_the_learner_on_masked_tokens_
                                     if k in keys} for keys in (grpo.MISMATCH_SUMS,
                                                                grpo.MISMATCH_EXTREMES)])
     assert same["mismatch_logprob_abs_max"] == 0 and same["mismatch_iw_std"] == 0
+    # weights within 1e-5 of 1 (an engine in sync): the spread is theirs, not rounding noise
+    tiny = torch.tensor([[1e-5, -1e-5, 2e-5, 0.0]], dtype=torch.float32)
+    st = grpo.mismatch_stats(logp[:, :1].expand(1, 4) + tiny, logp[:, :1].expand(1, 4),
+                             torch.ones(1, 4))
+    spread = grpo.mismatch_metrics({k: st[k] for k in grpo.MISMATCH_SUMS},
+                                   {k: st[k] for k in grpo.MISMATCH_EXTREMES})["mismatch_iw_std"]
+    assert spread == pytest.approx(float(np.std(np.exp(tiny.double().numpy()))), rel=0.05)

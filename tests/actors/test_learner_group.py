@@ -186,7 +186,7 @@ def test_auto_sync_picks_object_store_for_engines_without_nccl():
     assert isinstance(make_weight_sync([Local()]), ObjectStoreSync)
     assert isinstance(make_weight_sync([Remote()]), CollectiveSync)
     assert isinstance(make_weight_sync([Remote()], "object_store"), ObjectStoreSync)
-    with pytest.raises(ValueError, match="auto, nccl or object_store"):
+    with pytest.raises(ValueError, match="auto, collective or object_store"):
         make_weight_sync([Local()], "gloo")
 
 

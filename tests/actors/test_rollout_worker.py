@@ -98,8 +98,11 @@ def test_rollout_command_writes_groups_and_prints_the_summary(ray_local, gen_poo
     assert rc == 0
     groups = [Group.from_dict(json.loads(line)) for line in out.read_text().splitlines()]
     assert [g.task_id for g in groups] == [t.task_id for t in gen_pool.tasks[:2]]
-    summary = json.loads(capsys.readouterr().out)
+    captured = capsys.readouterr()
+    summary = json.loads(captured.out)
     assert (summary["groups"], summary["trajectories"], summary["mean_reward"]) == (2, 4, 1.0)
+    # progress as groups land, on stderr (stdout stays the JSON summary)
+    assert "envsched rollout: groups 2/2 (4/4 episodes)" in captured.err
     assert summary["statuses"] == {"ok": 4} and summary["mean_group_variance"] == 0.0
     # the clock starts once the executors are up; the wait is reported, not hidden
     assert summary["executors_ready_s"] > 0.0

@@ -26,16 +26,20 @@ def test_sft_lowers_loss_and_writes_a_model(tmp_path):
     assert model.config.vocab_size == len(tok)
 
 
-def test_sft_stops_at_the_target_loss(tmp_path):
+def test_sft_stops_at_the_target_loss(tmp_path, capsys):
     from envs.generator import generate_pool
     from launch.sft import run_sft
 
     pool = generate_pool(tmp_path / "pool", 1, 1, seed=5)
     full = run_sft(pool, tmp_path / "a", epochs=3, lr=3e-3, task_fraction=1.0, max_examples=1)
     target = (full["epoch_loss"][0] + full["epoch_loss"][1]) / 2   # met after the 2nd epoch
+    capsys.readouterr()
     out = run_sft(pool, tmp_path / "b", epochs=3, lr=3e-3, task_fraction=1.0, max_examples=1,
                   target_loss=target)
     assert out["epoch_loss"] == pytest.approx(full["epoch_loss"][:2])
+    # progress as it goes: one line per epoch on stderr
+    lines = [x for x in capsys.readouterr().err.splitlines() if x.startswith("sft: epoch")]
+    assert [x.split(":")[1].strip() for x in lines] == ["epoch 1/3", "epoch 2/3"]
 
 
 def test_reference_sequences_mask_only_model_tokens(tmp_path):
