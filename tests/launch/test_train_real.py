@@ -74,9 +74,9 @@ def test_smollm2_trains_through_vllm_and_zero3_resumes_and_exports_a_model_vllm_
 
     pool = make_notes_pool(tmp_path / "p")
     run = tmp_path / "run"
-    base = ["train", "--config", str(REPO / "configs/cpu_real.yaml"), "--out", str(run),
-            f"pool.path={pool.root}", *SMALL]
-    assert main(base + ["run.steps=1"]) == 0
+    head = ["train", "--config", str(REPO / "configs/cpu_real.yaml"), "--out", str(run)]
+    overrides = [f"pool.path={pool.root}", *SMALL]
+    assert main(head + overrides + ["run.steps=1"]) == 0
     rows = _metrics(run)
     assert [r["step"] for r in rows] == [1]
     first = rows[0]
@@ -84,7 +84,7 @@ def test_smollm2_trains_through_vllm_and_zero3_resumes_and_exports_a_model_vllm_
     assert first["learner_mismatch_logprob_abs_max"] < 0.05, first
     assert 0.9 < first["learner_mismatch_iw_mean"] < 1.1
 
-    assert main(base + ["--resume", "run.steps=2"]) == 0     # extend the run from step 1
+    assert main(head + ["--resume"] + overrides + ["run.steps=2"]) == 0   # extend from step 1
     rows = _metrics(run)
     assert [r["step"] for r in rows] == [1, 2]
     # the weights of step 1 were published into vLLM before step 2 was sampled
