@@ -27,6 +27,7 @@ from collections import Counter
 
 import psutil
 import pytest
+from toy_run import toy_tree  # tests/launch/
 
 pytestmark = pytest.mark.slow
 
@@ -34,21 +35,7 @@ pytestmark = pytest.mark.slow
 def _cfg(pool_dir):
     from launch.config import build_config
 
-    return build_config({
-        "run": {"steps": 3, "batch_size": 2, "seed": 0},
-        "pool": {"path": str(pool_dir)},
-        "scheduler": {"params": {"c1": 1, "c3": 3, "cold_start_env_cap": 1}},
-        "controller": {"max_staleness": 1, "max_concurrent_groups": 4, "call_timeout_s": 120,
-                       "retries": 2, "checkpoint_every": 1, "progress_bar": False},
-        "cluster": {"rollout": {"num": 1, "num_cpus": 0.25}, "scheduler": {"num_cpus": 0.1}},
-        "policy": {"engine": "scripted"},
-        "sft": {"enabled": False},
-        "executors": {"num_executors": 1, "workers_per_executor": 2,
-                      "num_cpus_per_executor": 0.1},
-        "rollout": {"k": 2, "max_turns": 3, "enable_thinking": False},
-        "learner": {"ranks": 1, "lr": 1e-4, "warmup_steps": 0, "total_steps": 4,
-                    "num_cpus_per_rank": 0.25, "micro_batch_size": 4},
-    })
+    return build_config(toy_tree(pool_dir, steps=3, checkpoint_every=1, total_steps=4))
 
 
 def _sigkill_actor_process(class_name: str, wait_s: float = 60.0) -> int:
