@@ -181,7 +181,9 @@ class PolicyConfig(_Section):
 
 
 class SftConfig(_Section):
-    enabled: bool = True
+    """Warm start on the training tasks' reference solutions (``launch.sft``, into RUN_DIR/sft)."""
+
+    enabled: Optional[bool] = Field(None, description="null: the tiny policy only; true: any")
     epochs: int = Field(40, ge=0, description="at most this many passes")
     target_loss: Optional[float] = Field(None, gt=0, description="stop after the first pass "
                                          "whose mean masked loss is at or below this")

@@ -210,11 +210,14 @@ def check_policy(cfg: Any) -> list[Check]:
     from actors.checkpoints import PolicyPathError
     from actors.policy import resolve_model
 
+    from launch.trainer import warm_starts
+
+    how = "sft warm start" if warm_starts(cfg) else "as is"
     if not cfg.policy.path:
-        how = "sft warm start" if cfg.sft.enabled and cfg.policy.engine != "scripted" else "as is"
         return [Check("policy", "ok", f"the tiny local policy ({how})")]
     try:
-        return [Check("policy", "ok", f"{cfg.policy.path} -> {resolve_model(cfg.policy.path)}")]
+        return [Check("policy", "ok", f"{cfg.policy.path} -> {resolve_model(cfg.policy.path)} "
+                      f"({how})")]
     except PolicyPathError as e:  # its message ends with the fix
         return [Check("policy", "fail", str(e))]
     except FileNotFoundError as e:

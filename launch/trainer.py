@@ -49,14 +49,24 @@ def _progress(line: str) -> None:
     print(f"envsched train: {line}", flush=True)
 
 
+def warm_starts(cfg: Any) -> bool:
+    """Whether ``prepare_policy`` runs the supervised warm start (``SftConfig.enabled``)."""
+    if cfg.policy.engine == "scripted":
+        return False
+    return cfg.sft.enabled if cfg.sft.enabled is not None else not cfg.policy.path
+
+
 def prepare_policy(cfg: Any, pool_dir: Path, run_dir: Path) -> str:
+    base = None
     if cfg.policy.path:  # a directory, or a hub id in the local cache: resolved once, here
         from actors.policy import resolve_model
 
-        return resolve_model(cfg.policy.path)
-    from actors.policy import build_tiny_policy
+        base = resolve_model(cfg.policy.path)
+    if not warm_starts(cfg):
+        if base is not None:
+            return base
+        from actors.policy import build_tiny_policy
 
-    if not cfg.sft.enabled or cfg.policy.engine == "scripted":
         return str(build_tiny_policy(seed=cfg.run.seed))
     out = run_dir / "sft"
     if not (out / "config.json").is_file():
@@ -69,7 +79,7 @@ def prepare_policy(cfg: Any, pool_dir: Path, run_dir: Path) -> str:
         train_ids = pool_split(load_pool(pool_dir), cfg.pool).train  # held-out tasks stay unseen
         summary = run_sft(pool_dir, out, s.epochs, s.lr, s.task_fraction, s.max_examples,
                           cfg.run.seed, batch=s.batch, target_loss=s.target_loss,
-                          sandbox=cfg.executors.sandbox, only=train_ids)
+                          sandbox=cfg.executors.sandbox, only=train_ids, base=base)
         print(f"sft: {summary['tasks']} tasks, loss {summary['epoch_loss'][0]:.3f} -> "
               f"{summary['epoch_loss'][-1]:.3f} in {summary['seconds']} s", flush=True)
     return str(out)

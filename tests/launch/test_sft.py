@@ -97,3 +97,41 @@ def test_an_environment_that_does_not_load_is_one_line(tmp_path, capsys):
     pool = _pool_with(tmp_path, "class Shelf(:\n")
     assert main(["sft", "--pool", str(pool), "--out", str(tmp_path / "o"), "--epochs", "1"]) == 2
     assert "environment shelf does not load in the sandbox" in _error_line(capsys)
+
+
+@pytest.mark.parametrize("path,enabled,engine,warm", [
+    (None, None, "hf", True), (None, False, "hf", False), (None, True, "scripted", False),
+    ("some/model", None, "hf", False), ("some/model", True, "hf", True),
+    ("some/model", False, "vllm", False)])
+def test_which_runs_warm_start(path, enabled, engine, warm):
+    from launch.config import load_config
+    from launch.trainer import warm_starts
+
+    cfg = load_config(None, [f"policy.path={path or 'null'}", f"policy.engine={engine}",
+                             f"sft.enabled={'null' if enabled is None else str(enabled).lower()}"])
+    assert warm_starts(cfg) is warm
+
+
+def test_sft_enabled_warm_starts_a_given_policy_path(tmp_path):
+    """``sft.enabled: true`` with ``policy.path``: the pretrained policy is the warm start's base
+    (``envsched bench heldout`` warm-starts SmolLM2 so); without it the path is used as it is."""
+    import torch
+
+    from actors.policy import build_tiny_policy, load_policy
+    from envs.generator import generate_pool
+    from launch.config import load_config
+    from launch.trainer import prepare_policy
+
+    base = build_tiny_policy(seed=3)
+    pool = generate_pool(tmp_path / "pool", 1, 2, seed=5)
+    common = [f"policy.path={base}", "sft.epochs=1", "sft.lr=0.003", "pool.heldout_task_frac=0"]
+    as_is = prepare_policy(load_config(None, common), pool, tmp_path / "a")
+    assert Path(as_is) == Path(base) and not (tmp_path / "a" / "sft").exists()
+    warm = prepare_policy(load_config(None, [*common, "sft.enabled=true"]), pool, tmp_path / "b")
+    assert Path(warm) == tmp_path / "b" / "sft"
+    before, _ = load_policy(base)
+    after, _ = load_policy(warm)
+    moved = [n for (n, p), q in zip(before.named_parameters(), after.parameters())
+             if not torch.equal(p, q)]
+    assert moved, "the warm start trained nothing"
+    assert after.config.vocab_size == before.config.vocab_size   # the base's tokenizer, not a new one

@@ -2,10 +2,14 @@
 as the Qwen3 text a model would emit, so it exercises the same tokeniser, parser, loop, sandbox
 and verifier as a real policy. A generated pool should score reward 1.0 with it.
 
-The engine is stateless across requests: turn ``n`` of an episode is found by counting the
-``<tool_response>`` tokens already in the prompt (the loop appends exactly one per executed or
-refused turn), so concurrent episodes of the same task need no bookkeeping. After the script's
-last step it replies ``final_reply``. Each emitted turn ends with ``<|im_end|>``; a scripted turn
+Turn ``n`` of an episode is found from the prompts already answered: every turn's prompt extends
+the previous turn's (the loop only appends), so a prompt is turn ``t + 1`` when the longest prompt
+of the same task answered before that is a prefix of it was turn ``t``, and turn 0 when there is
+none. That holds for every chat template (counting a template's own markers, such as Qwen3's
+``<tool_response>``, does not: SmolLM2's template has none, and every turn replayed step 1), and
+concurrent episodes of one task share prompts turn by turn, since the script is deterministic.
+After the script's last step it replies ``final_reply``. Each emitted turn ends with the
+template's end of turn (``<|im_end|>``, else the tokenizer's EOS); a scripted turn
 longer than ``max_tokens`` is cut and reported as ``"length"`` like a runaway model turn.
 Log-probs are 0 (the script is deterministic). ``update_weights`` only records the version.
 
@@ -16,6 +20,8 @@ May import: actors.rollout, envs.spec, the standard library.
 
 from __future__ import annotations
 
+import hashlib
+from array import array
 from typing import Any, Optional
 
 from actors.rollout.engines.base import Engine, Generation, SamplingParams
@@ -30,8 +36,9 @@ class ScriptedEngine(Engine):
         self.tokenizer = tokenizer
         self.scripts = scripts
         self.final_reply = final_reply
-        self._response_id = tokenizer.convert_tokens_to_ids("<tool_response>")
-        self._end_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
+        end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+        self._end_id = end if end not in (None, tokenizer.unk_token_id) else tokenizer.eos_token_id
+        self._answered: dict[str, dict[tuple[int, bytes], int]] = {}  # task: (len, digest) -> turn
 
     @classmethod
     def from_pool(cls, tokenizer, pool, final_reply: str = FINAL_REPLY) -> "ScriptedEngine":
@@ -50,7 +57,7 @@ class ScriptedEngine(Engine):
                        task_id: Optional[str] = None) -> Generation:
         if task_id is None:
             raise ValueError("ScriptedEngine.generate needs task_id to pick the script")
-        turn = sum(1 for t in prompt_token_ids if t == self._response_id)
+        turn = self._turn(task_id, prompt_token_ids)
         text = self.turn_text(task_id, turn)
         ids = self.tokenizer.encode(text, add_special_tokens=False) + [self._end_id]
         finish = "stop"
@@ -58,5 +65,18 @@ class ScriptedEngine(Engine):
             ids, finish = ids[:sampling.max_tokens], "length"
         return Generation(ids, [0.0] * len(ids), finish, info={"scripted_turn": turn})
 
+    def _turn(self, task_id: str, prompt: list[int]) -> int:
+        answered = self._answered.setdefault(task_id, {})
+        turn, longest = 0, -1
+        for (length, digest), t in answered.items():
+            if longest < length < len(prompt) and _digest(prompt[:length]) == digest:
+                turn, longest = t + 1, length
+        answered[(len(prompt), _digest(prompt))] = turn
+        return turn
+
     def update_weights(self, named_tensors: dict[str, Any], version: int) -> None:
         self._version = int(version)
+
+
+def _digest(ids: list[int]) -> bytes:
+    return hashlib.blake2b(array("q", ids).tobytes(), digest_size=16).digest()
