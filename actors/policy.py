@@ -220,3 +220,25 @@ def load_policy(path: Union[str, Path], dtype=None):
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype or torch.float32)
     model.eval()
     return model, load_tokenizer(path)
+
+
+def cache_kwargs(model, cache) -> dict:
+    """The keyword argument that hands ``cache`` (a ``DynamicCache``) to ``model``'s forward:
+    ``cache`` in transformers 5.2x, ``past_key_values`` in earlier releases. Each release takes
+    the other's name into ``**kwargs`` without a word and runs without the cache (the HF engine's
+    first prefill failed so on a GPU machine's transformers 5.17, and a prefix-shared learner or
+    warm-start forward would score tokens without their prompt), so the name is read from the
+    forward's own signature. ``model`` may be a wrapper with ``.module`` (DeepSpeed)."""
+    return {_cache_keyword(type(getattr(model, "module", model))): cache}
+
+
+@functools.lru_cache(maxsize=None)
+def _cache_keyword(cls: type) -> str:
+    import inspect
+
+    params = inspect.signature(cls.forward).parameters
+    for name in ("cache", "past_key_values"):
+        if name in params:
+            return name
+    raise TypeError(f"{cls.__name__}.forward takes neither `cache` nor `past_key_values`: "
+                    f"this transformers release is not supported")

@@ -100,14 +100,18 @@ def _sequence_loss(model: Any, tok: list[int], mask: list[int]) -> tuple[Any, fl
     import torch
     from transformers.cache_utils import DynamicCache
 
+    from actors.policy import cache_kwargs
+
     first = mask.index(1)
     ids = torch.tensor([tok])
     past = None
     if first > 1:
         past = DynamicCache(config=model.config)
         with torch.no_grad():
-            model(input_ids=ids[:, :first - 1], cache=past, use_cache=True, logits_to_keep=1)
-    logits = model(input_ids=ids[:, first - 1:-1], cache=past, use_cache=False).logits[0]
+            model(input_ids=ids[:, :first - 1], **cache_kwargs(model, past), use_cache=True,
+                  logits_to_keep=1)
+    logits = model(input_ids=ids[:, first - 1:-1], **cache_kwargs(model, past),
+                   use_cache=False).logits[0]
     target = ids[0, first:]
     weight = torch.tensor(mask[first:], dtype=torch.float32)
     nll = torch.nn.functional.cross_entropy(logits, target, reduction="none")

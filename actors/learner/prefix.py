@@ -94,11 +94,13 @@ def _shared(model, ids: torch.Tensor, attn: torch.Tensor, lmask: torch.Tensor,
             p: int) -> torch.Tensor:
     from transformers.cache_utils import DynamicCache
 
+    from actors.policy import cache_kwargs
+
     rows, width = ids.shape
     config = getattr(model, "module", model).config
     prefix = DynamicCache(config=config)
-    model(input_ids=ids[:1, :p], attention_mask=attn[:1, :p], cache=prefix, use_cache=True,
-          logits_to_keep=1)
+    model(input_ids=ids[:1, :p], attention_mask=attn[:1, :p], **cache_kwargs(model, prefix),
+          use_cache=True, logits_to_keep=1)
     cache = DynamicCache([(layer.keys.expand(rows, -1, -1, -1),
                            layer.values.expand(rows, -1, -1, -1)) for layer in prefix.layers],
                          config=config)
@@ -106,8 +108,8 @@ def _shared(model, ids: torch.Tensor, attn: torch.Tensor, lmask: torch.Tensor,
     if keep.numel() == 0:
         return lmask.new_zeros(lmask.shape)
     positions = torch.arange(p, width, device=ids.device).expand(rows, -1)
-    out = model(input_ids=ids[:, p:], attention_mask=attn, position_ids=positions, cache=cache,
-                use_cache=True, logits_to_keep=keep - p)
+    out = model(input_ids=ids[:, p:], attention_mask=attn, position_ids=positions,
+                **cache_kwargs(model, cache), use_cache=True, logits_to_keep=keep - p)
     return place_logprobs(out.logits, ids, keep, lmask)
 
 

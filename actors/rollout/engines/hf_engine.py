@@ -51,6 +51,7 @@ from typing import Any, Optional
 import numpy as np
 import torch
 from transformers.cache_utils import DynamicCache, DynamicLayer
+from actors.policy import cache_kwargs
 
 from actors.rollout.engines.base import Engine, Generation, SamplingParams, WeightUpdateError
 
@@ -206,7 +207,8 @@ class HFEngine(Engine):
             out = self.model(input_ids=torch.tensor([prompt[start:]]),
                              attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
                              position_ids=torch.arange(start, len(prompt))[None],
-                             cache=cache, use_cache=True, logits_to_keep=1)
+                             **cache_kwargs(self.model, cache), use_cache=True,
+                             logits_to_keep=1)
             kv = [(layer.keys, layer.values) for layer in cache.layers]
             self._store(prompt, kv)
             self.stats["prefills"] += 1
@@ -224,8 +226,8 @@ class HFEngine(Engine):
         mask, positions = batch.step()
         ahead = self._draws.start(active)
         out = self.model(input_ids=torch.tensor([[req.tokens[-1]] for req in active]),
-                         attention_mask=mask, position_ids=positions, cache=batch.cache,
-                         use_cache=True)
+                         attention_mask=mask, position_ids=positions,
+                         **cache_kwargs(self.model, batch.cache), use_cache=True)
         batch.advance(1)
         self.stats["steps"] += 1
         self.stats["rows"] += len(active)
