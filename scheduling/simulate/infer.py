@@ -33,7 +33,8 @@ With recorded rollouts (``recorded_rewards``: a run's ``groups.jsonl``, or any f
 skill is fitted instead of drawn: its earliest recorded groups' mean reward, shrunk towards the
 pool's recorded mean by ``SHRINK`` pseudo-rollouts, inverted through the simulator's own
 expected reward (at zero learning) to a logit, with a delta-method standard error; an
-environment's offset is the mean of its recorded tasks' fitted offsets.
+environment's offset is the mean of its recorded tasks' fitted offsets. A recorded reward below
+n_init / n_checks lowers that task's initially satisfied checks to what the record allows.
 
 ``inference_error(inferred, true)`` scores an inferred world against a generated pool's truth.
 
@@ -56,13 +57,13 @@ from envs.describe import describe_task
 from envs.opdesc import OpDescription, OpDescriptionError
 from envs.spec import Environment, TaskSpec
 from scheduling.simulate.dynamics import Policy, SimParams
-from scheduling.simulate.world import World, WorldError, assemble_world
+from scheduling.simulate.world import World, WorldError, assemble_world, split_blocks
 
 UNCHANGED = re.compile(r"\b(unchanged|untouched|intact|not (?:been )?(?:changed|modified|touched)|"
                        r"remains?|still|preserved|as before|other\b.*\bnot)\b", re.I)
 STATE_CHANGES = ("update", "create", "delete")
 MULTI_EDIT = 3
-SHRINK = 2.0
+SHRINK = 0.5
 
 PROVENANCE = {
     "environment": "task.env_id",
@@ -206,6 +207,16 @@ def fit_initial_skill(world: World, params: SimParams,
     idx = np.array(sorted(index[t] for t in recorded if t in index and recorded[t]), dtype=np.int64)
     if idx.size == 0:
         return 0
+    world.n_init, world.blocks = world.n_init.copy(), world.blocks.copy()  # may share arrays
+    for i in idx:      # a recorded reward below n_init / n_checks: fewer checks pass by default
+        low = min(float(np.min(r)) for r in recorded[world.task_ids[i]])
+        n0 = min(int(world.n_init[i]), int(np.floor(low * world.n_checks[i] + 1e-9)))
+        if n0 < world.n_init[i]:
+            world.n_init[i] = n0
+            g = int((world.gates[i] >= 0).sum())
+            b = split_blocks(int(world.n_checks[i]) - n0, g)
+            world.blocks[i] = 0
+            world.blocks[i, :len(b)] = b
     sums = np.array([sum(float(np.sum(r)) for r in recorded[world.task_ids[i]]) for i in idx])
     counts = np.array([sum(np.size(r) for r in recorded[world.task_ids[i]]) for i in idx])
     m0 = float(sums.sum() / counts.sum())
@@ -223,7 +234,7 @@ def fit_initial_skill(world: World, params: SimParams,
     world.skill_logit = np.full(world.n, np.nan)
     world.skill_se = np.full(world.n, np.nan)
     world.skill_logit[idx] = logit
-    world.skill_se[idx] = np.minimum(se_m / np.maximum(slope, 1e-3), 3.0)
+    world.skill_se[idx] = np.minimum(se_m / np.maximum(slope, 1e-3), 1.0)
     resid = logit - (params.b0 - params.beta * world.difficulty[idx])
     world.env_offset = np.full(len(world.env_ids), np.nan)
     for e in np.unique(world.env[idx]):
