@@ -9,8 +9,8 @@ with fixed latent offsets u_env ~ N(0, sd_env), u_pat ~ N(0, sd_pat), eps_i ~ N(
 once per seed; a world inferred with recorded rollouts fixes them instead where it has a record:
 the task's whole initial logit b0 + u_env + u_pat + eps - beta * difficulty becomes its fitted
 ``World.skill_logit`` plus N(0, ``skill_se``) per seed, and u_env of a recorded environment its
-fitted ``World.env_offset``) and learned competences theta_x = gain_x * log(1 + E_x / scale_x) — concave in the
-accumulated learning signal E_x, i.e. diminishing returns.
+fitted ``World.env_offset``) and learned competences theta_x = gain_x * log(1 + E_x / scale_x) —
+concave in the accumulated learning signal E_x, i.e. diminishing returns.
 
 One rollout of task i: a rollout-quality draw z ~ N(0, tau) shared by all its steps; gate j (kind
 g) passes with probability sigmoid(s_i + z + gate_bias + theta_gate[g]); the n_init initially

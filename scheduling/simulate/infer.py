@@ -13,9 +13,10 @@ matched against the environment's tools):
   text says something stays as it was (``UNCHANGED``): such a check passes by doing nothing;
 - ``gates`` (``world.GATE_KINDS``): identifier when an identifier gate's value is not given
   literally by the task (it must be looked up); authorization when an authorization gate, an
-  authorize operation or a session / login tool exists; state when a state-precondition gate or a validate operation
-  exists, or a record is deleted or cancelled (its state decides what may follow); ordering
-  when the task makes two or more state changes (one may have to precede another);
+  authorize operation or a session / login tool exists; state when a state-precondition gate or
+  a validate operation exists, or a record is deleted or cancelled (its state decides what may
+  follow); ordering when the task makes two or more state changes (one may have to precede
+  another);
 - ``pattern`` = the operation-type signature: ``multi-edit`` / ``multi-edit-ordered`` (with the
   ordering gate) with at least ``MULTI_EDIT`` state changes or two or more enumerated requests in
   the instruction ("(1) ... (2) ..." or ";"-separated), ``verify-only`` without state changes,
@@ -71,7 +72,8 @@ PROVENANCE = {
     "initially_satisfied_checks": "checks whose code reads initial_state or whose text says "
                                   "something stays unchanged (static, nothing executed)",
     "gates": "from the operation description ({source}): identifier = an id gate not given "
-             "literally; authorization = authorization gate / authorize op or a session/login tool; state "
+             "literally; authorization = authorization gate / authorize op or a session/login "
+             "tool; state "
              "= state-precondition gate / validate op / delete or cancel; ordering = two or "
              "more state changes",
     "pattern": "operation-type signature of the description (multi-edit[-ordered] at >= "

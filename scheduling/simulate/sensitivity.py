@@ -113,8 +113,8 @@ def table_md(rows: dict[str, dict[str, Any]], n_schedulers: int) -> list[str]:
         ci = "" if math.isnan(lo) else f" [{lo:+.{nd}f}, {hi:+.{nd}f}]"
         return f"{row[k]:.{nd}f} ({row[k + '_diff']:+.{nd}f}{ci})"
     for label, row in rows.items():
-        out.append(f"| {label} | {cell(row, 'mean_reward_variance', 4)} | "
-                   f"{row['mean_reward_variance_rank']} ({row['mean_reward_variance_default_rank']})"
-                   f" | {cell(row, 'heldout_success', 4)} | {row['heldout_success_rank']} "
-                   f"({row['heldout_success_default_rank']}) |")
+        v, h = "mean_reward_variance", "heldout_success"
+        out.append(f"| {label} | {cell(row, v, 4)} | {row[v + '_rank']} "
+                   f"({row[v + '_default_rank']}) | {cell(row, h, 4)} | {row[h + '_rank']} "
+                   f"({row[h + '_default_rank']}) |")
     return out
