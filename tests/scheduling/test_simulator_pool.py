@@ -188,3 +188,17 @@ def test_sensitivity_variants_are_plus_minus_half_and_defaults_stay_appendix_d()
     assert (b.discount, b.prior_strength, b.coverage, b.max_coverage, b.lambda_sim) == \
         (0.5, None, None, 0.75, 0.0)
     assert sensitivity.variants(["random"]) == []
+
+
+def test_tau_bench_fixture_import_gets_an_inferred_world(tmp_path):
+    pool_dir = tmp_path / "tau"
+    assert main(["pool", "import", "--format", "taubench", "--src",
+                 str(FIX / "tau_bench_mini"), "--domain", "retail", "--split", "train",
+                 "--out", str(pool_dir)]) == 0
+    pool = load_pool(pool_dir)
+    assert not has_latent(pool.tasks)
+    w = infer.infer_world(pool.tasks, pool.environments)
+    assert (w.n_checks == 1).all() and (w.n_init == 0).all()      # tau-bench: one binary check
+    # difficulty grows with the gold actions (the reference solution) and the gates they imply
+    n_ops = [len(t.reference_solution or []) for t in pool.tasks]
+    assert np.argmax(w.difficulty) == np.argmax(n_ops) and w.difficulty.min() > 0
