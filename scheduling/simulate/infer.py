@@ -73,13 +73,12 @@ PROVENANCE = {
                                   "something stays unchanged (static, nothing executed)",
     "gates": "from the operation description ({source}): identifier = an id gate not given "
              "literally; authorization = authorization gate / authorize op or a session/login "
-             "tool; state "
-             "= state-precondition gate / validate op / delete or cancel; ordering = two or "
-             "more state changes",
+             "tool; state = state-precondition gate / validate op / delete or cancel; "
+             "ordering = two or more state changes",
     "pattern": "operation-type signature of the description (multi-edit[-ordered] at >= "
                f"{MULTI_EDIT} state changes or >= 2 enumerated requests, verify-only, else "
-               "distinct op types in order); no "
-               "operations: the pattern of the most similar task in the graph's abstract view",
+               "distinct op types in order); no operations: the pattern of the most similar "
+               "task in the graph's abstract view",
     "difficulty": "1 - exp(-(n_ops + 2 n_gates + n_checks) / 25), the generator's formula, "
                   "n_ops = reference-solution calls, else described operations, at least 2 per "
                   "check not initially satisfied",
@@ -89,6 +88,7 @@ PROVENANCE = {
 
 
 AUTH_TOOL = re.compile(r"authori[sz]|session|login|sign_?in|permission", re.I)
+CANCEL_TOOL = re.compile(r"(?:^|_)(?:cancel|end|discharge|return|terminate|close)(?:_|$)", re.I)
 
 
 def _op_is_auth(op: Any) -> bool:
@@ -96,8 +96,7 @@ def _op_is_auth(op: Any) -> bool:
 
 
 def _op_is_cancel(op: Any) -> bool:
-    return op.type == "update" and bool(re.search(r"cancel|end|discharge|return|terminat",
-                                                  op.tool, re.I))
+    return op.type == "update" and bool(CANCEL_TOOL.search(op.tool))
 
 
 def _requests(text: str) -> int:
