@@ -93,7 +93,11 @@ def simulate_schedule(world: World, params: SimParams, schedule: list[tuple[int,
 
 
 def _slope(steps: np.ndarray, y: np.ndarray) -> float:
-    return float(np.polyfit(steps, y, 1)[0] * 10) if np.ptp(steps) > 0 else float("nan")
+    """Least-squares slope per 10 steps; 0 for a flat series (no rounding-noise sign)."""
+    if np.ptp(steps) == 0:
+        return float("nan")
+    s = float(np.polyfit(steps, y, 1)[0] * 10)
+    return s if abs(s) > 1e-9 else 0.0
 
 
 def _w1(a: np.ndarray, b: np.ndarray) -> float:

@@ -87,6 +87,10 @@ def test_recorded_rollouts_fix_initial_skill(gen_pool, tmp_path):
     assert er[0] > 0.9 and er[1] < 0.25          # near the recorded means 1 and 0 (shrunk)
     other = Policy(w, SimParams(), 4).expected(np.array([0, 1]))[0]
     assert np.abs(other - er).max() < 0.1       # fixed across seeds up to the fit's error
+    roll = tmp_path / "rollouts.jsonl"          # an `envsched rollout --out` line (Group.to_dict)
+    roll.write_text(json.dumps({"task_id": "t", "step": 0, "env_id": "e", "dropped": [],
+                                "trajectories": [{"reward": 1.0}, {"reward": 0.5}]}) + "\n")
+    assert [r.tolist() for r in infer.read_recorded(roll)["t"]] == [[1.0, 0.5]]
     path.write_text('{"task_id": "x"}\n')
     with pytest.raises(WorldError, match=r"groups.jsonl:1: not a recorded group"):
         infer.read_recorded(path)
