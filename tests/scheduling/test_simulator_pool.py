@@ -206,3 +206,11 @@ def test_tau_bench_fixture_import_gets_an_inferred_world(tmp_path):
     # difficulty grows with the gold actions (the reference solution) and the gates they imply
     n_ops = [len(t.reference_solution or []) for t in pool.tasks]
     assert np.argmax(w.difficulty) == np.argmax(n_ops) and w.difficulty.min() > 0
+
+
+def test_check_against_without_a_pool_or_groups_is_one_clear_line(gen_pool, tmp_path, capsys):
+    assert main(["simulate", "--check-against", str(tmp_path), "--out", str(tmp_path / "o")]) == 2
+    assert f"no pool at {tmp_path / 'pool'}" in capsys.readouterr().err
+    assert main(["simulate", "--pool", str(gen_pool.root), "--check-against", str(tmp_path),
+                 "--out", str(tmp_path / "o")]) == 2
+    assert "groups.jsonl not found" in capsys.readouterr().err
