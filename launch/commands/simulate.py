@@ -2,7 +2,8 @@
 
     envsched simulate [--pool DIR] [--schedulers NAME,...] [--steps 200]
                       [--seeds 3] [--out DIR] [--quick] [--workers 2] [--no-ablations]
-                      [--t4-runs 100] [--lag 0]
+                      [--t4-runs 100] [--lag 0] [--infer] [--rollouts FILE]
+                      [--sensitivity] [--check-against RUN_DIR]
 
 ``--schedulers`` takes any ``scheduling.registry`` name or ``dapo+NAME`` (default: every
 registered scheduler). Without ``--pool`` a pool of 51 environments x 50 tasks is generated
@@ -10,6 +11,10 @@ registered scheduler). Without ``--pool`` a pool of 51 environments x 50 tasks i
 and ``OUT/results.pkl`` (the raw run logs; ``--render-only`` rewrites the report from it), then
 prints each scheduler's headline figures and who is first on each axis (``report.findings``).
 ``--quick`` is a seconds-long smoke run (small generated pool, few steps) for tests.
+A pool without the generator's metadata (an imported EnvScaler or tau-bench pool) gets a world
+inferred from what it has (``scheduling.simulate.infer``; ``--infer`` forces that on a generated
+pool and scores it); ``--rollouts`` fixes recorded tasks' initial skill; ``--sensitivity`` adds
+the ±50 % runs; ``--check-against RUN_DIR`` predicts a real run instead (``simulate_check``).
 """
 
 from __future__ import annotations
@@ -43,11 +48,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1),
                         help="parallel processes (results do not depend on it)")
     parser.add_argument("--no-progress", dest="progress", action="store_false")
+    parser.add_argument("--infer", action="store_true",
+                        help="infer the world from the pool even when it has generator metadata "
+                        "(pools without it are always inferred; the report then scores the "
+                        "inference against the metadata)")
+    parser.add_argument("--rollouts", type=Path, default=None,
+                        help="recorded groups (a run's groups.jsonl or an `envsched rollout` "
+                        "file): recorded tasks' initial skill is fitted to them")
+    parser.add_argument("--sensitivity", action="store_true",
+                        help="also run envsched-bayes and envsched with each main constant at "
+                        "-50 %% / +50 %% (docs/simulator.md)")
+    parser.add_argument("--check-against", type=Path, default=None, metavar="RUN_DIR",
+                        help="predict a real run (its groups.jsonl) with the simulator on the "
+                        "run's own schedule, next to a naive predictor; fits nothing")
     parser.add_argument("--render-only", action="store_true",
                         help="rewrite the report from OUT/results.pkl of an earlier run")
 
 
 def _settings(args: argparse.Namespace):
+    from scheduling.simulate import sensitivity
     from scheduling.simulate.experiment import Settings
 
     names = [n.strip() for n in args.schedulers.split(",") if n.strip()]
@@ -69,13 +88,21 @@ def _settings(args: argparse.Namespace):
     if lag < 0:
         raise UserError(f"--lag must be >= 0 (steps of history the scheduler does not see), "
                         f"got {lag}")
+    rollouts = getattr(args, "rollouts", None)
+    if rollouts is not None and not rollouts.is_file():
+        raise UserError(f"--rollouts: {rollouts} is not a file (give a groups.jsonl or an "
+                        "`envsched rollout --out` file)")
+    extra = {"lag": lag, "infer": getattr(args, "infer", False),
+             "rollouts": str(rollouts) if rollouts else None,
+             "variants": sensitivity.variants(names) if getattr(args, "sensitivity", False)
+             else ()}
     if args.quick:
         return Settings(schedulers=names, steps=min(args.steps, 6), seeds=1, batch_size=16,
                         eval_every=3, ablations=args.ablations, t4_runs=min(args.t4_runs, 3),
-                        t4_steps=3, lag=lag)
+                        t4_steps=3, **extra)
     return Settings(schedulers=names, steps=args.steps, seeds=args.seeds,
                     batch_size=args.batch_size, ablations=args.ablations, t4_runs=args.t4_runs,
-                    lag=lag)
+                    **extra)
 
 
 def _pool(args: argparse.Namespace):
@@ -116,6 +143,10 @@ def run(args: argparse.Namespace) -> int:
 
     if args.render_only:
         return _render(args.out)
+    if args.check_against is not None:
+        from launch.commands.simulate_check import run_check
+
+        return run_check(args)
     settings = _settings(args)
     args.out.mkdir(parents=True, exist_ok=True)
     pool = _pool(args)

@@ -6,8 +6,11 @@ Skill of the policy on task i (a logit):
           + theta_env[e] + theta_pat[p] + theta_task[i]
 
 with fixed latent offsets u_env ~ N(0, sd_env), u_pat ~ N(0, sd_pat), eps_i ~ N(0, sd_task) (drawn
-once per seed) and learned competences theta_x = gain_x * log(1 + E_x / scale_x) — concave in the
-accumulated learning signal E_x, i.e. diminishing returns.
+once per seed; a world inferred with recorded rollouts fixes them instead where it has a record:
+the task's whole initial logit b0 + u_env + u_pat + eps - beta * difficulty becomes its fitted
+``World.skill_logit`` plus N(0, ``skill_se``) per seed, and u_env of a recorded environment its
+fitted ``World.env_offset``) and learned competences theta_x = gain_x * log(1 + E_x / scale_x) —
+concave in the accumulated learning signal E_x, i.e. diminishing returns.
 
 One rollout of task i: a rollout-quality draw z ~ N(0, tau) shared by all its steps; gate j (kind
 g) passes with probability sigmoid(s_i + z + gate_bias + theta_gate[g]); the n_init initially
@@ -32,6 +35,7 @@ May import: numpy, scheduling.simulate.world, the standard library.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import Optional
 
 import numpy as np
 
@@ -78,6 +82,13 @@ class Policy:
         self.u_env = rng.normal(0.0, params.sd_env, len(world.env_ids))
         self.u_pat = rng.normal(0.0, params.sd_pat, len(world.patterns))
         self.eps = rng.normal(0.0, params.sd_task, world.n)
+        if world.env_offset is not None:
+            known = ~np.isnan(world.env_offset)
+            self.u_env[known] = world.env_offset[known]
+        self.fixed = None                                   # per task: fixed initial logit or nan
+        if world.skill_logit is not None:
+            se = world.skill_se if world.skill_se is not None else np.zeros(world.n)
+            self.fixed = world.skill_logit + rng.normal(0.0, 1.0, world.n) * np.nan_to_num(se)
         self.E_env = np.zeros(len(world.env_ids))
         self.E_pat = np.zeros(len(world.patterns))
         self.E_task = np.zeros(world.n)
@@ -91,18 +102,22 @@ class Policy:
         learned = (p.gain_env * np.log1p(self.E_env[e] / p.scale_env)
                    + p.gain_pat * np.log1p(self.E_pat[q] / p.scale_pat)
                    + p.gain_task * np.log1p(self.E_task[idx] / p.scale_task))
-        return (p.b0 + self.u_env[e] + self.u_pat[q] + self.eps[idx] - p.beta * w.difficulty[idx]
-                + learned)
+        base = p.b0 + self.u_env[e] + self.u_pat[q] + self.eps[idx] - p.beta * w.difficulty[idx]
+        if self.fixed is not None:
+            base = np.where(np.isnan(self.fixed[idx]), base, self.fixed[idx])
+        return base + learned
 
     def gate_skill(self) -> np.ndarray:
         """Per gate kind, plus a trailing 0 used for padding."""
         g = self.p.gain_gate * np.log1p(self.E_gate / self.p.scale_gate)
         return np.append(g, 0.0)
 
-    def _probs(self, idx: np.ndarray, z: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _probs(self, idx: np.ndarray, z: np.ndarray, skill: Optional[np.ndarray] = None
+               ) -> tuple[np.ndarray, np.ndarray]:
         """Gate pass probabilities (len(idx), *z.shape[1:], G) and check probability; padded gates
-        pass with probability 1. ``z`` broadcasts against (len(idx), ...)."""
-        s = self.skill(idx).reshape((-1,) + (1,) * (z.ndim - 1)) + z
+        pass with probability 1. ``z`` broadcasts against (len(idx), ...). ``skill``: use these
+        logits instead of ``self.skill(idx)``."""
+        s = (self.skill(idx) if skill is None else skill).reshape((-1,) + (1,) * (z.ndim - 1)) + z
         gates = self.w.gates[idx]
         g_sk = self.gate_skill()[gates]                     # -1 -> trailing 0
         shape = (len(idx),) + (1,) * (z.ndim - 1) + (gates.shape[1],)
@@ -124,12 +139,14 @@ class Policy:
         T = (hits * reach).sum(axis=2)
         return (self.w.n_init[idx][:, None] + T) / self.w.n_checks[idx][:, None]
 
-    def expected(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(E[reward], Var[reward]) of one rollout, per task, exact up to quadrature."""
+    def expected(self, idx: np.ndarray, skill: Optional[np.ndarray] = None
+                 ) -> tuple[np.ndarray, np.ndarray]:
+        """(E[reward], Var[reward]) of one rollout, per task, exact up to quadrature; ``skill``:
+        at these logits instead of the policy's current ones."""
         x, wq = np.polynomial.hermite_e.hermegauss(self.p.quad_nodes)
         wq = wq / wq.sum()
         z = np.broadcast_to(self.p.tau * x, (len(idx), len(x)))
-        a, q = self._probs(idx, z)                          # (n, Q, G), (n, Q)
+        a, q = self._probs(idx, z, skill)                        # (n, Q, G), (n, Q)
         R = np.concatenate([np.ones(a.shape[:2] + (1,)), np.cumprod(a, axis=2)], axis=2)
         nb = self.w.blocks[idx][:, None, :].astype(float)
         q = q[..., None]

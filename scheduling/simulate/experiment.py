@@ -38,7 +38,7 @@ from scheduling.base import Batch, Scheduler, SchedulerError, Selection
 from scheduling import registry
 from scheduling.simulate.dynamics import SimParams
 from scheduling.simulate.runner import RunLog, run
-from scheduling.simulate.world import World, build_world, task_infos
+from scheduling.simulate.world import World, build_world, has_latent, task_infos
 
 ABLATIONS: dict[str, dict[str, Any]] = {
     "within-only": {"fusion_within": 1.0},
@@ -86,6 +86,10 @@ class Settings:
     t4_steps: int = 7
     params: SimParams = field(default_factory=SimParams)
     lag: int = 0   # steps of history the schedulers do not see yet (runner.run); 0 = synchronous
+    infer: bool = False              # infer the world even when the pool has generator metadata
+    rollouts: Optional[str] = None   # recorded groups that fix recorded tasks' initial skill
+    # (label, scheduler, params) variants run as extra jobs (the sensitivity study)
+    variants: Sequence[tuple[str, str, dict]] = ()
 
 
 @dataclass
@@ -95,6 +99,8 @@ class Results:
     main: list[RunLog]
     ablations: list[RunLog]
     table4: list[RunLog]
+    world_info: dict[str, Any] = field(default_factory=dict)
+    variants: list[RunLog] = field(default_factory=list)
 
 
 def load_graph(pool: Pool, cache: Optional[Path]) -> Any:
@@ -110,6 +116,34 @@ def load_graph(pool: Pool, cache: Optional[Path]) -> Any:
     if cache is not None:
         graph.save(cache)
     return graph
+
+
+def pool_world(pool: Pool, settings: "Settings", graph: Any = None) -> tuple[World, dict]:
+    """The world a run simulates and how it was obtained: the generator's metadata when every task
+    has it (unless ``settings.infer``), else inferred (``infer.infer_world``); recorded rollouts
+    (``settings.rollouts``) fix the recorded tasks' initial skill either way. The second value is
+    ``{"source", "provenance", "inference_error"}`` (the error only when an inferred world can be
+    scored against the generator's truth)."""
+    from envs.opdesc import pool_descriptions
+    from scheduling.simulate import infer
+
+    recorded = infer.read_recorded(settings.rollouts) if settings.rollouts else None
+    latent = has_latent(pool.tasks)
+    info: dict[str, Any] = {}
+    if latent and not settings.infer:
+        world, info["source"] = build_world(pool.tasks, pool.environments), "generator metadata"
+        if recorded:
+            n = infer.fit_initial_skill(world, settings.params, recorded)
+            world.provenance["initial skill"] = f"fitted to recorded rollouts for {n} tasks"
+    else:
+        world = infer.infer_world(pool.tasks, pool.environments, pool_descriptions(pool), graph,
+                                  recorded, settings.params)
+        info["source"] = "inferred from the pool"
+        if latent:
+            info["inference_error"] = infer.inference_error(
+                world, build_world(pool.tasks, pool.environments))
+    info["provenance"] = world.provenance
+    return world, info
 
 
 def _forced_first_batch(base_cls: type, first: list[str]) -> type:
@@ -155,7 +189,7 @@ class Factory:
 
 @dataclass(frozen=True)
 class Job:
-    kind: str                      # "main" | "ablation" | "table4"
+    kind: str                      # "main" | "ablation" | "table4" | "variant"
     name: str
     seed: int
     base: str = "envsched"         # ablation / table4: the scheduler studied (a STUDIES key)
@@ -168,6 +202,8 @@ def _jobs(S: Settings) -> list[Job]:
         jobs += [Job("ablation", n, seed, b) for b in studied for n in STUDIES[b]
                  for seed in range(S.seeds)]
     jobs += [Job("table4", b, r, b) for b in studied for r in range(S.t4_runs)]
+    jobs += [Job("variant", label, seed, base) for label, base, _ in S.variants
+             for seed in range(S.seeds)]
     return jobs
 
 
@@ -184,6 +220,10 @@ def _run_job(fac: "Factory", job: Job, tick: Optional[Callable[[], None]] = None
         return run(fac.make(job.base, job.seed, STUDIES[job.base][job.name]), world, P, job.seed,
                    S.steps, S.eval_every, on_step=tick, label=ablation_label(job.base, job.name),
                    lag=S.lag)
+    if job.kind == "variant":
+        params = next(p for label, _, p in S.variants if label == job.name)
+        return run(fac.make(job.base, job.seed, params), world, P, job.seed, S.steps,
+                   S.eval_every, on_step=tick, label=job.name, lag=S.lag)
     train_ids = [world.task_ids[i] for i in np.nonzero(world.train)[0]]
     first = [str(t) for t in np.random.default_rng([job.seed, 17]).choice(
         train_ids, S.batch_size, replace=False)]
@@ -236,9 +276,10 @@ def run_all(pool: Pool, settings: Settings, graph_cache: Optional[Path] = None,
     """Everything the report needs. ``progress(total_steps)`` returns an object with
     ``update(n)`` (e.g. a tqdm bar). ``workers`` > 1 runs jobs in forked processes (results are
     identical: every job seeds its own generators)."""
-    world = build_world(pool.tasks, pool.environments)
     needs_graph = any(registry.get(n).needs_graph for n in settings.schedulers)
-    graph = load_graph(pool, graph_cache) if needs_graph else None
+    inferring = settings.infer or not has_latent(pool.tasks)
+    graph = load_graph(pool, graph_cache) if needs_graph or inferring else None
+    world, info = pool_world(pool, settings, graph)
     fac = Factory(pool, world, settings, graph)
     for name in settings.schedulers:   # fail fast on bad names; fill shared caches before forking
         fac.make(name, 0)
@@ -253,4 +294,5 @@ def run_all(pool: Pool, settings: Settings, graph_cache: Optional[Path] = None,
         bar.close()
     pick = lambda kind: [lg for j, lg in zip(jobs, logs) if j.kind == kind]  # noqa: E731
     return Results(settings=settings, world=world, main=pick("main"),
-                   ablations=pick("ablation"), table4=pick("table4"))
+                   ablations=pick("ablation"), table4=pick("table4"), world_info=info,
+                   variants=pick("variant"))

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from scheduling.simulate.experiment import ABLATIONS, STUDIES, Results, ablation_label
+from scheduling.simulate import sensitivity as sens
 from scheduling.simulate.metrics import curves, mean_ci, run_summary, summarise, table4
 
 T2 = (("mean_reward_variance", "Mean reward var.", 5),
@@ -56,7 +57,48 @@ def build_metrics(res: Results) -> dict[str, Any]:
         "curves": curves(res.main),
         "runs": [{"scheduler": r.scheduler, "seed": r.seed, **run_summary(r)} for r in res.main],
         "rankings": rankings(summary),
+        "world": world_summary(res),
+        "sensitivity": sens.summarise(getattr(res, "variants", []), res.main),
     }
+
+
+def world_summary(res: Results) -> dict[str, Any]:
+    """Where the simulated world came from and what it holds (``pool_world``)."""
+    w, info = res.world, dict(getattr(res, "world_info", {}) or {})
+    pats = np.bincount(w.pattern, minlength=len(w.patterns))
+    n_gates = (w.gates >= 0).sum(axis=1)
+    out = {"source": info.get("source", "generator metadata"),
+           "provenance": info.get("provenance", getattr(w, "provenance", {})),
+           "patterns": {p: int(c) for p, c in zip(w.patterns, pats)},
+           "difficulty": {"mean": float(w.difficulty.mean()), "min": float(w.difficulty.min()),
+                          "max": float(w.difficulty.max())},
+           "gates_per_task": float(n_gates.mean()), "checks_per_task": float(w.n_checks.mean()),
+           "initially_satisfied_per_task": float(w.n_init.mean()),
+           "tasks_with_fitted_skill": int((~np.isnan(w.skill_logit)).sum())
+           if getattr(w, "skill_logit", None) is not None else 0}
+    if "inference_error" in info:
+        out["inference_error"] = info["inference_error"]
+    return out
+
+
+def world_md(ws: dict[str, Any]) -> list[str]:
+    out = [f"World: {ws['source']}. Difficulty {ws['difficulty']['mean']:.3f} "
+           f"({ws['difficulty']['min']:.3f}-{ws['difficulty']['max']:.3f}), "
+           f"{ws['gates_per_task']:.2f} gates, {ws['checks_per_task']:.2f} checks and "
+           f"{ws['initially_satisfied_per_task']:.2f} initially satisfied checks per task; "
+           f"{len(ws['patterns'])} patterns; {ws['tasks_with_fitted_skill']} tasks with an "
+           "initial skill fitted to recorded rollouts.", "", "| Quantity | How it was obtained |",
+           "|---|---|"]
+    out += [f"| {k} | {v} |" for k, v in ws["provenance"].items()]
+    err = ws.get("inference_error")
+    if err:
+        out += ["", f"Inferred against the generator's truth ({err['tasks']} tasks): difficulty "
+                f"MAE {err['difficulty_mae']:.3f}, Spearman {err['difficulty_spearman']:.3f}; "
+                f"pattern pairs precision {err['pattern']['precision']:.2f}, recall "
+                f"{err['pattern']['recall']:.2f}, adjusted Rand {err['pattern']['ari']:.2f}; "
+                f"gate sets Jaccard {err['gates_jaccard']:.2f}; initially satisfied checks MAE "
+                f"{err['n_init_mae']:.2f}."]
+    return out
 
 
 def _f(x: float, nd: int) -> str:
@@ -248,6 +290,7 @@ def write_report(res: Results, out: Path, elapsed_s: float) -> dict[str, Any]:
         f"steps, {st['seeds']} seeds for every scheduler (rollouts counted below). "
         f"Wall time {elapsed_s:.0f} s. Dynamics and parameters: docs/simulator.md; values in "
         "metrics.json `params`. LEEPS is a documented reconstruction (no public code).", "",
+        *world_md(m["world"]), "",
         "## Table 2 style: training statistics", "",
         "Mean over seeds (change vs Random [95 % t-interval of the change, paired by seed: "
         "every scheduler of seed s meets the same simulated world]).", "",
@@ -269,6 +312,9 @@ def write_report(res: Results, out: Path, elapsed_s: float) -> dict[str, Any]:
     for base, t4 in m["table4_by_scheduler"].items():
         if base != "envsched":
             lines += [f"### Table 4 style: {base}", "", *table4_md(t4), ""]
+    if m["sensitivity"]:
+        lines += ["## Sensitivity: main constants at -50 % / +50 %", "",
+                  *sens.table_md(m["sensitivity"], len(m["summary"])), ""]
     (out / "report.md").write_text("\n".join(lines))
     return m
 

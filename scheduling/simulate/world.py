@@ -1,6 +1,7 @@
 """The simulated world's static side: each task's latent structure, read from how the task was
-generated (``TaskSpec.metadata`` written by ``envs.generator``), never from the graph; the
-held-out split; and the ``TaskInfo`` rows schedulers see.
+generated (``TaskSpec.metadata`` written by ``envs.generator``; ``build_world``) or inferred from
+what any pool has (``scheduling.simulate.infer``; both end in ``assemble_world``); the held-out
+split; and the ``TaskInfo`` rows schedulers see.
 
 Latent fields per task (all required; a task without them is an error naming the task):
 environment (``task.env_id``), ``pattern``, ``gates`` (ordered gate kinds), ``n_checks``,
@@ -17,8 +18,8 @@ May import: numpy, envs.spec, scheduling.base, the standard library.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Optional, Sequence
 
 import numpy as np
 
@@ -51,6 +52,14 @@ class World:
     train: np.ndarray        # (n,) bool: schedulable
     heldout_task: np.ndarray  # (n,) bool: held-out task of a training environment
     heldout_env: np.ndarray   # (n,) bool: task of a held-out environment
+    # Set only by an inferred world with recorded rollouts (``infer``): a task's initial skill
+    # logit fitted to its recorded rewards (nan: no record) and its standard error; an
+    # environment's offset fitted from its recorded tasks (nan: none recorded).
+    skill_logit: Optional[np.ndarray] = None
+    skill_se: Optional[np.ndarray] = None
+    env_offset: Optional[np.ndarray] = None
+    # how each latent quantity was obtained: {quantity: how} (report.md, metrics.json)
+    provenance: dict[str, Any] = field(default_factory=dict)
 
     @property
     def n(self) -> int:
@@ -84,10 +93,35 @@ def _latent(task: TaskSpec) -> dict:
     return md
 
 
+GENERATOR_PROVENANCE = {
+    "environment": "task.env_id", "pattern": "metadata.pattern (written by the generator)",
+    "gates": "metadata.gates (generator)", "n_checks": "metadata.n_checks (generator)",
+    "initially_satisfied_checks": "metadata.initially_satisfied_checks (generator)",
+    "difficulty": "metadata.difficulty (generator)",
+    "initial skill": "drawn per seed: b0 + u_env + u_pat + eps - beta * difficulty",
+}
+
+
+def has_latent(tasks: Sequence[TaskSpec]) -> bool:
+    """Whether every task carries the generator's latent structure."""
+    return bool(tasks) and all(all(k in (t.metadata or {}) for k in REQUIRED) for t in tasks)
+
+
 def build_world(tasks: Sequence[TaskSpec], environments: dict[str, Environment],
                 heldout_env_frac: float = 0.1, heldout_task_frac: float = 0.1,
                 split_seed: int = 0) -> World:
-    mds = [_latent(t) for t in tasks]
+    """The world from the generator's metadata (the true latent structure)."""
+    w = assemble_world(tasks, environments, [_latent(t) for t in tasks], heldout_env_frac,
+                       heldout_task_frac, split_seed)
+    w.provenance = dict(GENERATOR_PROVENANCE)
+    return w
+
+
+def assemble_world(tasks: Sequence[TaskSpec], environments: dict[str, Environment],
+                   mds: Sequence[dict], heldout_env_frac: float = 0.1,
+                   heldout_task_frac: float = 0.1, split_seed: int = 0) -> World:
+    """A world from one latent row per task (the ``REQUIRED`` keys, optional ``hackable``),
+    whether read from metadata (``build_world``) or inferred (``infer.infer_world``)."""
     env_ids = sorted({t.env_id for t in tasks})
     patterns = sorted({str(m["pattern"]) for m in mds})
     env = np.array([env_ids.index(t.env_id) for t in tasks])
