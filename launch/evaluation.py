@@ -93,8 +93,8 @@ def eval_seed(cfg: Any, index: int, name: str = "") -> int:
 def eval_tickets(sets: Sequence[EvalSet], cfg: Any) -> list[Ticket]:
     out: list[Ticket] = []
     for s in sets:
-        out += [Ticket.evaluation(t, len(out), eval_seed(cfg, i, s.name), s.k)
-                for i, t in enumerate(s.task_ids)]
+        for i, t in enumerate(s.task_ids):
+            out.append(Ticket.evaluation(t, len(out), eval_seed(cfg, i, s.name), s.k))
     return out
 
 
