@@ -2,11 +2,12 @@
 ``launch/controller.py`` drives.
 
 ``Roles(cfg, pool, pool_dir, run_dir, model_path, eval_pools)`` creates, on the connected Ray
-cluster: the executor pool (``actors.executor_pool.ExecutorPool``, sized by ``cluster.executors.num``,
-resizable while the run goes on), the single scheduler actor (``actors.scheduler_actor``), the
-rollout workers (``actors.rollout_worker``, ``cluster.rollout.num`` of them; each serves the
-training pool and the evaluation pools, ``launch.eval_pools.worker_pools``, in its executors'
-sandboxes) and the learner group (``actors.learner.learner_actor.LearnerGroup``) with its weight sync.
+cluster: the executor pool (``actors.executor_pool.ExecutorPool``, sized by
+``cluster.executors.num``, resizable while the run goes on), the single scheduler actor
+(``actors.scheduler_actor``), the rollout workers (``actors.rollout_worker``,
+``cluster.rollout.num`` of them; each serves the training pool and the evaluation pools,
+``launch.eval_pools.worker_pools``, in its executors' sandboxes) and the learner group
+(``actors.learner.learner_actor.LearnerGroup``) with its weight sync.
 
 Fault policy (the controller decides on re-issue, this module on restarts):
 - every ``ray.get`` has a timeout (``controller.call_timeout_s``); a group not finished within it

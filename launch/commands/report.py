@@ -6,8 +6,8 @@ mean within-group variance per step), eval.png when the run evaluated (one rewar
 evaluated set from step 0: the training pool, each held-out part, each pool of ``eval.pools``,
 ``launch.evaluation.eval_curves``), scheduler.png (environments and tools per batch, phase
 split, predicted vs realised variance), system.png (per-phase timings, learner idle share,
-staleness, executor share), plus summary.json (is mean reward rising: first vs last third; first vs last evaluation
-of each set; ``eval_curves``: the steps of each curve drawn).
+staleness, executor share), plus summary.json (is mean reward rising: first vs last third;
+first vs last evaluation of each set; ``eval_curves``: the steps of each curve drawn).
 """
 
 from __future__ import annotations

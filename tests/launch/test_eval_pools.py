@@ -168,3 +168,15 @@ def test_a_package_the_sandbox_lacks_is_named_at_start(pools, tmp_path):
     with pytest.raises(UserError, match=r"eval.pools\[0\] \(needs\): .*pool.yaml declares "
                                         r"package 'no_such_pkg_x'"):
         load_eval_pools(_cfg(pools, {"path": str(pool)}), pools["train"])
+
+
+def test_train_checks_the_eval_pools_before_the_warm_start_and_ray(pools, tmp_path):
+    from launch.config import build_config
+    from launch.errors import UserError
+    from launch.trainer import train
+
+    cfg = build_config({"pool": {"path": str(pools["train"])}, "run": {"batch_size": 2}, "eval": {
+        "enabled": True, "pools": [{"path": str(tmp_path / "gone"), "name": "bench"}]}})
+    with pytest.raises(UserError, match=r"^eval.pools\[0\] \(bench\): .*gone is not a directory"):
+        train(cfg, tmp_path / "run")
+    assert not (tmp_path / "run" / "sft").exists()
