@@ -1,6 +1,8 @@
 """``RolloutWorker``: the Ray actor that turns selected tasks into complete groups of K.
 
-A thin shell over ``actors.rollout.runner.GroupRunner``: it loads the pool, builds the engine
+A thin shell over ``actors.rollout.runner.GroupRunner``: it loads the pool (with the run's
+evaluation pools, ``eval_pools`` {name: directory}, under their names: ``envs.pool_union``, so
+their tasks run in the same sandboxed executors as training tasks), builds the engine
 (``scripted | hf | vllm``) and its tokenizer, and its executors (the session source), then
 serves:
 
@@ -43,6 +45,7 @@ from actors.rollout.engines.registry import make_engine
 from actors.rollout.runner import GroupRunner
 from actors.ticket import Ticket
 from envs.pool import load_pool
+from envs.pool_union import with_eval_pools
 from envs.trajectory import Group
 
 
@@ -62,13 +65,15 @@ class RolloutWorker:
                  config: Union[RolloutConfig, dict, None] = None,
                  executors: Union[str, Executors] = "pool",
                  executor_config: Optional[dict] = None,
-                 engine_kwargs: Optional[dict] = None, name: str = "rollout-0"):
+                 engine_kwargs: Optional[dict] = None, name: str = "rollout-0",
+                 eval_pools: Optional[dict[str, str]] = None):
         from actors.policy import build_tiny_policy, load_tokenizer
 
         self.name = name
         self.config = config if isinstance(config, RolloutConfig) else \
             RolloutConfig(**(config or {}))
-        self.pool = load_pool(pool_dir)
+        self.pool = with_eval_pools(load_pool(pool_dir), {
+            n: load_pool(d) for n, d in (eval_pools or {}).items()})
         path = model_path or (str(build_tiny_policy()) if engine != "vllm" else None)
         if path is None:
             raise ValueError(f"{name}: the vllm engine needs a model path")

@@ -4,10 +4,11 @@ Sections owned here: ``run`` (seed, steps, batch shape), ``pool`` (a directory, 
 pool), ``scheduler`` (which ``scheduling/`` scheduler and its parameters), ``controller``
 (staleness, concurrency, timeouts, retries, checkpoints), ``cluster`` (Ray address and per-role
 resources), ``policy`` (model path and rollout engine), ``sft`` (the demo's warm start, run when
-``policy.path`` is unset), ``eval`` (the fixed-set evaluation). Sections owned by the role
-modules are composed, not redefined: ``executors`` (``actors.executor_pool.ExecutorConfig``),
-``rollout`` (``actors.rollout.config.RolloutConfig``), ``learner``
-(``actors.learner.config.LearnerConfig``) and ``logging`` (``launch.loggers.LoggingConfig``) are
+``policy.path`` is unset), ``eval`` (the fixed-set evaluation, defined in
+``launch.eval_config``). Sections owned by the role modules are composed, not redefined:
+``executors`` (``actors.executor_pool.ExecutorConfig``), ``rollout``
+(``actors.rollout.config.RolloutConfig``), ``learner`` (``actors.learner.config.LearnerConfig``)
+and ``logging`` (``launch.loggers.LoggingConfig``) are
 validated by those classes, imported when the config is built, so every default lives in exactly
 one place. A value that follows another is derived when the config is built, not repeated:
 ``learner.total_steps`` unset = ``run.steps``; the scheduler's B is always ``run.batch_size``.
@@ -17,8 +18,8 @@ dotted overrides ``key.sub=value`` (values parsed as YAML scalars: ``3``, ``1e-6
 ``[1, 2]``), then validates. Unknown keys and bad values raise ``ConfigError`` naming the dotted
 field, the value given and the fix (the closest known key, the expected type).
 
-May import: pydantic, yaml, the standard library, envs.text (strict UTF-8 reading), and the role
-config modules named above.
+May import: pydantic, yaml, the standard library, envs.text (strict UTF-8 reading),
+launch.eval_config, and the role config modules named above.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from pydantic import (BaseModel, ConfigDict, Field, ValidationError, create_mode
                       field_validator, model_validator)
 
 from envs.text import NotUtf8Error, read_utf8
+from launch.eval_config import EvalConfig
 
 REPO = Path(__file__).resolve().parents[1]
 # The shipped configs: package data of ``launch`` (``launch/configs`` links to the checkout's
@@ -193,26 +195,6 @@ class SftConfig(_Section):
     max_examples: int = Field(400, ge=1)
 
 
-class EvalConfig(_Section):
-    """Evaluation of the current policy on a fixed task set, independent of the scheduler.
-
-    The scheduled batch's mean reward mixes policy improvement with the scheduler's task choice
-    (EnvSched prefers tasks near 1/2 success), so learning is measured here instead: the same tasks,
-    K samples each with the same episode seeds at every evaluation (common random numbers: two
-    evaluations of the same weights give the same reward), at the start (step 0), every ``every``
-    steps and after the last step. Evaluation groups share the rollout workers with training but
-    never reach the scheduler or the learner.
-    """
-
-    enabled: bool = False
-    every: int = Field(0, ge=0, description="learner steps between evaluations; 0 = only at the "
-                       "start and after the last step")
-    tasks: int = Field(0, ge=0, description="tasks evaluated; 0 = every task of the pool, else N "
-                       "spread over the environments (a fixed, seeded choice)")
-    k: int = Field(4, ge=1, description="samples per task")
-    seed: int = 12345
-
-
 class TrainConfig(_Section):
     """The sections owned here; ``train_config_model()`` adds the role-owned ones."""
 
@@ -331,6 +313,9 @@ def _explain(err: ValidationError, source: str, tree: Optional[dict[str, Any]] =
                     if loc[:2] == ["scheduler", "params"] and loc[-1] in RUN_LEVEL
                     else _suggest(str(loc[-1]), known))
             lines.append(f"unknown key '{field}' in {source}: {hint}")
+        elif e["type"] == "value_error" and "fix:" in e["msg"]:   # says what and the fix
+            lines.append(f"bad value for '{field}' in {source}: "
+                         f"{e['msg'].removeprefix('Value error, ')}")
         else:
             lines.append(f"bad value for '{field}' in {source}: got {e.get('input')!r}; "
                          f"{e['msg']} (fix: set {field} to a valid value or remove it)")

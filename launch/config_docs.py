@@ -2,7 +2,8 @@
 
 ``config_table()`` walks ``launch.config.train_config_model()`` (every section, the role-owned ones
 included, nested models such as ``learner.loss`` or ``executors.sandbox`` flattened to dotted
-keys) and renders one Markdown row per key: key, type, default, description. The docs hold it
+keys, the fields of a list of models such as ``eval.pools`` as ``eval.pools[].path``) and renders
+one Markdown row per key: key, type, default, description. The docs hold it
 between ``BEGIN`` and ``END`` markers; ``tests/launch/test_config_docs.py`` fails when they differ.
 
     python -m launch.config_docs --write     # regenerate the table in docs/configuration.md
@@ -53,6 +54,9 @@ def _rows(model: type[BaseModel], prefix: str, default: Any) -> Iterator[tuple[s
         shown = "required" if value is None and info.is_required() else f"`{value!r}`"
         doc = (info.description or "").replace("|", "\\|").replace("\n", " ")
         yield key, f"`{_type_name(ann)}`", shown.replace("|", "\\|"), doc
+        item = typing.get_args(ann)[0] if typing.get_origin(ann) is list else None
+        if isinstance(item, type) and issubclass(item, BaseModel):
+            yield from _rows(item, key + "[].", None)
 
 
 def config_table() -> str:

@@ -45,8 +45,9 @@ after the last step, the fixed evaluation tasks run on the current weights as ti
 ``EVAL`` through the same submit/wait/retry path (a failed one is re-issued at once: it holds no
 slot); they never reach the admission counters, the scheduler or the learner. Training groups
 already admitted keep running and are collected meanwhile; no weights are published during an
-evaluation, so all of it samples one version. Results go to ``RUN_DIR/eval.jsonl`` and into that
-step's metrics record.
+evaluation, so all of it samples one version. The sets: the training pool's and each of
+``eval.pools`` (``eval_pools``, reported apart: ``eval_reward@NAME``). Results go to
+``RUN_DIR/eval.jsonl`` and that step's metrics record (step 0's to the metric backends only).
 
 Checkpoints (``launch/checkpoint.py``) hold the counters, RNG, buffered groups and the tickets in
 flight, which are re-issued first on resume; resuming cuts metrics.jsonl and eval.jsonl back to
@@ -62,7 +63,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import numpy as np
 
@@ -71,7 +72,8 @@ from actors.ticket import EVAL, TRAIN, Ticket
 from launch.admission import Admission
 from launch.checkpoint import Checkpoint, save_checkpoint, truncate_logs
 from launch.control import ControlWatcher
-from launch.evaluation import eval_record, eval_seed, read_eval, task_rewards
+from launch.evaluation import (EvalSet, append_eval, eval_line, eval_records, eval_tickets,
+                                read_eval, warn_changed_sets)
 from launch.metrics import MetricsLogger, step_metrics
 from launch.roles_contract import RolesContract
 from launch.tracker import TicketTracker
@@ -132,10 +134,11 @@ class Controller:
 
     def __init__(self, cfg: Any, roles: RolesContract, run_dir: Path,
                  total_steps: Optional[int] = None, eval_task_ids: Optional[list[str]] = None,
-                 eval_split_of: Optional[dict[str, str]] = None):
+                 eval_split_of: Optional[dict[str, str]] = None,
+                 eval_pools: Sequence[EvalSet] = ()):
         self.cfg, self.roles, self.run_dir = cfg, roles, Path(run_dir)
-        self.eval_task_ids = list(eval_task_ids or []) if cfg.eval.enabled else []
-        self.eval_split_of = eval_split_of   # task id -> held-out split name (launch/split.py)
+        train = EvalSet("", tuple(eval_task_ids or ()), cfg.eval.k, eval_split_of)  # split.py
+        self.eval_sets = [s for s in (train, *eval_pools) if s.task_ids and cfg.eval.enabled]
         self.eval_groups: dict[int, Any] = {}   # evaluation index -> group, during one evaluation
         self.total_steps = total_steps or cfg.run.steps
         c = cfg.controller
@@ -169,8 +172,10 @@ class Controller:
                             progress=self.cfg.controller.progress_bar, logging=self.cfg.logging)
         t_start = time.perf_counter()
         try:
-            if self.step == 0 and self.eval_task_ids and not self._evaluated(0):
-                self._evaluate()
+            if self.step == 0 and self.eval_sets:
+                if not self._evaluated(0):
+                    self._evaluate()
+                log.log_backends(0, next(r for r in read_eval(self.run_dir) if r["step"] == 0))
             t_last = time.perf_counter()
             self.occupancy.take()
             while self.step < self.total_steps:
@@ -247,7 +252,7 @@ class Controller:
     # ---- evaluation --------------------------------------------------------------------------
     def _eval_due(self) -> bool:
         every = self.cfg.eval.every
-        return bool(self.eval_task_ids) and (self.step == self.total_steps
+        return bool(self.eval_sets) and (self.step == self.total_steps
                                              or (every > 0 and self.step % every == 0))
 
     def _evaluated(self, step: int) -> bool:
@@ -258,25 +263,17 @@ class Controller:
         t0 = time.perf_counter()
         self.eval_groups = {}
         self.tickets.dropped[EVAL].clear()
-        for i, task_id in enumerate(self.eval_task_ids):
-            self._submit(Ticket.evaluation(task_id, i, eval_seed(self.cfg.eval, i),
-                                           self.cfg.eval.k))
+        for t in eval_tickets(self.eval_sets, self.cfg.eval):
+            self._submit(t)
         self.occupancy.update(len(self.tickets.inflight))
         while self.tickets.open(EVAL):
             if self.step < self.total_steps:
                 self._admit()
             self._collect(timeout=1.0)
-        groups = [self.eval_groups[i] for i in sorted(self.eval_groups)]
-        record = eval_record(self.step, groups, len(self.tickets.dropped[EVAL]),
-                             time.perf_counter() - t0, split_of=self.eval_split_of)
-        with (self.run_dir / "eval.jsonl").open("a") as f:  # per-task means: eval.jsonl only
-            f.write(strict_json.dumps({**record, "task_rewards": task_rewards(groups)},
-                               sort_keys=True) + "\n")
-        print(f"[envsched] eval at step {self.step}: reward {record['eval_reward']:.3f} over "
-              f"{len(groups)} tasks x {self.cfg.eval.k} (success {record['eval_success']:.0%}, "
-              f"{record['eval_seconds']:.0f} s)"
-              + "".join(f"; {k[12:]} {v:.3f}" for k, v in sorted(record.items())
-                        if k.startswith("eval_reward_") and k != "eval_reward_var"), flush=True)
+        record = eval_records(self.step, self.eval_sets, self.eval_groups,
+                              self.tickets.dropped[EVAL], time.perf_counter() - t0)
+        append_eval(self.run_dir, record, self.eval_groups)
+        print(eval_line(record, self.cfg.eval.k), flush=True)
         self.eval_groups = {}
         return record
 
@@ -368,7 +365,8 @@ class Controller:
                 "inflight": [t.to_dict() for t in sorted(pending, key=lambda t: t.id)],
                 "buffer": [(t.to_dict(), g.to_dict()) for t, g in self.buffer],
                 "dropped": list(self.dropped), "selections": list(self.selections_log),
-                "selection_unseen": dict(self.selection_unseen)}
+                "selection_unseen": dict(self.selection_unseen),
+                "eval_sets": {s.name: list(s.task_ids) for s in self.eval_sets}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         from envs.trajectory import Group
@@ -383,6 +381,7 @@ class Controller:
         self.selections_log = [tuple(s) for s in state["selections"]]
         self.selection_unseen = {int(k): int(v)
                                  for k, v in state.get("selection_unseen", {}).items()}
+        warn_changed_sets(state.get("eval_sets"), self.eval_sets)
 
     def checkpoint(self) -> Path:
         return save_checkpoint(self.run_dir, self.step, self.state_dict(),

@@ -11,8 +11,9 @@ before anything starts and ``check_fits`` runs ``resource_checks`` once Ray is u
 - ``accelerator``: DeepSpeed's accelerator per role (``launch.cluster.role_plan``);
 - ``sandbox``: bubblewrap, unshare, docker, and the configured backend;
 - ``logging``: the packages of the configured logger backends (``launch.loggers``);
-- ``policy``, ``pool``, ``graph cache``, ``disk``: the model (local directory or hub id in the local
-  cache), the pool directory, ``RUN_DIR/graph.pkl``, free space for checkpoints;
+- ``policy``, ``pool``, ``eval pools``, ``graph cache``, ``disk``: the model (local directory or hub
+  id in the local cache), the pool directory, each pool of ``eval.pools``, ``RUN_DIR/graph.pkl``,
+  free space for checkpoints;
 - ``resource_checks(cfg, nodes)``: what each role asks per actor (rollout: CPUs and GPUs = tensor
   parallel size, learner ranks, the scheduler, executors: ``cluster.rollout.num x
   executors.num_executors`` actors with their CPUs and custom resources) against the nodes'
@@ -241,6 +242,18 @@ def check_pool(cfg: Any) -> list[Check]:
     return [Check("pool", "ok", f"{cfg.pool.path}: {len(pool.tasks)} tasks")]
 
 
+def check_eval_pools(cfg: Any) -> list[Check]:
+    """Each evaluation pool of ``eval.pools`` loads and fits (``launch.eval_pools``)."""
+    from launch.eval_pools import load_eval_pools
+
+    try:
+        pools = load_eval_pools(cfg, cfg.pool.path)
+    except UserError as e:
+        return [Check("eval pools", "fail", str(e))]   # the message holds the fix
+    return [Check("eval pools", "ok", f"{p.name}: {len(p.eval_set.task_ids)} of "
+                  f"{len(p.pool.tasks)} tasks ({p.path})") for p in pools]
+
+
 def check_run_dir(cfg: Any, run_dir: Optional[Path]) -> list[Check]:
     target = Path(run_dir).resolve() if run_dir else Path.cwd()
     existing = next(p for p in (target, *target.parents) if p.exists())
@@ -366,7 +379,7 @@ def static_checks(cfg: Any, run_dir: Optional[Path], local: bool) -> list[Check]
     """Everything but the cluster's resources (no Ray needed)."""
     return [*check_versions(cfg, local), *check_cuda(cfg, local), *check_accelerators(cfg),
             *check_sandbox(cfg, local), *check_logging(cfg), *check_policy(cfg),
-            *check_pool(cfg), *check_run_dir(cfg, run_dir)]
+            *check_pool(cfg), *check_eval_pools(cfg), *check_run_dir(cfg, run_dir)]
 
 
 def blockers(checks: Iterable[Check]) -> list[Check]:

@@ -2,37 +2,68 @@
 
 The controller (``launch/controller.py``) runs the groups; this module holds the plain parts:
 
+- ``EvalSet``: one part of an evaluation: the training pool (name ``""``, its task ids, with a
+  held-out split ``split_of``) or an evaluation pool of ``eval.pools`` (its name, its task ids as
+  the rollout workers know them, ``NAME/task_id``, ``envs.pool_union``); ``k`` samples per task.
 - ``eval_tasks(pool, cfg)``: the evaluated task ids, fixed for the whole run. ``cfg.tasks == 0``
   takes every task; otherwise N tasks dealt round-robin over the environments (sorted ids), each
   environment's tasks in a seeded shuffle, so a small evaluation still covers every environment.
-- ``eval_seed(cfg, index)``: the episode seed of the index-th evaluated task, the same at every
-  evaluation (common random numbers: a change in the evaluated reward comes from the weights, not
-  from the draw of environment seeds).
-- ``eval_record(step, groups, failed, seconds)``: the line written to ``RUN_DIR/eval.jsonl`` and
-  merged into that step's metrics: ``eval_reward`` (mean reward over every trajectory),
-  ``eval_success`` (share of trajectories with reward 1), ``eval_task_solved`` (share of tasks
-  with at least one success), ``eval_reward_var`` (mean within-group variance,
-  ``scheduling.variance.group_variance``),
+- ``eval_seed(cfg, index, name)``: the episode seed of the index-th task of set ``name``, the
+  same at every evaluation (common random numbers: a change in the evaluated reward comes from
+  the weights, not from the draw of environment seeds); a set's seeds do not depend on the other
+  sets (adding a pool changes no other pool's seeds).
+- ``eval_tickets(sets, cfg)``: every set's tasks as ``EVAL`` tickets, ids consecutive over sets.
+- ``eval_record(step, groups, failed, seconds)``: the training pool's part of the line written to
+  ``RUN_DIR/eval.jsonl`` and merged into that step's metrics: ``eval_reward`` (mean reward over
+  every trajectory), ``eval_success`` (share of trajectories with reward 1),
+  ``eval_task_solved`` (share of tasks with at least one success), ``eval_reward_var`` (mean
+  within-group variance, ``scheduling.variance.group_variance``),
   ``eval_groups``, ``eval_failed`` (groups that failed every retry; excluded from the means);
   with a held-out split (``launch/split.py``) ``eval_reward_<split>`` / ``eval_success_<split>``
   for ``train``, ``heldout_task`` and ``heldout_env``.
+- ``eval_records(step, sets, groups, dropped, seconds)``: the whole line: the training pool's
+  keys as above, and each evaluation pool's the same keys suffixed ``@NAME``
+  (``eval_reward@tau_test``, ``eval_groups@tau_test`` ...).
 - ``task_rewards(groups)``: {task id: mean reward}, which ``eval.jsonl`` adds to the record to
   show which tasks moved.
+- ``eval_curves(rows)``: {key: [(step, value)]} of every reward series of ``eval.jsonl`` (the
+  training pool, each held-out part, each evaluation pool): what ``envsched report`` draws.
 
 ``read_eval(run_dir)`` reads ``eval.jsonl`` back (``[]`` when the run has none).
 
-May import: numpy, the standard library, launch.metrics, scheduling.variance.
+``append_eval(run_dir, record, groups)`` writes one line.
+
+May import: numpy, the standard library, actors.ticket (no Ray), envs.strict_json, launch.metrics,
+scheduling.variance.
 """
 
 from __future__ import annotations
 
+import zlib
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
 import numpy as np
 
+from actors.ticket import Ticket
+from envs import strict_json
 from launch.metrics import read_jsonl
 from scheduling.variance import group_variance
+
+
+@dataclass(frozen=True)
+class EvalSet:
+    """One part of the fixed evaluation (module docstring)."""
+
+    name: str                      # "" = the training pool; else the evaluation pool's name
+    task_ids: tuple[str, ...]      # as the rollout workers know them
+    k: int
+    split_of: Optional[dict[str, str]] = None   # training pool: task id -> held-out split
+
+    @property
+    def suffix(self) -> str:
+        return f"@{self.name}" if self.name else ""
 
 
 def eval_tasks(pool: Any, cfg: Any) -> list[str]:
@@ -54,8 +85,17 @@ def eval_tasks(pool: Any, cfg: Any) -> list[str]:
     return out
 
 
-def eval_seed(cfg: Any, index: int) -> int:
-    return int(np.random.default_rng([cfg.seed, index]).integers(2**31 - 1))
+def eval_seed(cfg: Any, index: int, name: str = "") -> int:
+    key = [cfg.seed, index] + ([zlib.crc32(name.encode())] if name else [])
+    return int(np.random.default_rng(key).integers(2**31 - 1))
+
+
+def eval_tickets(sets: Sequence[EvalSet], cfg: Any) -> list[Ticket]:
+    out: list[Ticket] = []
+    for s in sets:
+        for i, t in enumerate(s.task_ids):
+            out.append(Ticket.evaluation(t, len(out), eval_seed(cfg, i, s.name), s.k))
+    return out
 
 
 def eval_record(step: int, groups: Sequence[Any], failed: int, seconds: float,
@@ -71,6 +111,35 @@ def eval_record(step: int, groups: Sequence[Any], failed: int, seconds: float,
         record.update({f"eval_reward_{name}": r[f"eval_reward_{name}"],
                        f"eval_success_{name}": r[f"eval_success_{name}"]})
     return record
+
+
+def eval_records(step: int, sets: Sequence[EvalSet], groups: dict[int, Any],
+                 dropped: Sequence[dict[str, Any]], seconds: float) -> dict[str, float]:
+    """The line of one evaluation over ``sets`` (ticket ids as ``eval_tickets`` gave them):
+    ``groups`` {ticket id: group}, ``dropped`` the tickets that failed every retry."""
+    out: dict[str, Any] = {"step": step}
+    first = 0
+    for s in sets:
+        ids = range(first, first + len(s.task_ids))
+        first += len(s.task_ids)
+        part = [groups[i] for i in ids if i in groups]
+        failed = sum(1 for d in dropped if d["ticket"] in ids)
+        record = eval_record(step, part, failed, seconds, s.split_of)
+        out.update({k + s.suffix: v for k, v in record.items()
+                    if k not in ("step", "eval_seconds")})
+    out["eval_seconds"] = float(seconds)
+    return out
+
+
+def eval_line(record: dict[str, Any], k: int) -> str:
+    """The line the controller prints after an evaluation."""
+    head = (f"[envsched] eval at step {record['step']}: reward "
+            f"{record.get('eval_reward', float('nan')):.3f} over "
+            f"{int(record.get('eval_groups', 0))} tasks x {k} (success "
+            f"{record.get('eval_success', float('nan')):.0%}, {record['eval_seconds']:.0f} s)")
+    parts = [f"{key[len('eval_reward'):].lstrip('_')} {v:.3f}" for key, v in sorted(record.items())
+             if key.startswith(("eval_reward_", "eval_reward@")) and "_var" not in key]
+    return head + "".join(f"; {p}" for p in parts)
 
 
 def _rewards(groups: Sequence[Any], suffix: str) -> dict[str, float]:
@@ -89,6 +158,38 @@ def _rewards(groups: Sequence[Any], suffix: str) -> dict[str, float]:
 
 def task_rewards(groups: Sequence[Any]) -> dict[str, float]:
     return {g.task_id: float(np.mean(g.rewards)) for g in groups}
+
+
+def eval_curves(rows: Sequence[dict[str, Any]]) -> dict[str, list[tuple[int, float]]]:
+    """Every reward series of ``eval.jsonl`` rows: ``eval_reward`` (the training pool),
+    ``eval_reward_<split>`` and ``eval_reward@NAME`` (each evaluation pool)."""
+    out: dict[str, list[tuple[int, float]]] = {}
+    for r in rows:
+        for key, v in r.items():
+            if (key == "eval_reward" or key.startswith(("eval_reward_", "eval_reward@"))) \
+                    and not key.startswith("eval_reward_var") and isinstance(v, (int, float)):
+                out.setdefault(key, []).append((int(r["step"]), float(v)))
+    return out
+
+
+def warn_changed_sets(stored: Optional[dict[str, list[str]]], sets: Sequence[EvalSet]) -> None:
+    """On resume: say which sets differ from the checkpoint's (``stored``, None before eval sets
+    were stored): a pool's files changed since, so its curve compares other tasks from here."""
+    now = {s.name: list(s.task_ids) for s in sets}
+    for name, ids in (stored or {}).items():
+        if now.get(name) != ids:
+            print(f"[envsched] resume: the evaluated tasks of {name or 'the training pool'} "
+                  f"differ from the checkpoint's ({len(ids)} then, {len(now.get(name, []))} "
+                  f"now)", flush=True)
+
+
+def append_eval(run_dir: Path, record: dict[str, Any], groups: dict[int, Any]) -> None:
+    """Append one evaluation's line to ``eval.jsonl``, with its per-task mean rewards (which go
+    to ``eval.jsonl`` only)."""
+    ordered = [groups[i] for i in sorted(groups)]
+    with (Path(run_dir) / "eval.jsonl").open("a") as f:
+        f.write(strict_json.dumps({**record, "task_rewards": task_rewards(ordered)},
+                                  sort_keys=True) + "\n")
 
 
 def read_eval(run_dir: Path) -> list[dict[str, Any]]:

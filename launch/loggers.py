@@ -123,8 +123,9 @@ class MlflowBackend:
 
 
 def _mlflow_key(key: str) -> str:
-    """MLflow allows letters, digits and ``_-. /`` in metric names."""
-    return "".join(c if c.isalnum() or c in "_-. /" else "_" for c in key)
+    """MLflow allows letters, digits and ``_-. /`` in metric names; an evaluation pool's
+    ``eval_reward@NAME`` becomes ``eval_reward/NAME`` (``_NAME`` could be a held-out part's)."""
+    return "".join(c if c.isalnum() or c in "_-. /" else "/" if c == "@" else "_" for c in key)
 
 
 def make_backends(cfg: LoggingConfig, run_dir: Path, start_step: int = 0) -> list[Any]:

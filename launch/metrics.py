@@ -128,6 +128,14 @@ class MetricsLogger:
             self._bar.set_postfix(reward=f"{row.get('reward_mean') or 0:.3f}",
                                   var=f"{row.get('reward_var_mean') or 0:.4f}")
 
+    def log_backends(self, step: int, record: dict[str, Any]) -> None:
+        """The numeric fields of ``record`` to the backends alone, not to ``metrics.jsonl`` (one
+        row per learner step): the step-0 evaluation, before any learner step."""
+        values = {k: _jsonable(v) for k, v in record.items() if k != "step"}
+        values = {k: v for k, v in values.items() if isinstance(v, (int, float))}
+        for backend in self._backends:
+            backend.log(step, values)
+
     def close(self) -> None:
         for backend in self._backends:
             backend.close()
@@ -154,6 +162,10 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and math.isfinite(v)
+
+
 def reward_trend(means: Sequence[float]) -> float:
     """Least-squares slope of per-step mean reward against step index (reward per step; NaN
     entries dropped; 0.0 with fewer than two points)."""
@@ -175,14 +187,16 @@ def summarize(rows: Iterable[dict[str, Any]], eval_rows: Sequence[dict[str, Any]
     out = {}
     if eval_rows:
         first, last = eval_rows[0], eval_rows[-1]
-        out = {"eval_step_first": float(first["step"]), "eval_step_last": float(last["step"]),
-               "eval_reward_first": float(first["eval_reward"]),
-               "eval_reward_last": float(last["eval_reward"]),
-               "eval_reward_gain": float(last["eval_reward"]) - float(first["eval_reward"]),
-               "eval_success_first": float(first["eval_success"]),
-               "eval_success_last": float(last["eval_success"])}
-        for key in sorted(first):   # eval_reward_<part>: each part of a held-out split
-            if key.startswith("eval_reward_") and key != "eval_reward_var" and key in last:
+        out = {"eval_step_first": float(first["step"]), "eval_step_last": float(last["step"])}
+        for key in ("eval_success", *(k for k in sorted(first) if k.startswith("eval_success@"))):
+            if _number(first.get(key)) and _number(last.get(key)):
+                out[f"{key}_first"], out[f"{key}_last"] = float(first[key]), float(last[key])
+        # eval_reward: the training pool; eval_reward_<part>: each part of a held-out split;
+        # eval_reward@NAME: each evaluation pool (eval.pools)
+        for key in sorted(first):
+            if (key == "eval_reward" or key.startswith(("eval_reward_", "eval_reward@"))) \
+                    and not key.startswith("eval_reward_var") and _number(first[key]) \
+                    and _number(last.get(key)):
                 out[f"{key}_first"] = float(first[key])
                 out[f"{key}_last"] = float(last[key])
                 out[f"{key}_gain"] = float(last[key]) - float(first[key])
@@ -214,10 +228,10 @@ def format_summary(summary: dict[str, Any]) -> str:
                      f"{int(g('eval_step_first'))} -> {g('eval_reward_last'):.3f} at step "
                      f"{int(g('eval_step_last'))} ({g('eval_reward_gain'):+.3f}); success "
                      f"{g('eval_success_first'):.0%} -> {g('eval_success_last'):.0%}")
-    parts = [f"{key[len('eval_reward_'):-len('_first')]} {g(key):.3f} -> "
+    parts = [f"{key[len('eval_reward'):-len('_first')].lstrip('_')} {g(key):.3f} -> "
              f"{g(key[:-len('_first')] + '_last'):.3f} ({g(key[:-len('_first')] + '_gain'):+.3f})"
-             for key in summary if key.startswith("eval_reward_") and key.endswith("_first")
-             and key != "eval_reward_first"]
+             for key in summary if key.startswith(("eval_reward_", "eval_reward@"))
+             and key.endswith("_first") and key != "eval_reward_first"]
     if parts:
         lines.append("eval by part: " + "; ".join(parts))
     return "\n".join(lines)

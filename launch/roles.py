@@ -1,11 +1,13 @@
 """The live roles of a run on Ray: ``launch/roles_contract.py:RolesContract``, what
 ``launch/controller.py`` drives.
 
-``Roles.start(cfg, pool_dir, run_dir, model_path)`` creates, on the connected Ray cluster:
-the executor pool (``actors.executor_pool.ExecutorPool``, sized by ``cluster.executors.num``,
-resizable while the run goes on), the single scheduler actor (``actors.scheduler_actor``), the
-rollout workers (``actors.rollout_worker``, ``cluster.rollout.num`` of them) and the learner
-group (``actors.learner.learner_actor.LearnerGroup``) with its weight sync.
+``Roles(cfg, pool, pool_dir, run_dir, model_path, eval_pools)`` creates, on the connected Ray
+cluster: the executor pool (``actors.executor_pool.ExecutorPool``, sized by
+``cluster.executors.num``, resizable while the run goes on), the single scheduler actor
+(``actors.scheduler_actor``), the rollout workers (``actors.rollout_worker``,
+``cluster.rollout.num`` of them; each serves the training pool and the evaluation pools,
+``launch.eval_pools.worker_pools``, in its executors' sandboxes) and the learner group
+(``actors.learner.learner_actor.LearnerGroup``) with its weight sync.
 
 Fault policy (the controller decides on re-issue, this module on restarts):
 - every ``ray.get`` has a timeout (``controller.call_timeout_s``); a group not finished within it
@@ -33,7 +35,7 @@ May import: ray, actors.*, launch.*, envs.*, the standard library.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 import ray
 
@@ -48,14 +50,18 @@ __all__ = ["RoleError", "Roles"]
 class Roles:
     """``RolesContract`` on Ray: the calls here, the decisions in ``self.core``."""
 
-    def __init__(self, cfg: Any, pool: Any, pool_dir: Path, run_dir: Path, model_path: str):
+    def __init__(self, cfg: Any, pool: Any, pool_dir: Path, run_dir: Path, model_path: str,
+                 eval_pools: Sequence[Any] = ()):
         from actors.learner.learner_actor import LearnerGroup
         from actors.learner.weight_sync import make_weight_sync
         from actors.replay_port import identifier_check_builder
         from actors.scheduler_actor import scheduler_actor_class
         from launch.scheduler_factory import build_scheduler
 
+        from launch.eval_pools import worker_pools
+
         self.cfg, self.pool, self.pool_dir, self.model_path = cfg, pool, str(pool_dir), model_path
+        self.eval_pools = worker_pools(list(eval_pools))   # {name: directory}
         self.executors_per_worker = cfg.executors.num_executors
         self.timeout = cfg.controller.call_timeout_s
         self.core = RolesCore(self.timeout)
@@ -95,7 +101,7 @@ class Roles:
             resources=opts.get("resources"),
             engine_kwargs=self.cfg.rollout.engine_kwargs,
             model_path=self.model_path, config=self.cfg.rollout.model_dump(),
-            executors="pool", name=f"rollout-{i}",
+            executors="pool", name=f"rollout-{i}", eval_pools=self.eval_pools,
             executor_config={**self.cfg.executors.model_dump(),
                              "num_executors": self.executors_per_worker})
 

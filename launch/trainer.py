@@ -2,7 +2,8 @@
 
 ``train(cfg, run_dir, address=None, resume=False)``:
 
-1. pool: ``pool.path``, or a pool generated into ``RUN_DIR/pool`` (``envs.generator``);
+1. pool: ``pool.path``, or a pool generated into ``RUN_DIR/pool`` (``envs.generator``); the
+   evaluation pools of ``eval.pools`` loaded and checked (``launch.eval_pools``);
 2. policy: ``policy.path``, or the tiny local policy warm-started by ``launch.sft`` into
    ``RUN_DIR/sft`` (skipped when it exists, so a resumed or repeated run reuses it);
 3. Ray: embedded or joined (``launch.cluster``); roles started (``launch.roles``);
@@ -96,6 +97,7 @@ def train(cfg: Any, run_dir: Path, address: Optional[str] = None, resume: bool =
     from launch.controller import Controller
     from launch.doctor import check_fits
     from launch.errors import RunStopped, UserError
+    from launch.eval_pools import load_eval_pools
     from launch.evaluation import read_eval
     from launch.metrics import read_metrics, summarize
     from launch.recovery import Recovery, next_command
@@ -115,8 +117,11 @@ def train(cfg: Any, run_dir: Path, address: Optional[str] = None, resume: bool =
         raise UserError(f"pool {pool_dir} has {len(pool.tasks)} tasks, fewer than "
                         f"run.batch_size={cfg.run.batch_size} (one step selects B distinct tasks; "
                         f"fix: lower run.batch_size or use a larger pool)")
+    eval_pools = load_eval_pools(cfg, pool_dir)   # a bad one stops the run here, in one line
     t_pool = time.perf_counter()
-    _progress(f"pool {pool_dir}: {len(pool.tasks)} tasks ({t_pool - t0:.0f} s)")
+    _progress(f"pool {pool_dir}: {len(pool.tasks)} tasks ({t_pool - t0:.0f} s)"
+              + "".join(f"; eval pool {p.name}: {len(p.eval_set.task_ids)} of "
+                        f"{len(p.pool.tasks)} tasks" for p in eval_pools))
     model_path = prepare_policy(cfg, pool_dir, run_dir)
     check_chat_format(cfg.policy.engine, model_path, cfg.rollout)
     t_sft = time.perf_counter()
@@ -127,12 +132,13 @@ def train(cfg: Any, run_dir: Path, address: Optional[str] = None, resume: bool =
     roles = recovery = None
     try:
         check_fits(cfg)
-        roles = Roles(cfg, pool, pool_dir, run_dir, model_path)
+        roles = Roles(cfg, pool, pool_dir, run_dir, model_path, eval_pools)
         sets = eval_sets(pool, pool_split(pool, cfg.pool), cfg.eval)
         split_of = {t: name for name, ids in sets.items() for t in ids} if len(sets) > 1 else None
         recovery = Recovery(cfg, roles, run_dir, lambda: Controller(
             cfg, roles, run_dir, eval_split_of=split_of,
-            eval_task_ids=[t for ids in sets.values() for t in ids]))
+            eval_task_ids=[t for ids in sets.values() for t in ids],
+            eval_pools=[p.eval_set for p in eval_pools]))
         recovery.start(ckpt)
         _progress("waiting for the executors' sandboxes and the rollout engines to start")
         not_ready = roles.wait_ready(cfg.controller.call_timeout_s)

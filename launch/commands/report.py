@@ -2,9 +2,12 @@
 
 Reads RUN_DIR/metrics.jsonl (and eval.jsonl when the run evaluated) and writes (default
 RUN_DIR/report/): reward.png (batch mean reward, the fixed-set evaluation reward from step 0, and
-mean within-group variance per step), scheduler.png (environments and tools per batch, phase
+mean within-group variance per step), eval.png when the run evaluated (one reward curve per
+evaluated set from step 0: the training pool, each held-out part, each pool of ``eval.pools``,
+``launch.evaluation.eval_curves``), scheduler.png (environments and tools per batch, phase
 split, predicted vs realised variance), system.png (per-phase timings, learner idle share,
-staleness, executor share), plus summary.json (is mean reward rising: first vs last third; first vs last evaluation).
+staleness, executor share), plus summary.json (is mean reward rising: first vs last third;
+first vs last evaluation of each set; ``eval_curves``: the steps of each curve drawn).
 """
 
 from __future__ import annotations
@@ -41,10 +44,11 @@ def render(run_dir: Path, out: Path) -> list[Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from launch.evaluation import read_eval
+    from launch.evaluation import eval_curves, read_eval
     from launch.metrics import read_metrics
 
     rows = read_metrics(run_dir)
+    curves = eval_curves(read_eval(run_dir))
     # evaluation points come from eval.jsonl: it also holds step 0 (before any training)
     series = {"eval_reward": [(r["step"], r["eval_reward"]) for r in read_eval(run_dir)
                               if r.get("eval_reward") is not None]}
@@ -66,7 +70,23 @@ def render(run_dir: Path, out: Path) -> list[Path]:
         fig.savefig(out / name, dpi=90)
         plt.close(fig)
         written.append(out / name)
+    if curves:
+        written.append(_eval_plot(plt, curves, out / "eval.png"))
     return written
+
+
+def _eval_plot(plt, curves: dict, path: Path) -> Path:
+    """One reward curve per evaluated set (``eval_reward``: the training pool)."""
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    for key, pts in sorted(curves.items()):
+        ax.plot(*zip(*pts), marker=".", label=key)
+    ax.set_title("fixed-set evaluation reward per pool", fontsize=9)
+    ax.set_xlabel("step")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
 
 
 def run(args: argparse.Namespace) -> int:
@@ -83,6 +103,10 @@ def run(args: argparse.Namespace) -> int:
     if not summary:
         raise UserError(f"{run_dir}/metrics.jsonl has no steps yet")
     written = render(run_dir, out)
+    from launch.evaluation import eval_curves
+
+    summary["eval_curves"] = {k: [s for s, _ in pts]
+                              for k, pts in eval_curves(read_eval(run_dir)).items()}
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     print(json.dumps({"plots": [str(p) for p in written], **summary}, indent=2))
     return 0

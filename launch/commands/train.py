@@ -53,8 +53,8 @@ def preflight(cfg, run_dir: Path, address) -> None:
     checks = static_checks(cfg, run_dir, local=not (address or cfg.cluster.address))
     failed = blockers(checks)
     if failed:
-        raise UserError("pre-flight checks failed (`envsched doctor` lists every check):\n"
-                        + "\n".join(c.line() for c in failed))
+        raise UserError("pre-flight checks failed (`envsched doctor` lists every check): "
+                        + "; ".join(c.line() for c in failed))   # one line
     for c in checks:
         if c.status == "warn":
             print(c.line(), flush=True)
