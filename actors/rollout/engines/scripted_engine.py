@@ -3,8 +3,11 @@ as the Qwen3 text a model would emit, so it exercises the same tokeniser, parser
 and verifier as a real policy. A generated pool should score reward 1.0 with it.
 
 The engine is stateless across requests: turn ``n`` of an episode is found by counting the
-``<tool_response>`` tokens already in the prompt (the loop appends exactly one per executed or
-refused turn), so concurrent episodes of the same task need no bookkeeping. After the script's
+assistant turns the prompt opens (``<|im_start|>assistant``; the loop appends one per executed or
+refused call and per user message), so concurrent episodes of the same task need no
+bookkeeping. On a conversational task (``envs.spec.UserSpec``) a reference step calling the
+task's ``reply_tool`` is played as a plain reply with its ``content``, the way a policy talks to
+the user. After the script's
 last step it replies ``final_reply``. Each emitted turn ends with ``<|im_end|>``; a scripted turn
 longer than ``max_tokens`` is cut and reported as ``"length"`` like a runaway model turn.
 Log-probs are 0 (the script is deterministic). ``update_weights`` only records the version.
@@ -30,14 +33,24 @@ class ScriptedEngine(Engine):
         self.tokenizer = tokenizer
         self.scripts = scripts
         self.final_reply = final_reply
-        self._response_id = tokenizer.convert_tokens_to_ids("<tool_response>")
+        self._opening = tuple(tokenizer.encode("<|im_start|>assistant", add_special_tokens=False))
         self._end_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
 
     @classmethod
     def from_pool(cls, tokenizer, pool, final_reply: str = FINAL_REPLY) -> "ScriptedEngine":
-        scripts = {t.task_id: [render_call(c.name, c.arguments) for c in t.reference_solution or []]
-                   for t in pool.tasks}
+        def turn(task, call) -> str:
+            if task.user is not None and call.name == task.user.reply_tool:
+                return str(call.arguments.get("content", ""))
+            return render_call(call.name, call.arguments)
+
+        scripts = {t.task_id: [turn(t, c) for c in t.reference_solution or []] for t in pool.tasks}
         return cls(tokenizer, scripts, final_reply)
+
+    def turn_index(self, prompt_token_ids: list[int]) -> int:
+        """Assistant turns opened in the prompt, less the one being generated."""
+        ids, pat = prompt_token_ids, self._opening
+        n = sum(1 for i in range(len(ids) - len(pat) + 1) if tuple(ids[i:i + len(pat)]) == pat)
+        return n - 1
 
     def turn_text(self, task_id: str, turn: int) -> str:
         try:
@@ -50,7 +63,7 @@ class ScriptedEngine(Engine):
                        task_id: Optional[str] = None) -> Generation:
         if task_id is None:
             raise ValueError("ScriptedEngine.generate needs task_id to pick the script")
-        turn = sum(1 for t in prompt_token_ids if t == self._response_id)
+        turn = self.turn_index(prompt_token_ids)
         text = self.turn_text(task_id, turn)
         ids = self.tokenizer.encode(text, add_special_tokens=False) + [self._end_id]
         finish = "stop"
