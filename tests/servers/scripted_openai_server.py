@@ -15,7 +15,8 @@ Playing a simulated user (``actors.user_sim``) when the request's model starts w
 JSON object: key -> lines) found in the system prompt (which holds the user's instruction), and
 the answer is line ``n`` for a request holding ``n`` earlier lines of the user (its
 ``assistant`` messages), then ``###STOP###``. Model ``scripted-user-flaky`` answers every other
-request with HTTP 503 first (the client's retry sends it again).
+request with HTTP 503 first (the client's retry sends it again); ``scripted-user-refused``
+answers HTTP 400 (a permanent refusal).
 
 ``GET /stats`` returns ``{"requests": N, "response_formats": [...], "user_requests": N,
 "user_seeds": [...], "user_failed": N}``.
@@ -67,6 +68,9 @@ class Handler(BaseHTTPRequestHandler):
 
     def _user(self, req):
         STATS["user_requests"] += 1
+        if req["model"].endswith("-refused"):
+            self._send(400, {"error": {"message": f"model {req['model']} does not exist"}})
+            return
         if req["model"].endswith("-flaky") and STATS["user_requests"] % 2 == 1:
             STATS["user_failed"] += 1
             self._send(503, {"error": {"message": "overloaded, try again"}})
