@@ -14,8 +14,8 @@ Playing a simulated user (``actors.user_sim``) when the request's model starts w
 ``scripted-user``: the script is chosen by the first key of the user-script file (argument 2, a
 JSON object: key -> lines) found in the system prompt (which holds the user's instruction), and
 the answer is line ``n`` for a request holding ``n`` earlier lines of the user (its
-``assistant`` messages), then ``###STOP###``. Model ``scripted-user-flaky`` answers every other
-request with HTTP 503 first (the client's retry sends it again); ``scripted-user-refused``
+``assistant`` messages), then ``###STOP###``. Model ``scripted-user-flaky`` answers the first of
+each distinct request (messages and seed) with HTTP 503 (the client's retry sends it again); ``scripted-user-refused``
 answers HTTP 400 (a permanent refusal).
 
 ``GET /stats`` returns ``{"requests": N, "response_formats": [...], "user_requests": N,
@@ -39,6 +39,7 @@ STATS = {"requests": 0, "response_formats": [], "user_requests": 0, "user_seeds"
          "user_failed": 0}
 SEEN: dict = {}
 USER_SCRIPTS: dict = {}
+FAILED_ONCE: set = set()
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -71,7 +72,9 @@ class Handler(BaseHTTPRequestHandler):
         if req["model"].endswith("-refused"):
             self._send(400, {"error": {"message": f"model {req['model']} does not exist"}})
             return
-        if req["model"].endswith("-flaky") and STATS["user_requests"] % 2 == 1:
+        key = json.dumps([req["messages"], req.get("seed")])
+        if req["model"].endswith("-flaky") and key not in FAILED_ONCE:
+            FAILED_ONCE.add(key)
             STATS["user_failed"] += 1
             self._send(503, {"error": {"message": "overloaded, try again"}})
             return
