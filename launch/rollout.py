@@ -4,13 +4,14 @@
 ``run_groups(...)`` starts ``workers`` RolloutWorker actors on a connected Ray (``launch.cluster``),
 runs one group per task id on them (a ``Ticket.direct`` each: selection step 0, the given seed),
 their episodes on the sandboxed executor pool, and stops them;
-``rollout_config`` / ``executor_config`` validate the ``--set`` / ``--executor-set`` overrides
+``rollout_config`` / ``executor_config`` / ``user_sim_config`` validate the ``--set`` /
+``--executor-set`` / ``--user-set`` overrides
 (``override_tree``) into the role configs, a mistake raised as one ``UserError`` line, as is an
 unusable chat template or tool parser (``check_chat_format``, before any actor starts).
 
 May import: the standard library, pydantic, launch.config, launch.errors, launch.cluster, and
 the rollout role modules (``actors.rollout``, ``actors.rollout_worker``,
-``actors.executor_pool``, ``actors.ticket``); Ray and the role modules inside the functions that
+``actors.executor_pool``, ``actors.ticket``, ``actors.user_sim``); Ray and the role modules inside the functions that
 need them.
 """
 
@@ -51,17 +52,35 @@ def rollout_config(overrides: dict[str, Any], k: Optional[int]):
         raise UserError(msgs) from None
 
 
-def executor_config(overrides: dict[str, Any]) -> dict[str, Any]:
+def _role_config(section: str, cls: type, overrides: dict[str, Any]) -> dict[str, Any]:
     """Validated here so a mistake is one line at exit 2, not an actor's traceback."""
     from pydantic import ValidationError
 
+    try:
+        return cls(**overrides).model_dump()
+    except ValidationError as e:
+        raise UserError("; ".join(f"{section}.{'.'.join(map(str, x['loc']))}: {x['msg']} (got "
+                                  f"{x.get('input')!r})" for x in e.errors())) from None
+
+
+def executor_config(overrides: dict[str, Any]) -> dict[str, Any]:
     from actors.executor_pool import ExecutorConfig
 
-    try:
-        return ExecutorConfig(**overrides).model_dump()
-    except ValidationError as e:
-        raise UserError("; ".join(f"executors.{'.'.join(map(str, x['loc']))}: {x['msg']} (got "
-                                  f"{x.get('input')!r})" for x in e.errors())) from None
+    return _role_config("executors", ExecutorConfig, overrides)
+
+
+def user_sim_config(overrides: dict[str, Any], pool: Any) -> Optional[dict[str, Any]]:
+    """The user simulator of the pool's conversational tasks (None: the pool has none)."""
+    from actors.user_sim.config import UserSimConfig
+
+    cfg = _role_config("user_sim", UserSimConfig, overrides)
+    if not any(t.user is not None for t in pool.tasks):
+        return None
+    if cfg["kind"] == "openai" and cfg["endpoint"] is None:
+        raise UserError("the pool has conversational tasks: give their simulated user with "
+                        "--user-set endpoint=http://HOST:PORT/v1 (any OpenAI-compatible server) "
+                        "or --user-set kind=scripted")
+    return cfg
 
 
 def check_chat_format(engine: str, model: Optional[str], config) -> None:
@@ -104,13 +123,15 @@ def _wait_showing_progress(refs: list, timeout: float, k: int, t0: float) -> lis
 
 def run_groups(pool_dir: str, task_ids: list[str], engine: str, model: Optional[str], config,
                workers: int, seed: int, timeout: float, executor_cfg: Optional[dict] = None,
-               num_cpus: float = 0.5) -> tuple[list, float, float]:
+               num_cpus: float = 0.5, users: Optional[dict] = None) -> tuple[list, float, float]:
     """Run one group per task on ``workers`` actors, their episodes on the sandboxed executor
     pool; returns (groups in task order, wall seconds, seconds the workers' executors took to
     start). The wall clock starts once every worker and its executors are up: a worker answers
     its ping when its engine is loaded, but its executors start their sandboxes in the background
     after that, and that one-off start (16 sandboxes: ~2 s of CPU on a 2-core machine) is not
-    episodes/s. Raises TimeoutError naming the unfinished tasks when ``timeout`` passes."""
+    episodes/s. ``users``: a ``UserSimConfig`` dict, the simulated user of conversational tasks
+    (one inside each worker). Raises TimeoutError naming the unfinished tasks when ``timeout``
+    passes."""
     import ray
 
     from actors.rollout.engine_args import gpus_per_engine
@@ -124,7 +145,7 @@ def run_groups(pool_dir: str, task_ids: list[str], engine: str, model: Optional[
                                     runtime_env=accelerator_env(gpus), model_path=model,
                                     engine_kwargs=config.engine_kwargs,
                                     config=config.model_dump(), executor_config=executor_cfg,
-                                    name=f"rollout-{i}")
+                                    name=f"rollout-{i}", users=users)
                for i in range(workers)]
     _say(f"starting {workers} {engine} rollout worker(s) and their sandboxes for "
          f"{len(task_ids)} groups of {config.k}")

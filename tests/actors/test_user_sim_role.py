@@ -132,3 +132,25 @@ def test_an_unreachable_user_endpoint_drops_the_episodes_with_a_clear_error(ray_
 def test_a_run_without_an_endpoint_is_refused_before_anything_starts():
     with pytest.raises(ValueError, match="user_sim.endpoint is unset; fix: set user_sim.endpoint"):
         start_user_sims({}, num=1)
+
+
+def test_rollout_command_plays_a_conversational_pool_with_the_user_over_http(ray_local, pool,
+                                                                              server, tmp_path,
+                                                                              capsys):
+    from launch.cli import main
+
+    out = tmp_path / "groups.jsonl"
+    assert main(["rollout", "--pool", str(pool.root), "--engine", "scripted", "--tasks", "0",
+                 "--k", "2", "--out", str(out), "--executor-set", "num_executors=1",
+                 "--executor-set", "num_cpus_per_executor=0.25", "--user-set",
+                 f"endpoint={server}", "--user-set", "model=scripted-user", "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert (summary["groups"], summary["mean_reward"], summary["statuses"]) == (2, 1.0, {"ok": 4})
+    assert stats(server)["user_requests"] == 2 * 3 + 2 * 2
+
+
+def test_rollout_command_refuses_a_conversational_pool_without_a_user(pool, capsys):
+    from launch.cli import main
+
+    assert main(["rollout", "--pool", str(pool.root), "--engine", "scripted"]) == 2
+    assert "--user-set endpoint=http://HOST:PORT/v1" in capsys.readouterr().err
