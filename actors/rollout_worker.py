@@ -95,6 +95,8 @@ class RolloutWorker:
         self.executors = _executors(self.pool, executors, executor_config)
         try:
             loop = AgentLoop(self.engine, self.tokenizer, self.config, _users(users, name))
+            if any(t.user is not None for t in self.pool.tasks):   # user turns: fail at start
+                loop.chat.user_segment("a user message", stopped=True)
         except ValueError as e:   # the chat template or tool_parser (TemplateError included)
             raise ValueError(f"{name}: model {path}: {e}") from None
         self.runner = GroupRunner(loop, self.pool, self.executors)

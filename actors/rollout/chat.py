@@ -18,7 +18,9 @@ earlier ``<think>`` blocks, and BPE merges across a boundary can differ); it app
   (``envs.spec.UserSpec``): the template's text after an assistant message that a user message
   follows, up to the next turn's generation prompt (split at the assistant's content, so a
   template that renders the last assistant turn differently, as Qwen3's does with its empty
-  ``<think>`` block, still gives the text of a turn that is no longer the last).
+  ``<think>`` block, still gives the text of a turn that is no longer the last). Rendered on
+  first use: a template that cannot follow a user message after an assistant one fails only a
+  conversational episode (``TemplateError``), never the construction.
 - ``stop_ids``: the end-of-turn token (the tail's first token) and the tokenizer's EOS.
 
 Every model sees its tools. A probe renders a conversation with a tool of a distinctive name;
@@ -97,7 +99,6 @@ class ChatFormat:
         # in an episode: padded and quoted text exercises trimming and tojson
         self.prompt_spans(' "S" ', ' "U" ', self.tools)
         self._tool_spans(' "O" ')
-        self._user_spans(' "U" ')
         eos = tokenizer.eos_token_id
         self.stop_ids = tuple(dict.fromkeys(i for i in (self.end_id, eos) if i is not None))
 
@@ -194,6 +195,14 @@ class ChatFormat:
                                 generation_prompt=True)
 
         masked = render(SLOT.format(0))
+        earlier = self._render(_REFERENCE)
+        if not masked.startswith(earlier):
+            raise TemplateError(
+                "the chat template re-renders earlier turns when a user message follows an "
+                f"assistant turn (rendered {json.dumps(masked[:120])}... does not extend "
+                f"{json.dumps(earlier[:120])}...; Mistral v3 moves the tools and the system "
+                "prompt to the last user message); conversational tasks need a template whose "
+                "conversation only grows")
         spans = align(masked, render(text), [text])
         return drop_prefix(spans, masked.index(PLACEHOLDER) + len(PLACEHOLDER))
 

@@ -186,3 +186,28 @@ def test_a_conversational_task_without_a_simulator_is_a_configuration_error(pool
     with pytest.raises(ValueError, match=f"task {TASK} is conversational but this rollout worker "
                                          "has no user simulator"):
         run(pool, tokenizer, None)
+
+
+USER_TEXT = {  # the template's text for one user message after an assistant turn (hand-written)
+    "hermes": "\n<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n",
+    "llama3_json": "<|start_header_id|>user<|end_header_id|>\n\n{}<|eot_id|>"
+                   "<|start_header_id|>assistant<|end_header_id|>\n\n",
+}
+
+
+@pytest.mark.parametrize("family", sorted(USER_TEXT) + ["mistral"])
+def test_the_user_segment_is_the_templates_in_every_format(tokenizer, family):
+    from actors.rollout.chat import ChatFormat, TemplateError
+    from chat_families import family_tokenizer
+
+    tok = family_tokenizer(tokenizer, family)
+    chat = ChatFormat(tok)   # a conversation-hostile template still serves instruction tasks
+    text = "my email is ana.lee@example.com"
+    if family == "mistral":   # it moves the tools and the system prompt to the last user turn
+        with pytest.raises(TemplateError, match="re-renders earlier turns when a user message"):
+            chat.user_segment(text, stopped=True)
+        return
+    stopped = tok.decode(chat.user_segment(text, stopped=True))
+    assert stopped == USER_TEXT[family].format(text)
+    assert tok.decode(chat.user_segment(text, stopped=False)) == \
+        tok.decode([chat.end_id]) + stopped
