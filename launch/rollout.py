@@ -69,23 +69,28 @@ def executor_config(overrides: dict[str, Any]) -> dict[str, Any]:
     return _role_config("executors", ExecutorConfig, overrides)
 
 
-def user_sim_config(overrides: dict[str, Any], pool: Any) -> Optional[dict[str, Any]]:
-    """The user simulator of the pool's conversational tasks (None: the pool has none)."""
+def user_sim_config(overrides: dict[str, Any], pool: Any, key: str = "--user-set "
+                    ) -> Optional[dict[str, Any]]:
+    """The user simulator of the pool's conversational tasks (None: the pool has none); ``key``:
+    how the fix names a field (``--user-set `` for ``envsched rollout``, ``user_sim.`` for a
+    run's config)."""
     from actors.user_sim.config import UserSimConfig
 
     cfg = _role_config("user_sim", UserSimConfig, overrides)
     if not any(t.user is not None for t in pool.tasks):
         return None
     if cfg["kind"] == "openai" and cfg["endpoint"] is None:
-        raise UserError("the pool has conversational tasks: give their simulated user with "
-                        "--user-set endpoint=http://HOST:PORT/v1 (any OpenAI-compatible server) "
-                        "or --user-set kind=scripted")
+        raise UserError(f"the pool has conversational tasks but no user simulator endpoint; "
+                        f"fix: {key}endpoint=http://HOST:PORT/v1 (any OpenAI-compatible server) "
+                        f"or {key}kind=scripted with {key}scripts")
     return cfg
 
 
-def check_chat_format(engine: str, model: Optional[str], config) -> None:
+def check_chat_format(engine: str, model: Optional[str], config,
+                      conversational: bool = False) -> None:
     """Build the workers' ``ChatFormat`` on the driver (the tokenizer only): an unusable chat
-    template or ``tool_parser`` is one ``UserError`` line before any actor starts, not an actor's
+    template or ``tool_parser`` (or, for a pool with ``conversational`` tasks, a template that
+    cannot append a user turn) is one ``UserError`` line before any actor starts, not an actor's
     traceback. A template without tools logs its one warning here too."""
     from actors.policy import build_tiny_policy, load_tokenizer
     from actors.rollout.chat import ChatFormat
@@ -94,8 +99,10 @@ def check_chat_format(engine: str, model: Optional[str], config) -> None:
     if path is None:
         return
     try:
-        ChatFormat(load_tokenizer(path), enable_thinking=config.enable_thinking,
-                   tool_parser=config.tool_parser)
+        chat = ChatFormat(load_tokenizer(path), enable_thinking=config.enable_thinking,
+                          tool_parser=config.tool_parser)
+        if conversational:
+            chat.user_segment("a user message", stopped=True)
     except ValueError as e:   # TemplateError too
         raise UserError(f"model {path}: {e}") from None
 
@@ -139,7 +146,7 @@ def run_groups(pool_dir: str, task_ids: list[str], engine: str, model: Optional[
     from actors.ticket import Ticket
     from launch.cluster import accelerator_env
 
-    check_chat_format(engine, model, config)
+    check_chat_format(engine, model, config, users is not None)
     gpus = float(gpus_per_engine(config.engine_kwargs)) if engine == "vllm" else 0.0
     handles = [start_rollout_worker(pool_dir, engine, num_cpus=num_cpus, num_gpus=gpus,
                                     runtime_env=accelerator_env(gpus), model_path=model,

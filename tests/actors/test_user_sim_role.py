@@ -153,4 +153,4 @@ def test_rollout_command_refuses_a_conversational_pool_without_a_user(pool, caps
     from launch.cli import main
 
     assert main(["rollout", "--pool", str(pool.root), "--engine", "scripted"]) == 2
-    assert "--user-set endpoint=http://HOST:PORT/v1" in capsys.readouterr().err
+    assert "fix: --user-set endpoint=http://HOST:PORT/v1" in capsys.readouterr().err
