@@ -53,6 +53,7 @@ def test_smollm2_on_vllm_plays_the_user_of_a_conversational_task(ray_local, tmp_
         first, again = (ray_local.get(worker.run_group.remote(ticket), timeout=600)
                         for _ in range(2))
         sims = ray_local.get(users[0].stats.remote(), timeout=30)
+    print(f"user simulator stats: {sims}; conversation: {first.trajectories[0].info}")
     for group in (first, again):
         assert group.dropped == [] and len(group.trajectories) == 1
     traj = first.trajectories[0]
