@@ -33,7 +33,7 @@ class ScriptedEngine(Engine):
         self.tokenizer = tokenizer
         self.scripts = scripts
         self.final_reply = final_reply
-        self._opening = tuple(tokenizer.encode("<|im_start|>assistant", add_special_tokens=False))
+        self._opening: tuple[int, ...] = ()   # "<|im_start|>assistant", encoded on first use
         self._end_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
 
     @classmethod
@@ -48,8 +48,11 @@ class ScriptedEngine(Engine):
 
     def turn_index(self, prompt_token_ids: list[int]) -> int:
         """Assistant turns opened in the prompt, less the one being generated."""
+        if not self._opening:
+            self._opening = tuple(self.tokenizer.encode("<|im_start|>assistant",
+                                                        add_special_tokens=False))
         ids, pat = prompt_token_ids, self._opening
-        n = sum(1 for i in range(len(ids) - len(pat) + 1) if tuple(ids[i:i + len(pat)]) == pat)
+        n = sum(1 for i, t in enumerate(ids) if t == pat[0] and tuple(ids[i:i + len(pat)]) == pat)
         return n - 1
 
     def turn_text(self, task_id: str, turn: int) -> str:
