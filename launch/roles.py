@@ -338,10 +338,21 @@ class Roles:
     def step_extras(self) -> dict[str, float]:
         scheduler = self._sched(lambda: self.scheduler.metrics.remote(), "metrics")
         out = self.core.step_extras(scheduler, self._each_worker(lambda w: w.metrics.remote()))
-        if self.users:   # a simulator being restarted by Ray answers later: counted then
-            ready, _ = ray.wait([u.stats.remote() for u in self.users],
-                                num_returns=len(self.users), timeout=self.timeout)
-            out.update(self.core.user_sim_extras(ray.get(ready, timeout=self.timeout)))
+        if self.users:
+            out.update(self.core.user_sim_extras(self._user_sim_stats()))
+        return out
+
+    def _user_sim_stats(self) -> list[dict[str, float]]:
+        """The simulators' counters; one being restarted by Ray (its counters start again) or
+        slow to answer is left out of this step's record, which never waits long for it."""
+        refs = [u.stats.remote() for u in self.users]
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=min(self.timeout, 30.0))
+        out = []
+        for ref in ready:
+            try:
+                out.append(ray.get(ref, timeout=self.timeout))
+            except ray.exceptions.RayError:
+                continue
         return out
 
     def filter_events(self, since: int = 0) -> list:
