@@ -1,6 +1,6 @@
-"""The project's one client of OpenAI-compatible chat endpoints (``POST {endpoint}/chat/completions``:
-a vLLM server, or any compatible API), used by the operation-description pre-pass
-(``envs.opdesc_llm``) and the user simulator (``actors.user_sim``).
+"""The project's one client of OpenAI-compatible chat endpoints (``POST
+{endpoint}/chat/completions``: a vLLM server, or any compatible API), used by the
+operation-description pre-pass (``envs.opdesc_llm``) and the user simulator (``actors.user_sim``).
 
 ``ChatClient(endpoint, model, api_key, timeout_s, retries, backoff_s, max_backoff_s)``;
 ``complete(messages, **params) -> ChatReply`` sends one chat request (``params`` join the body:

@@ -13,7 +13,9 @@ apart from the policy's turn seeds) and is bounded by ``timeout_s``. A simulator
 misses the deadline raises ``UserSimError``, which the loop blames on the infrastructure.
 
 A conversational task on a worker without a simulator is a configuration error (``ValueError``
-from the constructor: the group fails, nothing is trained). ``agent_tools(env, task)``: the tools the agent sees, without ``UserSpec.reply_tool`` (the loop
+from the constructor: the group fails, nothing is trained).
+
+``agent_tools(env, task)``: the tools the agent sees, without ``UserSpec.reply_tool`` (the loop
 calls it for each reply); one list per environment, kept so the prompt cache
 (``ChatFormat.prompt``, keyed by the tools object) still hits.
 
