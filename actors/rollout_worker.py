@@ -26,6 +26,11 @@ only tests of the loop and the controller use, with ``GroupRunner`` directly). L
 capped at the executors' ``capacity``. Every session call is bounded by the ``RolloutConfig``
 timeouts; callers bound their ``ray.get`` on this actor themselves.
 
+Conversational tasks (``envs.spec.UserSpec``) need a simulated user: ``users`` is a list of
+user-simulator actor handles (``actors.user_sim_actor``, the run's simulator pool, used through
+``RemoteUsers``), or a ``UserSimConfig`` dict for a simulator inside this worker (``envsched
+rollout``, tests), or None (no conversational task can run: ``ValueError`` naming the task).
+
 May import: ray, actors.*, envs.*, the standard library; torch/transformers/vllm via the engines.
 """
 
@@ -44,6 +49,9 @@ from actors.rollout.config import RolloutConfig
 from actors.rollout.engines.registry import make_engine
 from actors.rollout.runner import GroupRunner
 from actors.ticket import Ticket
+from actors.user_sim.config import UserSimConfig
+from actors.user_sim.simulator import UserSimulator, make_user_simulator
+from actors.user_sim_actor import RemoteUsers
 from envs.pool import load_pool
 from envs.pool_union import with_eval_pools
 from envs.trajectory import Group
@@ -60,13 +68,22 @@ def _executors(pool, executors: Union[str, Executors], executor_config: Optional
     return executors
 
 
+def _users(users: Union[None, list, dict], name: str) -> Optional[UserSimulator]:
+    if users is None:
+        return None
+    if isinstance(users, dict):
+        return make_user_simulator(UserSimConfig(**users), f"{name}/user-sim")
+    return RemoteUsers(users)
+
+
 class RolloutWorker:
     def __init__(self, pool_dir: str, engine: str = "hf", model_path: Optional[str] = None,
                  config: Union[RolloutConfig, dict, None] = None,
                  executors: Union[str, Executors] = "pool",
                  executor_config: Optional[dict] = None,
                  engine_kwargs: Optional[dict] = None, name: str = "rollout-0",
-                 eval_pools: Optional[dict[str, str]] = None):
+                 eval_pools: Optional[dict[str, str]] = None,
+                 users: Union[None, list, dict] = None):
         from actors.policy import build_tiny_policy, load_tokenizer
 
         self.name = name
@@ -82,7 +99,9 @@ class RolloutWorker:
                                   pool=self.pool, **(engine_kwargs or {}))
         self.executors = _executors(self.pool, executors, executor_config)
         try:
-            loop = AgentLoop(self.engine, self.tokenizer, self.config)
+            loop = AgentLoop(self.engine, self.tokenizer, self.config, _users(users, name))
+            if any(t.user is not None for t in self.pool.tasks):   # user turns: fail at start
+                loop.chat.user_segment("a user message", stopped=True)
         except ValueError as e:   # the chat template or tool_parser (TemplateError included)
             raise ValueError(f"{name}: model {path}: {e}") from None
         self.runner = GroupRunner(loop, self.pool, self.executors)
@@ -105,7 +124,10 @@ class RolloutWorker:
 
     def metrics(self) -> dict[str, Any]:
         wait = self.executors.wait_time_stats()
-        return {**self.runner.metrics(), "worker": self.name, "executor_wait_s": wait["total_s"],
+        users = self.runner.loop.users
+        user_stats = {f"user_sim_{k}": v for k, v in users.stats().items()} if users else {}
+        return {**self.runner.metrics(), **user_stats, "worker": self.name,
+                "executor_wait_s": wait["total_s"],
                 "executor_wait_p95_s": wait["p95_s"],
                 "executor_waiting_now": wait["waiting_now"], "executors": self.executors.size}
 

@@ -1,5 +1,5 @@
 """The LLM operation-description pre-pass (paper Section 2.2, Appendix E) over any
-OpenAI-compatible chat endpoint (a vLLM server, or any compatible API).
+OpenAI-compatible chat endpoint (a vLLM server, or any compatible API; ``envs.chat_client``).
 
 For each task, one chat request: a system prompt fixing Appendix E's vocabularies and a user
 message that is pure JSON (the task: instruction, initial-state summary, verifier checks, tools;
@@ -27,8 +27,6 @@ import hashlib
 import json
 import logging
 import threading
-import urllib.error
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +35,7 @@ from typing import Any, Optional
 from pydantic import ValidationError
 
 from envs import strict_json
+from envs.chat_client import ChatClient, ChatRequestError
 from envs.describe import describe_task
 from envs.opdesc import (CONFLICT_KINDS, GATE_KINDS, GROUP_RELATIONS, OP_TYPES, PROVENANCES,
                          OpDescription, OpDescriptionError, check_against_task)
@@ -122,6 +121,8 @@ class LLMDescriber:
                              f"'json_object', got {json_mode!r}")
         self.endpoint = endpoint.rstrip("/")
         self.model, self.api_key = model, api_key
+        # no transport retries here: the loop in describe_one retries (and counts) every request
+        self.client = ChatClient(self.endpoint, model, api_key, timeout_s=timeout_s)
         self.concurrency, self.retries, self.timeout_s = concurrency, retries, timeout_s
         self.json_mode, self.max_tokens, self.temperature = json_mode, max_tokens, temperature
         self.cache_path = Path(cache_path) if cache_path else None
@@ -154,22 +155,15 @@ class LLMDescriber:
         return hashlib.sha256(blob.encode()).hexdigest()
 
     def _post(self, messages: list[dict[str, str]]) -> str:
-        body: dict[str, Any] = {"model": self.model, "messages": messages,
-                                "temperature": self.temperature, "max_tokens": self.max_tokens}
         if self.json_mode == "json_schema":
             schema = bounded_schema(OpDescription.model_json_schema())
-            body["response_format"] = {"type": "json_schema", "json_schema": {
+            response_format = {"type": "json_schema", "json_schema": {
                 "name": "op_description", "schema": schema}}
         else:
-            body["response_format"] = {"type": "json_object"}
-        req = urllib.request.Request(f"{self.endpoint}/chat/completions",
-                                     data=json.dumps(body).encode(), method="POST",
-                                     headers={"Content-Type": "application/json",
-                                              **({"Authorization": f"Bearer {self.api_key}"}
-                                                 if self.api_key else {})})
-        with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
-            payload = json.loads(resp.read())
-        return payload["choices"][0]["message"]["content"] or ""
+            response_format = {"type": "json_object"}
+        return self.client.complete(messages, temperature=self.temperature,
+                                    max_tokens=self.max_tokens,
+                                    response_format=response_format).content
 
     def _validate(self, content: str, task: TaskSpec) -> OpDescription:
         raw = json.loads(content)
@@ -193,12 +187,8 @@ class LLMDescriber:
             self._count(stats, requested=1)
             try:
                 content = self._post(messages)
-            except urllib.error.HTTPError as e:
-                reason = f"request failed: HTTP {e.code}: {_error_body(e)}"
-                continue
-            except (urllib.error.URLError, TimeoutError, OSError, KeyError, IndexError,
-                    json.JSONDecodeError) as e:
-                reason = f"request failed: {e}"
+            except ChatRequestError as e:
+                reason = f"request failed: {e.cause}"
                 continue
             try:
                 desc = self._validate(content, task)
@@ -287,11 +277,3 @@ def _brief(e: Exception) -> str:
         return "; ".join(f"{'.'.join(map(str, x['loc'])) or '<root>'}: {x['msg']}"
                          for x in e.errors()[:2])[:300]
     return str(e).splitlines()[0][:300]
-
-
-def _error_body(e: "urllib.error.HTTPError") -> str:
-    try:
-        body = e.read().decode(errors="replace")
-        return str(json.loads(body).get("error", {}).get("message", body))[:300]
-    except (OSError, ValueError, AttributeError):
-        return str(e.reason)

@@ -317,6 +317,12 @@ def _parse_task_line(line: str, lineno: int, seen: dict[str, int],
     if task.env_id not in environments:
         return PoolProblem(TASKS_FILE, f"unknown env_id {task.env_id!r}", line=lineno,
                            task_id=task.task_id, env_id=task.env_id), None
+    reply_tool = task.user.reply_tool if task.user is not None else None
+    if reply_tool is not None and reply_tool not in environments[task.env_id].tool_names:
+        return PoolProblem(TASKS_FILE, f"user.reply_tool {reply_tool!r} is not a tool of "
+                                       f"environment {task.env_id!r}; fix: name one of its tools "
+                                       "or drop reply_tool", line=lineno, task_id=task.task_id,
+                           env_id=task.env_id), None
     return None, task
 
 

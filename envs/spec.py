@@ -5,9 +5,12 @@
 - ``ToolCall``     one tool invocation: tool name + JSON arguments (a reference-solution step).
 - ``Environment``  an executable environment: Python class source, OpenAI function-calling
                    tool schemas, and the system prompt parts (introduction + rules).
+- ``UserSpec``     what makes a task conversational: a simulated user plays the task's instruction
+                   (its persona and goal) and the agent sees only what that user says.
 - ``TaskSpec``     one environment-task pair: instruction, initial state (inline, or a reference
                    to a state file shared by many tasks), verifier checks, optional reference
-                   solution, optional structured operation description, metadata.
+                   solution, optional structured operation description, optional ``user``
+                   (conversational), metadata.
 - ``PoolMeta``     the contents of ``pool.yaml``, including ``packages``: the Python import
                    names the pool's environments need (the sandbox provides and checks them).
 
@@ -103,8 +106,31 @@ class Environment(_Strict):
         return "\n\n".join(p for p in parts if p)
 
 
+class UserSpec(_Strict):
+    """A conversational task's simulated user (tau-bench's mode; docs/adapters.md).
+
+    The task's ``instruction`` is then the user's persona and goal: it goes to the user simulator
+    only, never into the agent's prompt. The agent's first user message is the simulator's
+    opening line; each plain-text reply of the agent goes to the user, whose answer continues
+    the episode until it contains ``stop_marker`` (or a rollout limit hits). ``reply_tool``: an
+    environment tool that records each reply in the state (tau-bench's ``respond``, which its
+    check reads); it is hidden from the agent, and the loop calls it with ``{"content": reply}``
+    for every reply, so the action trace replays to the same state."""
+
+    reply_tool: Optional[str] = Field(
+        default=None, description="environment tool recording each agent reply, called as "
+        "tool(content=reply); hidden from the agent's tool list")
+    stop_marker: str = Field(default="###STOP###", min_length=1,
+                             description="the user ends the conversation with a message "
+                             "containing this")
+    opening: str = Field(default="Hi! How can I help you today?", min_length=1,
+                         description="the agent's greeting the simulator answers first (it is "
+                         "not part of the agent's sequence)")
+
+
 class TaskSpec(_Strict):
-    """One environment-task pair: the unit the scheduler selects."""
+    """One environment-task pair: the unit the scheduler selects. ``user`` set: conversational
+    (``UserSpec``; ``instruction`` is then the simulated user's persona and goal)."""
 
     task_id: str
     env_id: str
@@ -116,7 +142,12 @@ class TaskSpec(_Strict):
     checks: list[Check]
     reference_solution: Optional[list[ToolCall]] = None
     op_description: Optional[dict[str, Any]] = None
+    user: Optional[UserSpec] = None
     metadata: dict[str, Any] = Field(default_factory=dict)
+
+    @property
+    def conversational(self) -> bool:
+        return self.user is not None
 
     @model_validator(mode="after")
     def _one_state_source(self) -> "TaskSpec":

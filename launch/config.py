@@ -7,8 +7,9 @@ resources), ``policy`` (model path and rollout engine), ``sft`` (the demo's warm
 ``policy.path`` is unset), ``eval`` (the fixed-set evaluation, defined in
 ``launch.eval_config``). Sections owned by the role modules are composed, not redefined:
 ``executors`` (``actors.executor_pool.ExecutorConfig``), ``rollout``
-(``actors.rollout.config.RolloutConfig``), ``learner`` (``actors.learner.config.LearnerConfig``)
-and ``logging`` (``launch.loggers.LoggingConfig``) are
+(``actors.rollout.config.RolloutConfig``), ``learner`` (``actors.learner.config.LearnerConfig``),
+``logging`` (``launch.loggers.LoggingConfig``) and ``user_sim``
+(``actors.user_sim.config.UserSimConfig``) are
 validated by those classes, imported when the config is built, so every default lives in exactly
 one place. A value that follows another is derived when the config is built, not repeated:
 ``learner.total_steps`` unset = ``run.steps``; the scheduler's B is always ``run.batch_size``.
@@ -50,6 +51,7 @@ ROLE_CONFIGS = {
     "rollout": ("actors.rollout.config", "RolloutConfig"),
     "learner": ("actors.learner.config", "LearnerConfig"),
     "logging": ("launch.loggers", "LoggingConfig"),
+    "user_sim": ("actors.user_sim.config", "UserSimConfig"),
 }
 class ConfigError(ValueError):
     """A configuration mistake; the message names the field, the value and the fix."""
@@ -165,6 +167,7 @@ class ClusterConfig(_Section):
     # (executors.num_cpus_per_executor, learner.num_gpus_per_rank ...): one definition each.
     rollout: RoleResources = RoleResources(num=1, num_cpus=0.5)
     scheduler: RoleResources = RoleResources(num=1, num_cpus=0.1)
+    user_sim: RoleResources = RoleResources(num=1, num_cpus=0.1)  # for conversational pools
 
     @field_validator("scheduler")
     @classmethod

@@ -6,8 +6,10 @@ cluster: the executor pool (``actors.executor_pool.ExecutorPool``, sized by
 ``cluster.executors.num``, resizable while the run goes on), the single scheduler actor
 (``actors.scheduler_actor``), the rollout workers (``actors.rollout_worker``,
 ``cluster.rollout.num`` of them; each serves the training pool and the evaluation pools,
-``launch.eval_pools.worker_pools``, in its executors' sandboxes) and the learner group
-(``actors.learner.learner_actor.LearnerGroup``) with its weight sync.
+``launch.eval_pools.worker_pools``, in its executors' sandboxes), the learner group
+(``actors.learner.learner_actor.LearnerGroup``) with its weight sync and, when the pool has
+conversational tasks (``envs.spec.UserSpec``), the user simulators (``actors.user_sim_actor``,
+``cluster.user_sim.num`` of them, configured by ``user_sim``; every worker gets every handle).
 
 Fault policy (the controller decides on re-issue, this module on restarts):
 - every ``ray.get`` has a timeout (``controller.call_timeout_s``); a group not finished within it
@@ -73,6 +75,7 @@ class Roles:
                 scheduler, filter_builder=builder, replay_port=self._replay_port())
         self.scheduler = self._start_scheduler()
         self.journal = SchedulerJournal()
+        self.users = self._start_user_sims(cfg, pool)
         self.core.workers.extend(self._new_worker(i) for i in range(cfg.cluster.rollout.num))
         self.scheduler.set_replay_port.remote(self._replay_port())
         self.version = 0
@@ -91,6 +94,21 @@ class Roles:
         return self.core.restarts
 
     # ---- rollout -----------------------------------------------------------------------------
+    @staticmethod
+    def _start_user_sims(cfg: Any, pool: Any) -> Optional[list]:
+        """The user-simulator actors, or None when no task of the pool is conversational."""
+        from actors.user_sim_actor import start_user_sims
+
+        if not any(t.user is not None for t in pool.tasks):
+            return None
+        res = cfg.cluster.user_sim
+        if res.num < 1:
+            raise RoleError("the pool has conversational tasks but cluster.user_sim.num is 0; "
+                            "fix: set cluster.user_sim.num to 1 or more")
+        opts = role_options(res)
+        return start_user_sims(cfg.user_sim.model_dump(), res.num, opts["num_cpus"],
+                               opts["runtime_env"], opts.get("resources"))
+
     def _new_worker(self, i: int):
         from actors.rollout_worker import start_rollout_worker
 
@@ -102,6 +120,7 @@ class Roles:
             engine_kwargs=self.cfg.rollout.engine_kwargs,
             model_path=self.model_path, config=self.cfg.rollout.model_dump(),
             executors="pool", name=f"rollout-{i}", eval_pools=self.eval_pools,
+            users=self.users,
             executor_config={**self.cfg.executors.model_dump(),
                              "num_executors": self.executors_per_worker})
 
@@ -325,7 +344,23 @@ class Roles:
 
     def step_extras(self) -> dict[str, float]:
         scheduler = self._sched(lambda: self.scheduler.metrics.remote(), "metrics")
-        return self.core.step_extras(scheduler, self._each_worker(lambda w: w.metrics.remote()))
+        out = self.core.step_extras(scheduler, self._each_worker(lambda w: w.metrics.remote()))
+        if self.users:
+            out.update(self.core.user_sim_extras(self._user_sim_stats()))
+        return out
+
+    def _user_sim_stats(self) -> list[dict[str, float]]:
+        """The simulators' counters; one being restarted by Ray (its counters start again) or
+        slow to answer is left out of this step's record, which never waits long for it."""
+        refs = [u.stats.remote() for u in self.users]
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=min(self.timeout, 30.0))
+        out = []
+        for ref in ready:
+            try:
+                out.append(ray.get(ref, timeout=self.timeout))
+            except ray.exceptions.RayError:
+                continue
+        return out
 
     def filter_events(self, since: int = 0) -> list:
         return self._sched(lambda: self.scheduler.filter_events.remote(since), "filter_events")
@@ -335,7 +370,7 @@ class Roles:
             ray.get([w.shutdown.remote() for w in self.workers], timeout=30)
         except (ray.exceptions.RayError, ray.exceptions.GetTimeoutError):
             pass
-        for w in self.workers:
+        for w in self.workers + (self.users or []):
             ray.kill(w, no_restart=True)
         self.learner.shutdown()
         ray.kill(self.scheduler, no_restart=True)

@@ -23,7 +23,10 @@ actor handles in ``Roles``, anything in a test), the groups in flight and the re
   sums over workers (cumulative seconds generating, inside executors, whole episodes; executor
   waits, waiting callers, executors alive), the worst p95 executor wait, ``executor_share``
   (executor seconds over episode seconds, the signal to scale executors) and the restart counts
-  (``rollout_restarts``, ``scheduler_restarts``, ``learner_restarts``).
+  (``rollout_restarts``, ``scheduler_restarts``, ``learner_restarts``); with conversational
+  tasks also the user messages, the seconds episodes waited for them (``rollout_time_user_s``)
+  and, from ``user_sim_extras(per_simulator)``, the simulators' calls, failures, re-sends,
+  seconds and completion tokens summed (``user_sim_*``).
 
 May import: the standard library (no Ray: tests/launch/test_roles_core.py runs it alone).
 """
@@ -38,6 +41,7 @@ REBUILDS = 3      # scheduler rebuilds tried within one call before giving up
 PUBLISHES = 3     # publish attempts, each after replacing the workers found dead
 _SUMMED_TIMES = ("time_generate_s", "time_executor_s", "time_episode_s")
 _SUMMED_EXECUTORS = ("executor_wait_s", "executor_waiting_now", "executors")
+_SUMMED_USER = ("time_user_s", "user_turns", "user_sim_failovers")   # when a worker has them
 
 
 class RoleError(RuntimeError):
@@ -131,6 +135,9 @@ class RolesCore:
             out["executor_share"] = out["rollout_time_executor_s"] / out["rollout_time_episode_s"]
         for key in _SUMMED_EXECUTORS:
             out[key] = float(sum(m.get(key, 0.0) for m in workers))
+        for key in _SUMMED_USER:
+            if any(key in m for m in workers):
+                out[f"rollout_{key}"] = float(sum(m.get(key, 0.0) for m in workers))
         out["executor_wait_p95_s"] = float(max((m.get("executor_wait_p95_s", 0.0)
                                                 for m in workers), default=0.0))
         out["rollout_restarts"] = float(self.restarts)
@@ -139,4 +146,13 @@ class RolesCore:
         if self.learner_lost_at is not None:
             out["learner_recovery_s"] = self.clock() - self.learner_lost_at
             self.learner_lost_at = None
+        return out
+
+    @staticmethod
+    def user_sim_extras(per_simulator: Sequence[dict[str, float]]) -> dict[str, float]:
+        """The user simulators' ``stats()`` summed, as ``user_sim_<name>``."""
+        out: dict[str, float] = {}
+        for stats in per_simulator:
+            for k, v in stats.items():
+                out[f"user_sim_{k}"] = out.get(f"user_sim_{k}", 0.0) + float(v)
         return out

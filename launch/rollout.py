@@ -4,13 +4,14 @@
 ``run_groups(...)`` starts ``workers`` RolloutWorker actors on a connected Ray (``launch.cluster``),
 runs one group per task id on them (a ``Ticket.direct`` each: selection step 0, the given seed),
 their episodes on the sandboxed executor pool, and stops them;
-``rollout_config`` / ``executor_config`` validate the ``--set`` / ``--executor-set`` overrides
+``rollout_config`` / ``executor_config`` / ``user_sim_config`` validate the ``--set`` /
+``--executor-set`` / ``--user-set`` overrides
 (``override_tree``) into the role configs, a mistake raised as one ``UserError`` line, as is an
 unusable chat template or tool parser (``check_chat_format``, before any actor starts).
 
 May import: the standard library, pydantic, launch.config, launch.errors, launch.cluster, and
 the rollout role modules (``actors.rollout``, ``actors.rollout_worker``,
-``actors.executor_pool``, ``actors.ticket``); Ray and the role modules inside the functions that
+``actors.executor_pool``, ``actors.ticket``, ``actors.user_sim``); Ray and the role modules inside the functions that
 need them.
 """
 
@@ -51,22 +52,45 @@ def rollout_config(overrides: dict[str, Any], k: Optional[int]):
         raise UserError(msgs) from None
 
 
-def executor_config(overrides: dict[str, Any]) -> dict[str, Any]:
+def _role_config(section: str, cls: type, overrides: dict[str, Any]) -> dict[str, Any]:
     """Validated here so a mistake is one line at exit 2, not an actor's traceback."""
     from pydantic import ValidationError
 
-    from actors.executor_pool import ExecutorConfig
-
     try:
-        return ExecutorConfig(**overrides).model_dump()
+        return cls(**overrides).model_dump()
     except ValidationError as e:
-        raise UserError("; ".join(f"executors.{'.'.join(map(str, x['loc']))}: {x['msg']} (got "
+        raise UserError("; ".join(f"{section}.{'.'.join(map(str, x['loc']))}: {x['msg']} (got "
                                   f"{x.get('input')!r})" for x in e.errors())) from None
 
 
-def check_chat_format(engine: str, model: Optional[str], config) -> None:
+def executor_config(overrides: dict[str, Any]) -> dict[str, Any]:
+    from actors.executor_pool import ExecutorConfig
+
+    return _role_config("executors", ExecutorConfig, overrides)
+
+
+def user_sim_config(overrides: dict[str, Any], pool: Any, key: str = "--user-set "
+                    ) -> Optional[dict[str, Any]]:
+    """The user simulator of the pool's conversational tasks (None: the pool has none); ``key``:
+    how the fix names a field (``--user-set `` for ``envsched rollout``, ``user_sim.`` for a
+    run's config)."""
+    from actors.user_sim.config import UserSimConfig
+
+    cfg = _role_config("user_sim", UserSimConfig, overrides)
+    if not any(t.user is not None for t in pool.tasks):
+        return None
+    if cfg["kind"] == "openai" and cfg["endpoint"] is None:
+        raise UserError(f"the pool has conversational tasks but no user simulator endpoint; "
+                        f"fix: {key}endpoint=http://HOST:PORT/v1 (any OpenAI-compatible server) "
+                        f"or {key}kind=scripted with {key}scripts")
+    return cfg
+
+
+def check_chat_format(engine: str, model: Optional[str], config,
+                      conversational: bool = False) -> None:
     """Build the workers' ``ChatFormat`` on the driver (the tokenizer only): an unusable chat
-    template or ``tool_parser`` is one ``UserError`` line before any actor starts, not an actor's
+    template or ``tool_parser`` (or, for a pool with ``conversational`` tasks, a template that
+    cannot append a user turn) is one ``UserError`` line before any actor starts, not an actor's
     traceback. A template without tools logs its one warning here too."""
     from actors.policy import build_tiny_policy, load_tokenizer
     from actors.rollout.chat import ChatFormat
@@ -75,8 +99,10 @@ def check_chat_format(engine: str, model: Optional[str], config) -> None:
     if path is None:
         return
     try:
-        ChatFormat(load_tokenizer(path), enable_thinking=config.enable_thinking,
-                   tool_parser=config.tool_parser)
+        chat = ChatFormat(load_tokenizer(path), enable_thinking=config.enable_thinking,
+                          tool_parser=config.tool_parser)
+        if conversational:
+            chat.user_segment("a user message", stopped=True)
     except ValueError as e:   # TemplateError too
         raise UserError(f"model {path}: {e}") from None
 
@@ -104,13 +130,15 @@ def _wait_showing_progress(refs: list, timeout: float, k: int, t0: float) -> lis
 
 def run_groups(pool_dir: str, task_ids: list[str], engine: str, model: Optional[str], config,
                workers: int, seed: int, timeout: float, executor_cfg: Optional[dict] = None,
-               num_cpus: float = 0.5) -> tuple[list, float, float]:
+               num_cpus: float = 0.5, users: Optional[dict] = None) -> tuple[list, float, float]:
     """Run one group per task on ``workers`` actors, their episodes on the sandboxed executor
     pool; returns (groups in task order, wall seconds, seconds the workers' executors took to
     start). The wall clock starts once every worker and its executors are up: a worker answers
     its ping when its engine is loaded, but its executors start their sandboxes in the background
     after that, and that one-off start (16 sandboxes: ~2 s of CPU on a 2-core machine) is not
-    episodes/s. Raises TimeoutError naming the unfinished tasks when ``timeout`` passes."""
+    episodes/s. ``users``: a ``UserSimConfig`` dict, the simulated user of conversational tasks
+    (one inside each worker). Raises TimeoutError naming the unfinished tasks when ``timeout``
+    passes."""
     import ray
 
     from actors.rollout.engine_args import gpus_per_engine
@@ -118,13 +146,13 @@ def run_groups(pool_dir: str, task_ids: list[str], engine: str, model: Optional[
     from actors.ticket import Ticket
     from launch.cluster import accelerator_env
 
-    check_chat_format(engine, model, config)
+    check_chat_format(engine, model, config, users is not None)
     gpus = float(gpus_per_engine(config.engine_kwargs)) if engine == "vllm" else 0.0
     handles = [start_rollout_worker(pool_dir, engine, num_cpus=num_cpus, num_gpus=gpus,
                                     runtime_env=accelerator_env(gpus), model_path=model,
                                     engine_kwargs=config.engine_kwargs,
                                     config=config.model_dump(), executor_config=executor_cfg,
-                                    name=f"rollout-{i}")
+                                    name=f"rollout-{i}", users=users)
                for i in range(workers)]
     _say(f"starting {workers} {engine} rollout worker(s) and their sandboxes for "
          f"{len(task_ids)} groups of {config.k}")

@@ -8,7 +8,10 @@ How: each reference solution is played through the real agent loop by the ``Scri
 against sandboxed sessions (``actors.rollout.sandbox_session``: pool code runs only in an
 isolated sandbox worker, never in this driver), so the training sequences are exactly the token ids
 the policy will later see and produce (chat template, tool-call syntax, tool responses,
-``<|im_end|>``), with the loop's loss mask (model tokens only). A reference solution that scores
+``<|im_end|>``), with the loop's loss mask (model tokens only). A conversational task
+(``envs.spec.UserSpec``) is played with a scripted user who states the whole instruction in its
+opening message and ends the conversation at the agent's first reply: the warm start teaches the
+call syntax and the tools, not how to ask the user (no simulator is needed before training). A reference solution that scores
 below 1.0 (or an environment that does not load) is a ``PoolError`` naming the task. Training is
 plain next-token cross-entropy on masked tokens with AdamW, batches of ``batch`` sequences
 right-padded, ``epochs`` passes in a seeded order.
@@ -19,7 +22,8 @@ epochs almost never gets past its first tool call (zero within-group variance); 
 on all tasks (masked loss ~0.1 / 0.03, ~11 s per epoch on 2 shared cores) gives partial and
 full solves with reward differences: a GRPO start near 0.2-0.35 mean reward (docs/demo.md).
 
-May import: torch, transformers, actors.policy, actors.rollout, envs, sandbox.errors.
+May import: torch, transformers, actors.policy, actors.rollout, actors.user_sim, envs,
+sandbox.errors.
 """
 
 from __future__ import annotations
@@ -43,9 +47,11 @@ def reference_sequences(pool: Any, tokenizer: Any, task_ids: list[str],
     from actors.rollout.config import RolloutConfig
     from actors.rollout.engines.scripted_engine import ScriptedEngine
     from actors.rollout.sandbox_session import SandboxSessions
+    from actors.user_sim.simulator import ScriptedUser
 
     engine = ScriptedEngine.from_pool(tokenizer, pool)
-    loop = AgentLoop(engine, tokenizer, RolloutConfig(enable_thinking=enable_thinking))
+    users = ScriptedUser({t.task_id: [t.instruction] for t in pool.tasks if t.user is not None})
+    loop = AgentLoop(engine, tokenizer, RolloutConfig(enable_thinking=enable_thinking), users)
     with SandboxSessions(pool, sandbox) as sessions:
         trajectories = asyncio.run(_play(loop, pool, sessions, task_ids))
     out = []

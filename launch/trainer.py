@@ -102,7 +102,7 @@ def train(cfg: Any, run_dir: Path, address: Optional[str] = None, resume: bool =
     from launch.metrics import read_metrics, summarize
     from launch.recovery import Recovery, next_command
     from launch.resume import open_run
-    from launch.rollout import check_chat_format
+    from launch.rollout import check_chat_format, user_sim_config
     from launch.roles import Roles
     from launch.split import eval_sets, pool_split
 
@@ -122,8 +122,9 @@ def train(cfg: Any, run_dir: Path, address: Optional[str] = None, resume: bool =
     _progress(f"pool {pool_dir}: {len(pool.tasks)} tasks ({t_pool - t0:.0f} s)"
               + "".join(f"; eval pool {p.name}: {len(p.eval_set.task_ids)} of "
                         f"{len(p.pool.tasks)} tasks" for p in eval_pools))
+    users = user_sim_config(cfg.user_sim.model_dump(), pool, "user_sim.")   # who is the user
     model_path = prepare_policy(cfg, pool_dir, run_dir)
-    check_chat_format(cfg.policy.engine, model_path, cfg.rollout)
+    check_chat_format(cfg.policy.engine, model_path, cfg.rollout, users is not None)
     t_sft = time.perf_counter()
     _progress(f"policy {model_path} ({t_sft - t_pool:.0f} s); starting Ray and the roles "
               f"({cfg.cluster.rollout.num} {cfg.policy.engine} rollout worker(s), "

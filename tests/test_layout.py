@@ -40,13 +40,15 @@ ENVS_FOR_SCHEDULING = ("envs.spec", "envs.trajectory", "envs.opdesc", "envs.opde
 ENVS_FOR_THE_SIMULATOR = ENVS_FOR_SCHEDULING + ("envs.pool",)
 ENVS_USING_THE_SANDBOX = ("envs/validate.py", "envs/adapters/taubench.py")
 RAY_AT_MODULE_LEVEL = ("actors/rollout_worker.py", "actors/executor_pool.py",
-                       "actors/learner/learner_actor.py", "actors/learner/weight_sync.py")
+                       "actors/learner/learner_actor.py", "actors/learner/weight_sync.py",
+                       "actors/user_sim_actor.py")
 RAY_IN_FUNCTIONS = ("actors/scheduler_actor.py", "actors/replay_port.py")
 PLAIN_ACTOR_FILES = ("actors/rollout/agent_loop.py", "actors/rollout/runner.py",
                      "actors/rollout/session.py", "actors/rollout/sandbox_session.py",
                      "actors/learner/grpo.py", "actors/learner/step.py",
                      "actors/executor_slots.py", "actors/executors.py", "actors/env_executor.py",
-                     "actors/ticket.py")
+                     "actors/ticket.py", "actors/rollout/conversation.py",
+                     "actors/user_sim/simulator.py", "actors/user_sim/config.py")
 PLAIN_DRIVER_FILES = ("launch/controller.py", "actors/ticket.py", "launch/tracker.py",
                       "launch/roles_contract.py", "launch/roles_core.py")
 

@@ -32,6 +32,20 @@ ends the episode ``env_error`` (``timeout`` when it was a timeout) with reward 0
 ``step_timeout_s`` / ``verify_timeout_s`` fired (the task's code held the sandbox then), ``infra``
 otherwise (the executor, Ray, the open, ``generate_timeout_s``); the caller retries ``infra``.
 
+Conversational tasks (``envs.spec.UserSpec``; ``actors.rollout.conversation``): the prompt's user
+message is the simulated user's opening line (the task's instruction, the user's persona and
+goal, goes to the simulator only), the tools exclude ``UserSpec.reply_tool``, and a plain reply
+does not end the episode: it is recorded with ``reply_tool`` (an ``ActionStep``, so the trace
+replays to the same state), sent to the user, and the user's answer is appended as the
+template's user segment (``ChatFormat.user_segment``: plain text, ``m = 0`` like an
+observation) before the next model turn. The episode ends ``ok`` when the user's message holds
+the stop marker (``info["ended_by"] = "user"``), ``truncated`` when the agent replies once more
+after ``max_user_turns`` user messages (``ended_by = "max_user_turns"``) or a segment would not
+fit; ``info["user_turns"]`` and ``info["conversation"]`` record what was said,
+``timings["user_s"]`` the wait for the user. A simulator that fails (``UserSimError``: its
+endpoint unreachable after its retries, or no answer within ``user_timeout_s``) ends the episode
+``env_error`` with fault ``infra``: retried and dropped by the caller, never a reward.
+
 Sessions implement ``EnvSession`` (the executor pool's sticky session, or ``InProcessSession``).
 ``run`` also takes a session that is still opening (any awaitable of one; ``GroupRunner`` passes
 its open in flight): the prompt needs nothing from the sandbox, so the first turn is generated
@@ -41,8 +55,8 @@ the first turn's prefill instead of leaving the engine idle while every episode 
 at once (docs/benchmarks.md). A failed open ends the episode like any sandbox failure, its error
 ``opening a session failed: ...``; ``timings["open_wait_s"]`` is how long the loop waited for it.
 
-May import: actors.rollout (config, chat, toolcall, engines.base), envs, sandbox.errors, the
-standard library. No Ray, no torch.
+May import: actors.rollout (config, chat, conversation, toolcall, engines.base),
+actors.user_sim.simulator, envs, sandbox.errors, the standard library. No Ray, no torch.
 """
 
 from __future__ import annotations
@@ -55,8 +69,10 @@ from typing import Any, Awaitable, Optional, Protocol, Union
 
 from actors.rollout.chat import ChatFormat
 from actors.rollout.config import RolloutConfig
+from actors.rollout.conversation import Conversation, agent_tools
 from actors.rollout.engines.base import Engine, SamplingParams
 from actors.rollout.toolcall import tool_parameters
+from actors.user_sim.simulator import UserSimError, UserSimulator
 from envs.spec import Environment, TaskSpec
 from envs.trajectory import ActionStep, Trajectory, VerifyResult
 from sandbox.errors import SandboxError
@@ -99,9 +115,11 @@ class _Episode:
     versions: list[int] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=lambda: {
         "generate_s": 0.0, "env_s": 0.0, "verify_s": 0.0, "open_wait_s": 0.0})
+    conversation: Optional[Conversation] = None   # a conversational task's user side
     session: Any = None     # the EnvSession, once open
     opening: Any = None     # an awaitable of it while it opens
     turns: int = 0
+    prompt_len: int = 0
     malformed_streak: int = 0   # malformed turns in a row, up to the last one
     ended_by: str = ""          # set when a limit other than the turn/sequence limits ended it
     status: str = "ok"
@@ -119,11 +137,20 @@ class _Episode:
         self.loss_mask.extend([mask] * len(ids))
 
 
-class AgentLoop:
-    """Runs episodes for one engine + tokenizer; stateless between episodes."""
+@dataclass
+class _UserSays:
+    """What ``_act`` returns when the next segment is the user's message."""
 
-    def __init__(self, engine: Engine, tokenizer, config: RolloutConfig):
-        self.engine, self.tokenizer, self.config = engine, tokenizer, config
+    text: str
+
+
+class AgentLoop:
+    """Runs episodes for one engine + tokenizer; stateless between episodes. ``users``: the
+    simulated user of conversational tasks (None: such a task is a ``ValueError``)."""
+
+    def __init__(self, engine: Engine, tokenizer, config: RolloutConfig,
+                 users: Optional[UserSimulator] = None):
+        self.engine, self.tokenizer, self.config, self.users = engine, tokenizer, config, users
         self.chat = ChatFormat(tokenizer, enable_thinking=config.enable_thinking,
                                tool_parser=config.tool_parser)
         self.parser = self.chat.parser
@@ -137,15 +164,19 @@ class AgentLoop:
                   session: Union[EnvSession, Awaitable[EnvSession]],
                   seed: Optional[int] = None) -> Trajectory:
         start = time.perf_counter()
-        ep = _Episode(self.chat.prompt(env.system_prompt(), task.instruction, env.tools))
+        ep = _Episode([])
+        if task.user is not None:
+            ep.conversation = Conversation(task, self.users, self.config.user_timeout_s, seed,
+                                           turn_seed)
         if hasattr(session, "astep"):
             ep.session = session
         else:
             ep.opening = asyncio.ensure_future(session)
-        prompt_len = len(ep.token_ids)
         reward, checks = 0.0, []
         try:
-            await self._turns(ep, env, task, seed)
+            await self._prompt(ep, env, task)
+            if ep.status == "ok" and not ep.ended_by:
+                await self._turns(ep, env, task, seed)
             if ep.status in ("ok", "truncated"):
                 sandbox = await self._sandbox(ep)   # any wait goes to open_wait_s, not here
                 t0 = time.perf_counter()
@@ -157,19 +188,39 @@ class AgentLoop:
         except SandboxError as e:
             ep.status, ep.error = ("timeout" if e.kind == "timeout" else "env_error"), str(e)
             ep.fault = "task" if e.origin == "sandbox" else "infra"
+        except UserSimError as e:
+            ep.status, ep.error, ep.fault = "env_error", f"user simulator: {e}", "infra"
         ep.timings["total_s"] = time.perf_counter() - start
+        conv = ep.conversation
+        if conv is not None:
+            ep.timings["user_s"] = conv.seconds
         return Trajectory(
             task_id=task.task_id, reward=reward, status=ep.status, fault=ep.fault,
             actions=ep.actions,
             final_reply=ep.final_reply, checks=checks, token_ids=ep.token_ids,
-            logprobs=ep.logprobs, loss_mask=ep.loss_mask, prompt_len=prompt_len,
+            logprobs=ep.logprobs, loss_mask=ep.loss_mask, prompt_len=ep.prompt_len,
             policy_version=min(ep.versions, default=self.engine.version), seed=seed,
             timings=ep.timings,
             info={"turns": ep.turns, "malformed": ep.malformed,
                   "malformed_spans": ep.malformed_spans, "policy_versions": ep.versions,
                   "generated_tokens": sum(ep.loss_mask),
                   **({"ended_by": ep.ended_by} if ep.ended_by else {}),
+                  **({"user_turns": conv.user_turns, "conversation": conv.transcript()}
+                     if conv is not None else {}),
                   **({"error": ep.error} if ep.error else {})})
+
+    async def _prompt(self, ep: _Episode, env: Environment, task: TaskSpec) -> None:
+        """The prompt; a conversational one ends with the user's opening message (a user who
+        ends the conversation at once ends the episode ``ok``, to be verified)."""
+        conv = ep.conversation
+        if conv is None:
+            ep.extend(self.chat.prompt(env.system_prompt(), task.instruction, env.tools))
+        else:
+            opening = await conv.opening()
+            ep.extend(self.chat.prompt(env.system_prompt(), opening, agent_tools(env, task)))
+            if conv.ended(opening):
+                ep.ended_by = "user"
+        ep.prompt_len = len(ep.token_ids)
 
     async def _sandbox(self, ep: _Episode) -> EnvSession:
         """The episode's session, waiting for it to open (its own opener holds the deadline)."""
@@ -200,8 +251,9 @@ class AgentLoop:
     async def _turns(self, ep: _Episode, env: Environment, task: TaskSpec,
                      seed: Optional[int]) -> None:
         cfg = self.config
-        params = tool_parameters(env.tools)
-        for turn in range(cfg.max_turns + 1):
+        params = tool_parameters(agent_tools(env, task))
+        user_turns = cfg.max_user_turns if ep.conversation is not None else 0
+        for turn in range(cfg.max_turns + user_turns + 1):
             if ep.session is None and ep.opening.done():
                 await self._sandbox(ep)   # a failed open ends the episode before more turns
             room = cfg.max_tokens_per_sequence - len(ep.token_ids)
@@ -223,7 +275,12 @@ class AgentLoop:
             if observation is None:
                 return
             cut = gen.finish_reason == "length"
-            seg = self.segment(format_observation(observation, cfg.observation_max_chars), cut)
+            if isinstance(observation, _UserSays):
+                seg = self.chat.user_segment(
+                    format_observation(observation.text, cfg.observation_max_chars), not cut)
+            else:
+                seg = self.segment(format_observation(observation, cfg.observation_max_chars),
+                                   cut)
             if len(ep.token_ids) + len(seg) >= cfg.max_tokens_per_sequence:
                 ep.status = "truncated"
                 return
@@ -243,7 +300,7 @@ class AgentLoop:
             parsed.error = f"the turn reached the {cfg.max_tokens_per_turn}-token limit"
         if parsed.kind == "final":
             ep.final_reply = parsed.content
-            return None
+            return None if ep.conversation is None else await self._to_user(ep, parsed.content)
         if ep.turns >= cfg.max_turns:
             ep.status = "truncated"
             return None
@@ -269,3 +326,23 @@ class AgentLoop:
         ep.actions.append(step)
         # A tool that failed (bad binding, raised) already reports {"success": False, "error"}.
         return step.observation
+
+    async def _to_user(self, ep: _Episode, reply: str) -> Optional[_UserSays]:
+        """A conversational reply: recorded with the task's reply tool, then answered by the
+        user (None: the conversation is over)."""
+        conv, cfg = ep.conversation, self.config
+        if conv.spec.reply_tool is not None:
+            session = await self._sandbox(ep)
+            t0 = time.perf_counter()
+            step = await self._call(ep, session.astep(conv.spec.reply_tool, {"content": reply}),
+                                    cfg.step_timeout_s)
+            ep.timings["env_s"] += time.perf_counter() - t0
+            ep.actions.append(step)
+        if conv.user_turns >= cfg.max_user_turns:
+            ep.status, ep.ended_by = "truncated", "max_user_turns"
+            return None
+        answer = await conv.answer(reply)
+        if conv.ended(answer):
+            ep.ended_by = "user"
+            return None
+        return _UserSays(answer)

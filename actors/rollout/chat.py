@@ -14,6 +14,13 @@ earlier ``<think>`` blocks, and BPE merges across a boundary can differ); it app
   ``"<|eot_id|>"`` for Llama 3, ``"</s>"`` for Mistral) less the end token, when the model
   sampled a stop token. A turn cut at the token limit gets the whole tail, so the sequence stays
   well formed.
+- ``user_segment(text, stopped)``: the same for a user's message in a conversational episode
+  (``envs.spec.UserSpec``): the template's text after an assistant message that a user message
+  follows, up to the next turn's generation prompt (split at the assistant's content, so a
+  template that renders the last assistant turn differently, as Qwen3's does with its empty
+  ``<think>`` block, still gives the text of a turn that is no longer the last). Rendered on
+  first use: a template that cannot follow a user message after an assistant one fails only a
+  conversational episode (``TemplateError``), never the construction.
 - ``stop_ids``: the end-of-turn token (the tail's first token) and the tokenizer's EOS.
 
 Every model sees its tools. A probe renders a conversation with a tool of a distinctive name;
@@ -22,7 +29,8 @@ False and the tool parser's own tool prompt (``actors.rollout.toolcall.tool_inst
 schemas and the call syntax) is appended to the system prompt, with one warning in the log.
 ``tool_parser="auto"`` on such a template, when it names no known call format, is ``hermes``.
 
-Text from outside the policy (system prompt, instruction, tool schemas, observations) never
+Text from outside the policy (system prompt, instruction, tool schemas, observations, a
+simulated user's messages) never
 becomes a special or added token: prompts and tool segments are encoded by
 ``actors.rollout.plain_text`` (placeholders, alignment, added tokens only where the template
 put them). With text that holds no token string, the ids are ``tokenizer.encode`` of the render.
@@ -179,3 +187,32 @@ class ChatFormat:
         if stopped and self._end_text and tail.startswith(self._end_text):
             tail = tail[len(self._end_text):]
         return self.plain.encode([(tail, True)] + self._tool_spans(observation))
+
+    def _user_spans(self, text: str) -> Spans:
+        def render(content: str) -> str:
+            return self._render(_REFERENCE + [{"role": "assistant", "content": PLACEHOLDER},
+                                              {"role": "user", "content": content}],
+                                generation_prompt=True)
+
+        masked = render(SLOT.format(0))
+        earlier = self._render(_REFERENCE)
+        if not masked.startswith(earlier):
+            raise TemplateError(
+                "the chat template re-renders earlier turns when a user message follows an "
+                f"assistant turn (rendered {json.dumps(masked[:120])}... does not extend "
+                f"{json.dumps(earlier[:120])}...; Mistral v3 moves the tools and the system "
+                "prompt to the last user message); conversational tasks need a template whose "
+                "conversation only grows")
+        spans = align(masked, render(text), [text])
+        return drop_prefix(spans, masked.index(PLACEHOLDER) + len(PLACEHOLDER))
+
+    def user_segment(self, text: str, stopped: bool) -> list[int]:
+        """Tokens appended after a model turn whose plain reply went to a simulated user, up to
+        the next turn's start: the closing of the assistant turn (less the end token when the
+        model sampled a stop token, as in ``tool_segment``), the user's message as plain text,
+        and the generation prompt."""
+        spans = self._user_spans(text)
+        if stopped and self._end_text and spans and spans[0][1] \
+                and spans[0][0].startswith(self._end_text):
+            spans = drop_prefix(spans, len(self._end_text))
+        return self.plain.encode(spans)

@@ -23,6 +23,9 @@ Decisions where the paper is silent:
   prompt (``actors.rollout.chat``); ``auto`` on such a template, naming no known call format, is
   ``hermes`` (the format most instruction-tuned models have seen), logged once. A template that
   renders tools in a format no parser knows needs an explicit value.
+- ``max_user_turns`` (conversational tasks, ``envs.spec.UserSpec``): tau-bench bounds a whole
+  conversation by 30 steps; here tool turns keep ``max_turns`` and user messages have their own
+  bound, so a chatty user cannot starve the agent of tool calls or the reverse.
 - Timeouts (seconds) bound every awaited call: one generation, one tool step, one verify, and
   opening a sandbox session. ``episode_retries`` re-runs an episode that the infrastructure
   failed (fault ``infra``, ``envs.trajectory``) on a fresh session; when retries are spent the
@@ -68,6 +71,11 @@ class RolloutConfig(BaseModel):
     verify_timeout_s: float = Field(60.0, gt=0)
     session_timeout_s: float = Field(120.0, gt=0)
     episode_retries: int = Field(1, ge=0)
+    max_user_turns: int = Field(30, ge=1, description=(
+        "conversational tasks: user messages per episode (the opening included); the agent "
+        "replying once more ends the episode truncated"))
+    user_timeout_s: float = Field(300.0, gt=0, description=(
+        "conversational tasks: deadline of one user message, the simulator's retries included"))
     observation_max_chars: Optional[int] = Field(
         None, ge=16, description="truncate long tool observations (None keeps them whole)")
     engine_kwargs: dict[str, Any] = Field(

@@ -28,7 +28,8 @@ one complete ``Group``; the logic of the RolloutWorker actor, without Ray.
 - Seeds: episode ``i`` of (task, step, group seed) gets a seed derived by hashing, so a group is
   reproducible and re-issuing it (same ticket seed) replays the same sandbox randomness.
 - ``metrics()`` aggregates statuses, malformed kinds, and time spent generating, waiting on the
-  executors (open + steps + verify + close) and in total.
+  executors (open + steps + verify + close) and in total; with conversational tasks also the
+  user messages (``user_turns``) and the time waiting for the simulated user (``time_user_s``).
 
 May import: actors.rollout, actors.executors, actors.ticket, envs, sandbox.errors, the standard
 library. No Ray.
@@ -172,6 +173,9 @@ class GroupRunner:
         self._time["generate_s"] += traj.timings.get("generate_s", 0.0)
         self._time["executor_s"] += executor_wait_s(traj.timings)
         self._time["episode_s"] += episode_wall_s(traj.timings)
+        if "user_turns" in traj.info:   # conversational: time waiting for the simulated user
+            self._stats["user_turns"] += traj.info["user_turns"]
+            self._time["user_s"] += traj.timings.get("user_s", 0.0)
 
     def metrics(self) -> dict[str, Any]:
         return {**self._stats, **{f"malformed_{k}": v for k, v in self._malformed.items()},

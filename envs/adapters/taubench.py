@@ -23,8 +23,11 @@ The pool built from them:
   outputs when there are any; ``envsched pool validate`` therefore reaches 1.0 on every task of a
   faithful import.
 
-Decision: the instruction is tau-bench's user persona + goal, used as the task instruction (the
-non-conversational mode of EnvScaler); a simulated-user mode is out of scope here.
+Modes (``mode``): ``instruction`` (the default; EnvScaler's non-conversational mode): tau-bench's
+user persona + goal is the task instruction the agent reads. ``conversational`` (tau-bench's own
+mode): each task gets ``user=UserSpec(reply_tool="respond")`` (``envs.spec``): the persona + goal
+goes to the simulated user only, the agent sees what the user says, and its plain replies are
+recorded through ``respond`` (hidden from its tools), so the same check scores them.
 
 The checkout is untrusted: every file is read through ``envs.adapters.common.read_source_text``
 (``envs.untrusted``: a symlink that leaves ``--src`` is refused, naming it and its target, so no
@@ -46,7 +49,7 @@ from typing import Any, Optional
 
 from envs.adapters.common import ImportSummary, read_source_text
 from envs.pool import PoolError, PoolProblem, write_pool
-from envs.spec import Check, Environment, PoolMeta, TaskSpec, ToolCall
+from envs.spec import Check, Environment, PoolMeta, TaskSpec, ToolCall, UserSpec
 from envs.untrusted import UntrustedFileError, parse_json
 
 RESPOND_SCHEMA = {
@@ -191,13 +194,21 @@ def _rules(src: Path, dom: Path) -> list[str]:
     return []
 
 
+MODES = ("instruction", "conversational")
+
+
 def import_taubench(src: str | Path, domain: str, split: str, out: str | Path,
-                    strict: bool = False, replay: Optional[Any] = None) -> ImportSummary:
-    """Convert ``domain``/``split`` of the tau-bench checkout at ``src`` into a pool at ``out``.
+                    strict: bool = False, replay: Optional[Any] = None,
+                    mode: str = "instruction") -> ImportSummary:
+    """Convert ``domain``/``split`` of the tau-bench checkout at ``src`` into a pool at ``out``;
+    ``mode``: ``instruction`` or ``conversational`` (the module docstring).
 
     ``replay(env, initial_state, actions) -> final state`` runs the gold actions; by default in a
     sandbox worker (``sandbox.worker``), so the checkout's tool code never runs in this process.
     """
+    if mode not in MODES:
+        raise ValueError(f"the mode parameter of import_taubench must be one of {MODES}, got "
+                         f"{mode!r}")
     src = Path(src)
     dom = _domain_dir(src, domain)
     task_file = dom / f"tasks_{split}.py"
@@ -218,22 +229,25 @@ def import_taubench(src: str | Path, domain: str, split: str, out: str | Path,
     replay = replay or own
     try:
         specs, summary = _convert_tasks(src, task_file, env, state, state_ref, domain, split, replay,
-                                        strict)
+                                        strict, mode)
     finally:
         if own is not None:
             own.close()
     if not specs:
         raise PoolError(summary.skipped or [PoolProblem(str(task_file), "no tasks")])
-    meta = PoolMeta(name=f"taubench-{domain}-{split}", licence="MIT",
-                    source="sierra-research/tau-bench", adapter="taubench",
-                    description=f"imported from {src}")
+    conv = mode == "conversational"
+    meta = PoolMeta(name=f"taubench-{domain}-{split}" + ("-conversational" if conv else ""),
+                    licence="MIT", source="sierra-research/tau-bench", adapter="taubench",
+                    description=f"imported from {src}" + (" in conversational mode (a simulated "
+                                                          "user plays each instruction)"
+                                                          if conv else ""))
     write_pool(out, meta, [env], specs, states={state_ref: state})
     summary.environments, summary.tasks = 1, len(specs)
     return summary
 
 
 def _convert_tasks(src: Path, task_file: Path, env: Environment, state: dict[str, Any], state_ref: str,
-                   domain: str, split: str, replay: Any, strict: bool
+                   domain: str, split: str, replay: Any, strict: bool, mode: str
                    ) -> tuple[list[TaskSpec], ImportSummary]:
     from sandbox.errors import SandboxError
 
@@ -254,9 +268,10 @@ def _convert_tasks(src: Path, task_file: Path, env: Environment, state: dict[str
                 initial_state_ref=state_ref, reference_solution=solution,
                 checks=[Check(check_id="db_and_outputs", code=code,
                               description="final database equals the gold one; outputs replied")],
+                user=UserSpec(reply_tool="respond") if mode == "conversational" else None,
                 metadata={"source": "tau-bench", "domain": domain, "split": split,
                           "user_id": raw.get("user_id"), "outputs": outputs,
-                          "annotator": raw.get("annotator")}))
+                          "annotator": raw.get("annotator"), "mode": mode}))
         except (KeyError, TypeError, ValueError, SandboxError) as e:
             summary.fail(PoolProblem(str(task_file), f"bad task: {e}", line=lineno,
                                      task_id=task_id), strict)

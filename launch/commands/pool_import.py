@@ -1,4 +1,5 @@
 """Import another pool format: envsched pool import --format envscaler|taubench --src PATH --out DIR
+(tau-bench: ``--mode instruction|conversational``)
 
 Hooked into ``envsched pool`` as its ``import`` sub-command.
 """
@@ -17,6 +18,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, help="pool directory to write")
     parser.add_argument("--domain", choices=("retail", "airline"), help="tau-bench domain")
     parser.add_argument("--split", choices=("train", "test", "dev"), help="tau-bench split")
+    parser.add_argument("--mode", choices=("instruction", "conversational"), default=None,
+                        help="tau-bench: instruction (the user's goal is the agent's "
+                        "instruction; default) or conversational (a simulated user plays it)")
     parser.add_argument("--name", default=None, help="pool name (default: from the source)")
     parser.add_argument("--strict", action="store_true",
                         help="abort on the first bad record instead of skipping it")
@@ -25,6 +29,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.format == "envscaler":
         from envs.adapters.envscaler import import_envscaler
+
+        if args.mode is not None:
+            raise UserError("--mode is a tau-bench option (EnvScaler tasks are instructions)")
 
         summary = import_envscaler(args.src, args.out, name=args.name or "envscaler",
                                    strict=args.strict)
@@ -35,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
         from envs.adapters.taubench import import_taubench
 
         summary = import_taubench(args.src, args.domain, args.split, args.out,
-                                  strict=args.strict)
+                                  strict=args.strict, mode=args.mode or "instruction")
     print(summary.render())
     print(f"pool written to {args.out}; check it with: envsched pool validate {args.out}")
     return 0

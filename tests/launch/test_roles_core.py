@@ -102,6 +102,20 @@ def test_step_extras_sum_worker_metrics_and_take_the_worst_p95():
     assert all(isinstance(v, float) for v in out.values())
 
 
+def test_conversational_metrics_are_summed_over_workers_and_user_simulators():
+    """Hand-worked: user messages 3 + 4, waits 1.5 + 0.5 s; two simulators' counters summed;
+    a run without conversational tasks reports none of them (the test above)."""
+    core, _ = _core()
+    w1 = {"time_episode_s": 1.0, "time_user_s": 1.5, "user_turns": 3, "user_sim_failovers": 1}
+    w2 = {"time_episode_s": 1.0, "time_user_s": 0.5, "user_turns": 4}
+    out = core.step_extras({}, [w1, w2])
+    assert (out["rollout_time_user_s"], out["rollout_user_turns"],
+            out["rollout_user_sim_failovers"]) == (2.0, 7.0, 1.0)
+    sims = [{"calls": 4.0, "seconds": 0.25, "resends": 1.0}, {"calls": 3.0, "seconds": 0.5}]
+    assert RolesCore.user_sim_extras(sims) == {"user_sim_calls": 7.0, "user_sim_seconds": 0.75,
+                                               "user_sim_resends": 1.0}
+
+
 def test_a_learner_rebuild_is_counted_and_its_recovery_time_reported_once():
     """Hand-worked clock: found dead at t=10, rebuilt twice (the second before any step), the
     next step's record at t=25: 15 s from the first loss; the step after has no recovery time."""

@@ -57,6 +57,24 @@ def test_reference_sequences_mask_only_model_tokens(tmp_path):
     assert "<tool_response>" not in model_text   # observations are never trained on
 
 
+def test_conversational_tasks_are_warm_started_with_a_user_stating_the_instruction(tmp_path):
+    from actors.policy import build_tiny_policy, load_tokenizer
+    from envs.adapters.taubench import import_taubench
+    from envs.pool import load_pool
+    from launch.sft import reference_sequences
+
+    tau = Path(__file__).resolve().parents[1] / "fixtures" / "tau_bench_mini"
+    import_taubench(tau, "retail", "train", tmp_path / "pool", mode="conversational")
+    pool = load_pool(tmp_path / "pool")
+    tok = load_tokenizer(build_tiny_policy())
+    seqs = reference_sequences(pool, tok, [t.task_id for t in pool.tasks])
+    for task, (ids, mask) in zip(pool.tasks, seqs):   # each reference scored 1.0
+        text, model_text = tok.decode(ids), tok.decode([t for t, m in zip(ids, mask) if m])
+        assert f"<|im_start|>user\n{task.instruction}<|im_end|>" in text
+        assert '"name": "respond"' not in text   # replies are plain text, as in the episodes
+    assert model_text.endswith("7.25<|im_end|>")   # the second task's required output, replied
+
+
 @pytest.mark.parametrize("flag", [["--task-fraction", "0"], ["--epochs", "0"],
                                   ["--target-loss", "0"]])
 def test_cli_rejects_bad_arguments(tmp_path, capsys, flag):

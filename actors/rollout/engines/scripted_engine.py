@@ -8,7 +8,10 @@ of the same task answered before that is a prefix of it was turn ``t``, and turn
 none. That holds for every chat template (counting a template's own markers, such as Qwen3's
 ``<tool_response>``, does not: SmolLM2's template has none, and every turn replayed step 1), and
 concurrent episodes of one task share prompts turn by turn, since the script is deterministic.
-After the script's last step it replies ``final_reply``. Each emitted turn ends with the
+On a conversational task (``envs.spec.UserSpec``) a reference step calling the task's
+``reply_tool`` is played as a plain reply with its ``content``, the way a policy talks to the user
+(each user message extends the prompt like an observation). After the script's last step it
+replies ``final_reply``. Each emitted turn ends with the
 template's end of turn (``<|im_end|>``, else the tokenizer's EOS); a scripted turn
 longer than ``max_tokens`` is cut and reported as ``"length"`` like a runaway model turn.
 Log-probs are 0 (the script is deterministic). ``update_weights`` only records the version.
@@ -42,8 +45,12 @@ class ScriptedEngine(Engine):
 
     @classmethod
     def from_pool(cls, tokenizer, pool, final_reply: str = FINAL_REPLY) -> "ScriptedEngine":
-        scripts = {t.task_id: [render_call(c.name, c.arguments) for c in t.reference_solution or []]
-                   for t in pool.tasks}
+        def turn(task, call) -> str:
+            if task.user is not None and call.name == task.user.reply_tool:
+                return str(call.arguments.get("content", ""))
+            return render_call(call.name, call.arguments)
+
+        scripts = {t.task_id: [turn(t, c) for c in t.reference_solution or []] for t in pool.tasks}
         return cls(tokenizer, scripts, final_reply)
 
     def turn_text(self, task_id: str, turn: int) -> str:
