@@ -7,7 +7,7 @@ The engine is stateless across requests: turn ``n`` of an episode is found by co
 refused turn), so concurrent episodes of the same task need no bookkeeping. After the script's
 last step it replies ``final_reply``. Each emitted turn ends with ``<|im_end|>``; a scripted turn
 longer than ``max_tokens`` is cut and reported as ``"length"`` like a runaway model turn.
-Log-probs are 0 (the script is deterministic). ``update_weights`` only records the version.
+Log-probs are 0 (the script is deterministic). ``update_weights`` and ``update_adapter`` only record the version.
 
 Tests pass raw ``scripts`` (lists of turn texts) to exercise malformed outputs one by one.
 
@@ -59,4 +59,7 @@ class ScriptedEngine(Engine):
         return Generation(ids, [0.0] * len(ids), finish, info={"scripted_turn": turn})
 
     def update_weights(self, named_tensors: dict[str, Any], version: int) -> None:
+        self._version = int(version)
+
+    def update_adapter(self, adapter: Any, version: int) -> None:
         self._version = int(version)
