@@ -91,21 +91,23 @@ def full_state_dict(learner_dir: Path) -> dict:
     return {k: v.float() for k, v in module.items()}
 
 
+def _check_lora_flag(learner_dir: Path, lora: Optional[str]) -> None:
+    if lora not in (None, "adapter", "merged"):
+        raise ExportError(f"--lora must be adapter or merged, got {lora!r}")
+    if lora and recorded_lora(learner_dir) is None:
+        raise ExportError(f"{learner_dir} trained every weight, not a LoRA adapter; "
+                          f"drop --lora {lora}")
+
+
 def _lora_export(learner_dir: Path, state: dict, source: str, lora: Optional[str],
                  out: Path) -> Optional[dict]:
     """A LoRA checkpoint: writes the adapter (``lora='adapter'``, returns None) or returns the
-    merged base state dict (``'merged'``, the default). A full-weight one with ``lora``
-    raises."""
+    merged base state dict (``'merged'``, the default). A full-weight one: ``state``."""
     from actors.lora import LoraAdapter, merge_into
 
     settings = recorded_lora(learner_dir)
     if settings is None:
-        if lora:
-            raise ExportError(f"{learner_dir} trained every weight, not a LoRA adapter; "
-                              f"drop --lora {lora}")
         return state
-    if lora not in (None, "adapter", "merged"):
-        raise ExportError(f"--lora must be adapter or merged, got {lora!r}")
     adapter = LoraAdapter.from_params(state.items(), settings["rank"], settings["alpha"],
                                       settings["target_modules"])
     if not adapter.tensors:
@@ -130,6 +132,7 @@ def export_checkpoint(learner_dir: str | Path, out: str | Path, model: Optional[
 
     learner_dir, out = Path(learner_dir), Path(out)
     source = resolve_model(model_source(learner_dir, model))
+    _check_lora_flag(learner_dir, lora)
     state = _lora_export(learner_dir, full_state_dict(learner_dir), source, lora, out)
     if state is None:
         return out
