@@ -53,6 +53,10 @@ def _rows(model: type[BaseModel], prefix: str, default: Any) -> Iterator[tuple[s
         shown = "required" if value is None and info.is_required() else f"`{value!r}`"
         doc = (info.description or "").replace("|", "\\|").replace("\n", " ")
         yield key, f"`{_type_name(ann)}`", shown.replace("|", "\\|"), doc
+        optional = [a for a in typing.get_args(ann)
+                    if isinstance(a, type) and issubclass(a, BaseModel)]
+        if optional and value is None:   # an optional block: its keys, with their defaults
+            yield from _rows(optional[0], key + ".", None)
 
 
 def config_table() -> str:
