@@ -4,9 +4,11 @@ full-weight sync, on the same model and engine kind.
 Two learner groups on the same model: a full-weight one and a LoRA one (``--rank``, ``--alpha``,
 ``--targets``). Each round both take one GRPO step on the same fixed batch (random token
 sequences, rewards alternating inside each group), then publish through the object store to an
-HF engine in its own Ray actor: ``full`` (the full-weight learner's state dict, what every
-full-weight run publishes), ``adapter`` (the LoRA learner's A and B; the engine keeps its base
-weights) and ``merged`` (the LoRA learner's merged weights, ``learner.lora.sync: merged``). The
+HF engine in a Ray actor: ``full`` (the full-weight learner's state dict, what every
+full-weight run publishes), ``adapter`` (the LoRA learner's A and B, to an engine of its own that
+keeps its base weights) and ``merged`` (the LoRA learner's merged weights, ``learner.lora.sync:
+merged``, to the full engine: each full publish replaces every weight). Both learners use SGD
+(no optimiser state: the full-weight one then fits beside the rest on a small host). The
 three publishes alternate in order from round to round (ABC, CAB, BCA, ...), so machine load
 hits each alike; the medians are reported, with each learner's step time and, as a check, the
 largest gap between the adapter engine's and the LoRA learner's log-probs on one sequence (it
@@ -149,13 +151,16 @@ def run(args: argparse.Namespace) -> int:
 
     vocab = AutoConfig.from_pretrained(path).vocab_size
     connect(ClusterConfig(num_cpus=4), None)
-    base = dict(model_path=path, ranks=args.ranks, zero_stage=args.zero, lr=1e-3,
+    # SGD: no optimiser state, so the full-weight learner fits beside the rest (what it publishes
+    # does not depend on the optimiser)
+    base = dict(model_path=path, ranks=args.ranks, zero_stage=args.zero, lr=1e-3, optimizer="sgd",
                 warmup_steps=0, total_steps=args.rounds + 1, micro_batch_size=4,
                 seed=args.seed, num_cpus_per_rank=0.25)
     lora_cfg = LoraConfig(rank=args.rank, alpha=args.alpha,
                           target_modules=[t for t in args.targets.split(",") if t])
     remote = ray.remote(num_cpus=0.25)(_Engine)
-    engines = {k: remote.remote(path) for k in ("full", "adapter", "merged")}
+    engines = {k: remote.remote(path) for k in ("full", "adapter")}
+    engines["merged"] = engines["full"]   # a full publish overwrites every weight anyway
     full = LearnerGroup(LearnerConfig(**base))
     lora = LearnerGroup(LearnerConfig(**base, lora=lora_cfg))
     try:
@@ -165,7 +170,7 @@ def run(args: argparse.Namespace) -> int:
     finally:
         full.shutdown()
         lora.shutdown()
-        for e in engines.values():
+        for e in {id(e): e for e in engines.values()}.values():
             ray.kill(e)
     if args.json:
         print(json.dumps(result))
