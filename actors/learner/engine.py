@@ -128,7 +128,7 @@ class LearnerEngine:
         if cfg.lora is not None:
             trainable = lora.inject(model, cfg.lora.rank, cfg.lora.alpha,
                                     cfg.lora.target_modules, cfg.lora.dropout)
-            if cfg.gradient_checkpointing:  # the frozen embeddings' output must carry a grad
+            if cfg.gradient_checkpointing:  # reentrant checkpointing needs a grad on its input
                 model.enable_input_require_grads()
         else:
             trainable = freeze_parameters(model, cfg.frozen_parameters, cfg.model_path)
