@@ -77,9 +77,8 @@ class WeightSync(abc.ABC):
         t0 = time.perf_counter()
         ref, nbytes = learner.publish_ref()
         remote = [t.update_adapter.remote(ref, version) for t in self.targets
-                  if hasattr(getattr(t, "update_adapter", None), "remote")]
-        local = [t for t in self.targets if not hasattr(getattr(t, "update_adapter", None),
-                                                         "remote")]
+                  if _is_actor(t, "update_adapter")]
+        local = [t for t in self.targets if not _is_actor(t, "update_adapter")]
         if local:
             adapter = ray.get(ref, timeout=self.timeout_s)
             for t in local:
@@ -94,8 +93,8 @@ class WeightSync(abc.ABC):
             raise TimeoutError(f"weight sync {what} timed out after {self.timeout_s} s") from e
 
 
-def _is_actor(target: Any) -> bool:
-    return hasattr(getattr(target, "update_weights", None), "remote")
+def _is_actor(target: Any, method: str = "update_weights") -> bool:
+    return hasattr(getattr(target, method, None), "remote")
 
 
 class ObjectStoreSync(WeightSync):
