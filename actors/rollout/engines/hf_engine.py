@@ -38,6 +38,9 @@ policy versions. ``update_adapter`` (a LoRA learner's adapter-only publish) does
 adapter: the first injects LoRA layers into the base model (``actors.lora.inject``), each later
 one is copied into them.
 
+The batch's KV cache (``_Batch``), the draws made ahead (``_DrawAhead``) and the sampling
+warpers (``_warp``) are in ``hf_batch.py``; this module owns the decode loop.
+
 May import: numpy, torch, transformers, actors.policy, actors.lora, actors.rollout.engines.*.
 """
 
