@@ -10,7 +10,8 @@ serves:
   out and the driver issued it; the group carries its id. Many groups may be in flight: the
   actor is async, episodes of every group interleave on one event loop);
 - ``await update_weights(named_tensors, version)`` (the learner's object-store sync; the engine's
-  ``aupdate_weights``, so in-flight episodes keep stepping their sandboxes meanwhile);
+  ``aupdate_weights``, so in-flight episodes keep stepping their sandboxes meanwhile), and
+  ``await update_adapter(adapter, version)`` (a LoRA learner's adapter-only publish);
 - ``await replay(task_id, actions, seed) -> float`` (the identifier filter's replay port);
 - ``version() -> int``, ``metrics() -> dict``, ``ping() -> str``, ``pid() -> int``.
 
@@ -117,6 +118,11 @@ class RolloutWorker:
 
     async def update_weights(self, named_tensors: dict, version: int) -> int:
         await self.engine.aupdate_weights(named_tensors, version)
+        return self.engine.version
+
+    async def update_adapter(self, adapter: Any, version: int) -> int:
+        """A LoRA learner's adapter-only publish (``actors.lora.LoraAdapter``)."""
+        await self.engine.aupdate_adapter(adapter, version)
         return self.engine.version
 
     def version(self) -> int:

@@ -57,6 +57,10 @@ def _rows(model: type[BaseModel], prefix: str, default: Any) -> Iterator[tuple[s
         item = typing.get_args(ann)[0] if typing.get_origin(ann) is list else None
         if isinstance(item, type) and issubclass(item, BaseModel):
             yield from _rows(item, key + "[].", None)
+        optional = [a for a in typing.get_args(ann)
+                    if isinstance(a, type) and issubclass(a, BaseModel)]
+        if optional and value is None and item is None:   # an optional block: its keys, defaults
+            yield from _rows(optional[0], key + ".", None)
 
 
 def config_table() -> str:

@@ -110,6 +110,7 @@ class Roles:
                                opts["runtime_env"], opts.get("resources"))
 
     def _new_worker(self, i: int):
+        from actors.rollout.engine_args import lora_engine_kwargs
         from actors.rollout_worker import start_rollout_worker
 
         opts = role_options(self.cfg.cluster.rollout)
@@ -117,7 +118,8 @@ class Roles:
             self.pool_dir, self.cfg.policy.engine, num_cpus=opts["num_cpus"],
             num_gpus=opts["num_gpus"], runtime_env=opts["runtime_env"],
             resources=opts.get("resources"),
-            engine_kwargs=self.cfg.rollout.engine_kwargs,
+            engine_kwargs=lora_engine_kwargs(self.cfg.policy.engine, self.cfg.rollout.engine_kwargs,
+                                              self.cfg.learner.lora),
             model_path=self.model_path, config=self.cfg.rollout.model_dump(),
             executors="pool", name=f"rollout-{i}", eval_pools=self.eval_pools,
             users=self.users,

@@ -61,6 +61,31 @@ class GRPOConfig(BaseModel):
         return self
 
 
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+class LoraConfig(BaseModel):
+    """``learner.lora``: train a low-rank adapter instead of the policy (``actors/lora.py``).
+    W' = W + (alpha / rank) * B A on every ``target_modules`` linear layer; only A and B train."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    rank: int = Field(16, ge=1, description="r, the inner dimension of A [r, in] and B [out, r]")
+    alpha: float = Field(32.0, gt=0, description="the update is scaled by alpha / rank")
+    dropout: float = Field(0.0, ge=0, lt=1, description=(
+        "dropout on the adapter's input in training (the learner's log-prob recompute and "
+        "the engines run without it)"))
+    target_modules: list[str] = Field(default_factory=lambda: list(LORA_TARGETS), min_length=1,
+                                      description=(
+        "module names (peft's matching: a name, or the end of a dotted path) that get an "
+        "adapter; the default covers attention and MLP projections of Qwen/Llama models"))
+    sync: Literal["adapter", "merged"] = Field("adapter", description=(
+        "adapter: publish only A and B, the engines keep the base weights and load each "
+        "version's adapter (vLLM LoRARequest, the HF engine's injected layers); merged: publish "
+        "the merged weights (W + scale B A) like a full-weight learner, for engines without "
+        "LoRA support"))
+
+
 class LearnerConfig(BaseModel):
     """Everything one learner group needs. Mirrors the ``learner:`` block of the YAML configs."""
 
@@ -104,6 +129,9 @@ class LearnerConfig(BaseModel):
     num_gpus_per_rank: float = Field(0.0, ge=0)
     timeout_s: float = Field(600.0, gt=0)
     loss: GRPOConfig = Field(default_factory=GRPOConfig)
+    lora: Optional[LoraConfig] = Field(None, description=(
+        "train a LoRA adapter (rank, alpha, dropout, target_modules, sync) on the frozen "
+        "policy; null trains every parameter (docs/learner.md, LoRA)"))
 
     @model_validator(mode="after")
     def _check(self) -> "LearnerConfig":
@@ -115,6 +143,10 @@ class LearnerConfig(BaseModel):
         if self.num_gpus_per_rank == 0 and self.dtype == "bf16":
             raise ValueError("the dtype parameter of LearnerConfig is 'bf16' but num_gpus_per_rank "
                              "is 0: CPU ranks train in fp32; use dtype: auto or fp32")
+        if self.lora is not None and self.frozen_parameters:
+            raise ValueError("the frozen_parameters parameter of LearnerConfig must be empty "
+                             f"with lora (got {self.frozen_parameters}): a LoRA learner "
+                             "already freezes every parameter but the adapter's")
         return self
 
     @property

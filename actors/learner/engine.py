@@ -35,6 +35,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Iterator, Optional
 
+from actors import lora
 from actors.learner import grpo
 from actors.learner.batching import PackedBatch, scored_logprobs
 from actors.learner.prefix import prefix_shared_logprobs
@@ -124,7 +125,13 @@ class LearnerEngine:
         model = AutoModelForCausalLM.from_pretrained(cfg.model_path, dtype=dtype)
         if cfg.gradient_checkpointing:
             model.gradient_checkpointing_enable()
-        trainable = freeze_parameters(model, cfg.frozen_parameters, cfg.model_path)
+        if cfg.lora is not None:
+            trainable = lora.inject(model, cfg.lora.rank, cfg.lora.alpha,
+                                    cfg.lora.target_modules, cfg.lora.dropout)
+            if cfg.gradient_checkpointing:  # reentrant checkpointing needs a grad on its input
+                model.enable_input_require_grads()
+        else:
+            trainable = freeze_parameters(model, cfg.frozen_parameters, cfg.model_path)
         if cfg.optimizer == "sgd":
             self.optimizer = torch.optim.SGD(trainable, lr=cfg.lr, momentum=cfg.momentum,
                                              weight_decay=cfg.weight_decay)
@@ -287,12 +294,15 @@ class LearnerEngine:
 
     # -- weights, checkpoints, export --------------------------------------------------------
 
-    def iter_full_params(self) -> Iterator[tuple[str, "object"]]:
-        """(name, full parameter) one at a time; every rank must iterate (ZeRO-3 gathers are
-        collective); the tensors are valid only inside the loop body."""
+    def iter_full_params(self, only=None) -> Iterator[tuple[str, "object"]]:
+        """(name, full parameter) one at a time (those whose name ``only`` accepts, if given);
+        every rank must iterate (ZeRO-3 gathers are collective); the tensors are valid only
+        inside the loop body."""
         import deepspeed
 
         for name, p in self.engine.module.named_parameters():
+            if only is not None and not only(name):
+                continue
             if self.cfg.zero_stage == 3:
                 with deepspeed.zero.GatheredParameters([p], modifier_rank=None):
                     yield name, p.data
@@ -300,23 +310,41 @@ class LearnerEngine:
                 yield name, p.data
 
     def full_state_dict(self) -> Optional[dict]:
-        """Rank 0: {name: CPU tensor} of every parameter; other ranks: None (after taking part)."""
+        """Rank 0: {name: CPU tensor} of every parameter (with LoRA: the base architecture's,
+        merged, ``lora.merged_state_dict``); other ranks: None (after taking part)."""
         sd = {}
         for name, t in self.iter_full_params():
             if self.rank == 0:
                 sd[name] = t.detach().to("cpu", copy=True)
-        return sd if self.rank == 0 else None
+        if self.rank != 0:
+            return None
+        c = self.cfg.lora
+        return sd if c is None else lora.merged_state_dict(sd, c.rank, c.alpha)
+
+    def adapter(self) -> Optional[lora.LoraAdapter]:
+        """Rank 0: the current LoRA adapter (CPU copies; only its parameters are gathered under
+        ZeRO-3); other ranks: None (after taking part)."""
+        c = self.cfg.lora
+        if c is None:
+            raise ValueError("the learner trains no LoRA adapter (learner.lora is null)")
+        out = lora.LoraAdapter.from_params(self.iter_full_params(lora.is_adapter_param), c.rank,
+                                           c.alpha, c.target_modules)
+        return out if self.rank == 0 else None
 
     def save_checkpoint(self, directory: str) -> str:
         """Model, optimiser, scheduler and step counter of every rank under ``directory``."""
         tag = f"step{self.step}"
-        self.engine.save_checkpoint(directory, tag=tag, client_state={"step": self.step})
+        # a LoRA learner's frozen base is the model it started from: not saved again
+        self.engine.save_checkpoint(directory, tag=tag, client_state={"step": self.step},
+                                    exclude_frozen_parameters=self.cfg.lora is not None)
         if self.rank == 0:  # what ``envsched export`` rebuilds the architecture from
-            record_source(directory, self.cfg.model_path)
+            record_source(directory, self.cfg.model_path,
+                          None if self.cfg.lora is None else self.cfg.lora.model_dump())
         return tag
 
     def load_checkpoint(self, directory: str, tag: Optional[str] = None) -> int:
-        path, client = self.engine.load_checkpoint(directory, tag=tag)
+        path, client = self.engine.load_checkpoint(directory, tag=tag,
+                                                   load_module_strict=self.cfg.lora is None)
         if path is None:
             raise FileNotFoundError(f"no DeepSpeed checkpoint under {directory!r} (tag {tag!r})")
         self.step = int(client["step"])
@@ -331,3 +359,10 @@ class LearnerEngine:
         out.mkdir(parents=True, exist_ok=True)
         save_hf(self.engine.module, sd, self.cfg.model_path, out)
         return str(out)
+
+    def export_adapter(self, directory: str) -> Optional[str]:
+        """Write the current LoRA adapter as a PEFT directory (rank 0)."""
+        adapter = self.adapter()
+        if self.rank != 0:
+            return None
+        return str(adapter.save(directory, self.cfg.model_path))

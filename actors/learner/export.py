@@ -14,7 +14,14 @@ directory that ``transformers`` and ``vllm serve`` load.
    own ``save_pretrained`` (``save_hf``, which ``LearnerEngine.export_hf`` writes with too), in
    ``dtype``: ``auto`` = the source config's.
 
-May import: torch, deepspeed, transformers (inside functions), ``actors.policy``. Not
+A LoRA checkpoint (``learner.lora``, recorded in ``model_source.json``) holds only the adapter:
+``lora="merged"`` (default) folds it into the source's weights (``actors.lora.merge_into``) and
+writes the model as above; ``lora="adapter"`` writes the PEFT adapter directory
+(``adapter_config.json``, ``adapter_model.safetensors``) for ``PeftModel.from_pretrained`` or
+vLLM's ``--lora-modules``.
+
+May import: torch, deepspeed, transformers (inside functions), ``actors.policy``,
+``actors.lora``. Not
 ``actors.learner.engine``: the engine imports this module (the checkpoint's source record and
 ``save_hf``).
 """
@@ -32,9 +39,17 @@ class ExportError(RuntimeError):
     """A checkpoint cannot be exported; the message names the directory and what is missing."""
 
 
-def record_source(learner_dir: str | Path, model_path: str) -> None:
+def record_source(learner_dir: str | Path, model_path: str, lora: Optional[dict] = None) -> None:
+    """The model the run started from, and ``learner.lora`` when it trains an adapter."""
     Path(learner_dir).mkdir(parents=True, exist_ok=True)
-    (Path(learner_dir) / SOURCE_FILE).write_text(json.dumps({"model_path": str(model_path)}))
+    record = {"model_path": str(model_path), **({"lora": lora} if lora else {})}
+    (Path(learner_dir) / SOURCE_FILE).write_text(json.dumps(record))
+
+
+def recorded_lora(learner_dir: Path) -> Optional[dict]:
+    """The ``learner.lora`` settings a checkpoint was trained with (None: full weights)."""
+    path = Path(learner_dir) / SOURCE_FILE
+    return json.loads(path.read_text()).get("lora") if path.is_file() else None
 
 
 def save_hf(model, state_dict: Optional[dict], source: str, out: Path) -> None:
@@ -76,8 +91,40 @@ def full_state_dict(learner_dir: Path) -> dict:
     return {k: v.float() for k, v in module.items()}
 
 
+def _check_lora_flag(learner_dir: Path, lora: Optional[str]) -> None:
+    if lora not in (None, "adapter", "merged"):
+        raise ExportError(f"--lora must be adapter or merged, got {lora!r}")
+    if lora and recorded_lora(learner_dir) is None:
+        raise ExportError(f"{learner_dir} trained every weight, not a LoRA adapter; "
+                          f"drop --lora {lora}")
+
+
+def _lora_export(learner_dir: Path, state: dict, source: str, lora: Optional[str],
+                 out: Path) -> Optional[dict]:
+    """A LoRA checkpoint: writes the adapter (``lora='adapter'``, returns None) or returns the
+    merged base state dict (``'merged'``, the default). A full-weight one: ``state``."""
+    from actors.lora import LoraAdapter, merge_into
+
+    settings = recorded_lora(learner_dir)
+    if settings is None:
+        return state
+    adapter = LoraAdapter.from_params(state.items(), settings["rank"], settings["alpha"],
+                                      settings["target_modules"])
+    if not adapter.tensors:
+        raise ExportError(f"{learner_dir} records learner.lora but holds no adapter tensors")
+    if lora == "adapter":
+        adapter.save(out, source)
+        return None
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(source, dtype="float32").state_dict()
+    return merge_into(base, adapter)
+
+
 def export_checkpoint(learner_dir: str | Path, out: str | Path, model: Optional[str] = None,
-                      dtype: str = "auto") -> Path:
+                      dtype: str = "auto", lora: Optional[str] = None) -> Path:
+    """See the module docstring; ``lora``: for a LoRA checkpoint, ``adapter`` writes the PEFT
+    adapter directory, ``merged`` (default) the model with the adapter folded in."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -85,7 +132,10 @@ def export_checkpoint(learner_dir: str | Path, out: str | Path, model: Optional[
 
     learner_dir, out = Path(learner_dir), Path(out)
     source = resolve_model(model_source(learner_dir, model))
-    state = full_state_dict(learner_dir)
+    _check_lora_flag(learner_dir, lora)
+    state = _lora_export(learner_dir, full_state_dict(learner_dir), source, lora, out)
+    if state is None:
+        return out
     config = AutoConfig.from_pretrained(source)
     with torch.device("meta"):
         policy = AutoModelForCausalLM.from_config(config)

@@ -83,9 +83,17 @@ class LearnerActor:
         return self.engine.logprobs(batch)
 
     def publish_state_dict(self) -> Optional[list]:
-        """Rank 0 puts the full state dict into the object store once and returns [ref]."""
+        """Rank 0 puts the full state dict into the object store once and returns [ref, bytes]."""
         sd = self.engine.full_state_dict()
-        return [ray.put(sd)] if sd is not None else None
+        if sd is None:
+            return None
+        return [ray.put(sd), sum(t.numel() * t.element_size() for t in sd.values())]
+
+    def publish_adapter(self) -> Optional[list]:
+        """Rank 0 puts the LoRA adapter (``actors.lora.LoraAdapter``) into the object store once
+        and returns [ref, bytes]."""
+        adapter = self.engine.adapter()
+        return [ray.put(adapter), adapter.nbytes] if adapter is not None else None
 
     def save(self, directory: str) -> str:
         return self.engine.save_checkpoint(directory)
@@ -95,6 +103,9 @@ class LearnerActor:
 
     def export(self, directory: str) -> Optional[str]:
         return self.engine.export_hf(directory)
+
+    def export_adapter(self, directory: str) -> Optional[str]:
+        return self.engine.export_adapter(directory)
 
     def sync_init(self, addr: str, port: int, world: int) -> list:
         from actors.learner.weight_sync import learner_sync_init
@@ -139,6 +150,7 @@ class LearnerGroup:
         self.master = (addr, port)
         self.step = self._get([a.setup.remote(addr, port) for a in self.actors], "setup")[0]
         self.version = self.step
+        self.last_publish_bytes = 0
 
     def _get(self, refs: list, what: str) -> list:
         try:
@@ -204,8 +216,23 @@ class LearnerGroup:
 
     def state_dict_ref(self) -> ray.ObjectRef:
         """The full state dict of the current weights, put into the object store once."""
-        out = self._get([a.publish_state_dict.remote() for a in self.actors], "publish")
-        return out[0][0]
+        return self.publish_ref(adapter=False)[0]
+
+    @property
+    def publishes_adapter(self) -> bool:
+        """Whether a publish sends only the LoRA adapter (``learner.lora.sync: adapter``)."""
+        return self.cfg.lora is not None and self.cfg.lora.sync == "adapter"
+
+    def publish_ref(self, adapter: Optional[bool] = None) -> tuple[ray.ObjectRef, int]:
+        """(ObjectRef, bytes) of what a publish sends, put into the object store once: the
+        LoRA adapter when ``adapter`` (default: ``publishes_adapter``), else the full state
+        dict (a LoRA learner's merged)."""
+        adapter = self.publishes_adapter if adapter is None else adapter
+        calls = [a.publish_adapter.remote() if adapter else a.publish_state_dict.remote()
+                 for a in self.actors]
+        ref, nbytes = self._get(calls, "publish")[0]
+        self.last_publish_bytes = int(nbytes)
+        return ref, int(nbytes)
 
     def save(self, directory: str) -> str:
         tags = self._get([a.save.remote(directory) for a in self.actors], "save")
@@ -217,7 +244,13 @@ class LearnerGroup:
         return self.step
 
     def export(self, directory: str) -> str:
-        return self._get([a.export.remote(directory) for a in self.actors], "export")[0]
+        """The policy in Hugging Face format; a LoRA learner's merged, with its adapter in
+        ``directory/adapter``."""
+        out = self._get([a.export.remote(directory) for a in self.actors], "export")[0]
+        if self.cfg.lora is not None:
+            self._get([a.export_adapter.remote(str(Path(directory) / "adapter"))
+                       for a in self.actors], "export adapter")
+        return out
 
     def sync_address(self) -> tuple[str, int]:
         """Rank 0's node and a free port there, for the NCCL weight-sync group."""

@@ -1,7 +1,15 @@
 """Versioned publication of the learner's weights to the rollout engines: one interface, two paths.
 
-``WeightSync.publish(learner, version) -> SyncReport``; the version is the learner step, and each
-engine reports it (``engine.version``) for every generation that follows.
+``WeightSync.publish(learner, version) -> SyncReport`` (seconds, and the bytes the learner
+published); the version is the learner step, and each engine reports it (``engine.version``)
+for every generation that follows.
+
+A LoRA learner with ``learner.lora.sync: adapter`` (``LearnerGroup.publishes_adapter``) publishes
+only its adapter (``actors.lora.LoraAdapter``), by either class, through the object store:
+``target.update_adapter(adapter_ref, version)``; the engines keep their base weights and apply
+the adapter (vLLM: a ``LoRARequest`` per version; the HF engine: injected LoRA layers). With
+``sync: merged`` it publishes the merged weights through the object store (its parameters are
+the injected model's, not the engines').
 
 - ``ObjectStoreSync`` (CPU, any cluster): learner rank 0 gathers the full state dict (all ranks take
   part under ZeRO-3), ``ray.put``s it once, and every target gets the same ObjectRef:
@@ -42,6 +50,7 @@ class SyncReport:
     seconds: float
     targets: int
     method: str
+    bytes: int = 0   # what the learner published (once, whatever the number of targets)
 
 
 class WeightSync(abc.ABC):
@@ -51,8 +60,31 @@ class WeightSync(abc.ABC):
         self.targets = list(targets)
         self.timeout_s = timeout_s
 
+    def publish(self, learner, version: int) -> SyncReport:
+        """The adapter through the object store when the learner publishes one (any engine),
+        else the full weights by this sync's own path (``_publish_weights``)."""
+        if getattr(learner, "publishes_adapter", False):
+            return self._publish_adapter(learner, version)
+        return self._publish_weights(learner, version)
+
     @abc.abstractmethod
-    def publish(self, learner, version: int) -> SyncReport: ...
+    def _publish_weights(self, learner, version: int) -> SyncReport: ...
+
+    def _publish_adapter(self, learner, version: int) -> SyncReport:
+        """``target.update_adapter(adapter, version)`` on every target: a LoRA adapter is
+        megabytes, so the object store serves every engine (the collective group is for the
+        full weights)."""
+        t0 = time.perf_counter()
+        ref, nbytes = learner.publish_ref()
+        remote = [t.update_adapter.remote(ref, version) for t in self.targets
+                  if _is_actor(t, "update_adapter")]
+        local = [t for t in self.targets if not _is_actor(t, "update_adapter")]
+        if local:
+            adapter = ray.get(ref, timeout=self.timeout_s)
+            for t in local:
+                t.update_adapter(adapter, version)
+        self._wait(remote, f"update_adapter(version={version})")
+        return SyncReport(version, time.perf_counter() - t0, len(self.targets), "adapter", nbytes)
 
     def _wait(self, refs: list, what: str) -> list:
         try:
@@ -61,12 +93,12 @@ class WeightSync(abc.ABC):
             raise TimeoutError(f"weight sync {what} timed out after {self.timeout_s} s") from e
 
 
-def _is_actor(target: Any) -> bool:
-    return hasattr(getattr(target, "update_weights", None), "remote")
+def _is_actor(target: Any, method: str = "update_weights") -> bool:
+    return hasattr(getattr(target, method, None), "remote")
 
 
 class ObjectStoreSync(WeightSync):
-    def publish(self, learner, version: int) -> SyncReport:
+    def _publish_weights(self, learner, version: int) -> SyncReport:
         t0 = time.perf_counter()
         ref = learner.state_dict_ref()
         remote = [t.update_weights.remote(ref, version) for t in self.targets if _is_actor(t)]
@@ -76,7 +108,8 @@ class ObjectStoreSync(WeightSync):
             for t in local:
                 t.update_weights(state, version)
         self._wait(remote, f"update_weights(version={version})")
-        return SyncReport(version, time.perf_counter() - t0, len(self.targets), "object_store")
+        return SyncReport(version, time.perf_counter() - t0, len(self.targets), "object_store",
+                          getattr(learner, "last_publish_bytes", 0))
 
 
 class CollectiveSync(WeightSync):
@@ -96,7 +129,11 @@ class CollectiveSync(WeightSync):
         self.meta = learner.sync_init(addr, port, world)
         self._wait(refs, "init_weight_sync")
 
-    def publish(self, learner, version: int) -> SyncReport:
+    def _publish_weights(self, learner, version: int) -> SyncReport:
+        if getattr(learner, "cfg", None) is not None and learner.cfg.lora is not None:
+            # a LoRA learner's parameters are the injected model's; the engines take the
+            # merged base weights, which rank 0 computes: the object store's path
+            return ObjectStoreSync(self.targets, self.timeout_s)._publish_weights(learner, version)
         t0 = time.perf_counter()
         if self.meta is None:
             self._connect(learner)
@@ -104,7 +141,22 @@ class CollectiveSync(WeightSync):
         refs = [t.receive_weights.remote(self.meta, version, wait_idle) for t in self.targets]
         learner.sync_broadcast()
         self._wait(refs, f"receive_weights(version={version})")
-        return SyncReport(version, time.perf_counter() - t0, len(self.targets), "collective")
+        nbytes = sum(_numel(shape) * _itemsize(dtype) for _, dtype, shape in self.meta)
+        return SyncReport(version, time.perf_counter() - t0, len(self.targets), "collective",
+                          nbytes)
+
+
+def _numel(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n
+
+
+def _itemsize(dtype: str) -> int:
+    import torch
+
+    return getattr(torch, dtype).itemsize
 
 
 def make_weight_sync(targets: Sequence[Any], method: str = "auto", partial_rollout: bool = False,

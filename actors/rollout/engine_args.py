@@ -34,8 +34,9 @@ VLLM_KNOWN_KEYS = frozenset({
     "quantization", "block_size", "swap_space", "cpu_offload_gb", "seed", "trust_remote_code",
     "revision", "tokenizer_mode", "distributed_executor_backend", "disable_custom_all_reduce",
     "max_logprobs", "calculate_kv_scales", "compilation_config", "hf_overrides",
-    "kv_cache_memory_bytes",
+    "kv_cache_memory_bytes", "enable_lora", "max_lora_rank", "max_loras", "max_cpu_loras",
 })
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)   # vLLM's allowed max_lora_rank
 RESERVED = frozenset({"model", "tokenizer", "worker_extension_cls", "model_path"})
 ENGINES = Path(__file__).resolve().parent / "engines"
 
@@ -96,3 +97,19 @@ def check_engine_kwargs(engine: str, kwargs: Mapping[str, Any]) -> dict[str, Any
 
 def gpus_per_engine(kwargs: Mapping[str, Any]) -> int:
     return int(kwargs.get("tensor_parallel_size", 1)) * int(kwargs.get("pipeline_parallel_size", 1))
+
+
+def lora_engine_kwargs(engine: str, kwargs: Mapping[str, Any], lora: Any) -> dict[str, Any]:
+    """``kwargs`` plus what a LoRA learner's adapter-only publish needs of ``engine``: for vLLM
+    ``enable_lora``, ``max_lora_rank`` (the smallest vLLM allows >= ``lora.rank``), one active
+    adapter and two on the CPU (the old version's and the new one's, while it switches); keys the
+    user set win. Unchanged without LoRA (``lora`` None or ``sync: merged``) and for other
+    engines."""
+    if lora is None or getattr(lora, "sync", "adapter") != "adapter" or engine != "vllm":
+        return dict(kwargs)
+    rank = next((r for r in VLLM_LORA_RANKS if r >= lora.rank), None)
+    if rank is None:
+        raise ValueError(f"the rank parameter of learner.lora must be <= {VLLM_LORA_RANKS[-1]} "
+                         f"for vLLM's LoRA support, got {lora.rank}")
+    return {"enable_lora": True, "max_lora_rank": rank, "max_loras": 1, "max_cpu_loras": 2,
+            **kwargs}

@@ -1,13 +1,16 @@
 """Export a run's checkpoint as a Hugging Face model directory: envsched export RUN_DIR --out DIR
 
     envsched export RUN_DIR [--step N] --out DIR [--model SOURCE] [--dtype auto|bf16|fp32]
+                    [--lora adapter|merged]
 
 Takes the latest checkpoint of RUN_DIR (or step N), merges its DeepSpeed shards (ZeRO-1/2/3, any
 number of ranks) into full weights and writes DIR with config, safetensors weights, generation
 config and tokenizer, loadable by ``transformers`` (``AutoModelForCausalLM.from_pretrained``), by
 ``vllm serve DIR``, and as ``policy.path`` / ``envsched rollout --model``. The architecture and
 tokenizer come from the model the run started from (recorded in the checkpoint; ``--model`` for
-checkpoints that do not record it). See ``actors/learner/export.py``.
+checkpoints that do not record it). A LoRA run's checkpoint (``learner.lora``) exports merged by
+default; ``--lora adapter`` writes the PEFT adapter directory instead. See
+``actors/learner/export.py``.
 """
 
 from __future__ import annotations
@@ -24,6 +27,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the run's starting model (default: recorded in the checkpoint)")
     parser.add_argument("--dtype", choices=("auto", "bf16", "fp32"), default="auto",
                         help="weights dtype (auto: the starting model's)")
+    parser.add_argument("--lora", choices=("adapter", "merged"), default=None,
+                        help="a LoRA run's checkpoint: the PEFT adapter directory, or the model "
+                             "with the adapter merged in (default: merged)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -33,7 +39,8 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         ckpt = find_checkpoint(Path(args.run_dir), args.step)
-        out = export_checkpoint(ckpt / "learner", args.out, args.model, args.dtype)
+        out = export_checkpoint(ckpt / "learner", args.out, args.model, args.dtype,
+                                args.lora)
     except (CheckpointError, ExportError, FileNotFoundError) as e:
         raise UserError(str(e)) from None
     print(f"exported {ckpt} -> {out}")

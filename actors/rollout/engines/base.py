@@ -11,6 +11,9 @@
   version unchanged.
 - ``await aupdate_weights(named_tensors, version)``: the same from the engine's event loop (the
   default runs ``update_weights`` in a thread so the loop keeps serving other episodes).
+- ``update_adapter(adapter, version)`` / ``await aupdate_adapter(...)``: a LoRA learner's
+  adapter-only publish (``actors.lora.LoraAdapter``): the base weights stay, the adapter applies
+  from the next generation on; an engine that cannot raises ``WeightUpdateError``.
 - ``version``: the policy version of the weights that produced the next generation.
 - ``stop_ids``: the model's own end tokens that the engine stops on when a request names none
   (the agent loop adds them to the chat template's end-of-turn token); ``()`` when the engine
@@ -93,6 +96,15 @@ class Engine(abc.ABC):
 
     async def aupdate_weights(self, named_tensors: dict[str, Any], version: int) -> None:
         await asyncio.to_thread(self.update_weights, named_tensors, version)
+
+    def update_adapter(self, adapter: Any, version: int) -> None:
+        """Keep the base weights and apply ``adapter`` (``actors.lora.LoraAdapter``) from now on,
+        then publish ``version``. Engines without LoRA support raise ``WeightUpdateError``."""
+        raise WeightUpdateError(f"{type(self).__name__} cannot apply LoRA adapters; set "
+                                f"learner.lora.sync: merged to publish merged weights")
+
+    async def aupdate_adapter(self, adapter: Any, version: int) -> None:
+        await asyncio.to_thread(self.update_adapter, adapter, version)
 
     def close(self) -> None:
         """Release the engine's resources (GPU memory, background loops)."""

@@ -34,9 +34,14 @@ materialises its full score matrix) and the padded copies cost more than the for
 
 Weight updates drain: no request is admitted until the active ones finish, then the weights are
 loaded, the prefix cache is cleared and the version published; so one generation never mixes two
-policy versions.
+policy versions. ``update_adapter`` (a LoRA learner's adapter-only publish) does the same with the
+adapter: the first injects LoRA layers into the base model (``actors.lora.inject``), each later
+one is copied into them.
 
-May import: numpy, torch, transformers, actors.policy, actors.rollout.engines.base.
+The batch's KV cache (``_Batch``), the draws made ahead (``_DrawAhead``) and the sampling
+warpers (``_warp``) are in ``hf_batch.py``; this module owns the decode loop.
+
+May import: numpy, torch, transformers, actors.policy, actors.lora, actors.rollout.engines.*.
 """
 
 from __future__ import annotations
@@ -44,18 +49,17 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections import OrderedDict
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import numpy as np
 import torch
-from transformers.cache_utils import DynamicCache, DynamicLayer
+from transformers.cache_utils import DynamicCache
+
 from actors.policy import cache_kwargs
 
 from actors.rollout.engines.base import Engine, Generation, SamplingParams, WeightUpdateError
-
-KV = list  # per layer: (keys, values), each [1, kv_heads, length, head_dim]
+from actors.rollout.engines.hf_batch import KV, _Batch, _BatchLayer, _DrawAhead, _warp  # noqa: F401
 
 
 @dataclass(eq=False)
@@ -105,7 +109,9 @@ class HFEngine(Engine):
         self._caches: "OrderedDict[tuple[int, ...], tuple[np.ndarray, KV]]" = OrderedDict()
         self._cond = threading.Condition()
         self._pending: list[_Request] = []
-        self._update: Optional[tuple[dict, int]] = None
+        self._update: Optional[tuple[Any, int]] = None   # (load, version) for the engine thread
+        self._update_error: Optional[BaseException] = None
+        self._adapter_shape: Optional[tuple] = None   # (rank, alpha, targets) once injected
         self._closed = False
         self.stats = {"steps": 0, "rows": 0, "prefills": 0, "prefill_tokens": 0}
         self._draws = _DrawAhead(self.model)
@@ -316,19 +322,60 @@ class HFEngine(Engine):
             if got != want:
                 raise WeightUpdateError(f"HFEngine({self.model_path}): {name} has shape {got}, "
                                         f"expected {want}")
+
+        def load() -> None:
+            params = self.model.state_dict()
+            with torch.no_grad():
+                for name, tensor in named_tensors.items():
+                    params[name].copy_(tensor.to(params[name].dtype))
+
+        self._drained(load, version)
+
+    def update_adapter(self, adapter: Any, version: int) -> None:
+        """Apply a LoRA adapter (``actors.lora.LoraAdapter``) on the base weights: the first one
+        injects LoRA layers of its rank and targets; every later one is copied into them. An
+        adapter of another rank or targets, or with unknown names, raises ``WeightUpdateError``
+        and leaves the version (and the adapter in use) unchanged."""
+        from actors import lora
+
+        shape = (adapter.rank, adapter.alpha, tuple(sorted(adapter.target_modules)))
+        where = f"HFEngine({self.model_path})"
+        if self._adapter_shape is not None and shape != self._adapter_shape:
+            raise WeightUpdateError(f"{where}: adapter (rank, alpha, targets) {shape} differs "
+                                    f"from the one in use {self._adapter_shape}")
+
+        def load() -> None:
+            if self._adapter_shape is None:
+                lora.inject(self.model, adapter.rank, adapter.alpha, adapter.target_modules)
+                self.model.eval()
+                self._adapter_shape = shape
+            lora.load_adapter(self.model, adapter, where)
+
+        try:
+            self._drained(load, version)
+        except lora.AdapterError as e:
+            raise WeightUpdateError(str(e)) from None
+
+    def _drained(self, load, version: int) -> None:
+        """Have the engine thread run ``load()`` once its batch has drained, then clear the
+        prefix cache and publish ``version``; an error in ``load`` is raised here."""
         with self._cond:
             while self._update is not None:
                 self._cond.wait()
-            self._update = (named_tensors, int(version))
+            self._update = (load, int(version))
             self._cond.notify_all()
             while self._update is not None and not self._closed:
                 self._cond.wait()
+            error, self._update_error = self._update_error, None
+        if error is not None:
+            raise error
 
-    def _apply_update(self, named_tensors: dict[str, Any], version: int) -> None:
-        params = self.model.state_dict()
-        with torch.no_grad():
-            for name, tensor in named_tensors.items():
-                params[name].copy_(tensor.to(params[name].dtype))
+    def _apply_update(self, load, version: int) -> None:
+        try:
+            load()
+        except Exception as e:  # noqa: BLE001 -- raised to the caller by _drained
+            self._update_error = e
+            return
         self._caches.clear()
         self._version = version
 
@@ -341,209 +388,3 @@ class HFEngine(Engine):
         if threading.current_thread() is not self._thread:
             self._thread.join(timeout=30)
         self._draws.close()
-
-
-class _DrawAhead:
-    """Each sampled row's Exp(1) draws for its next token, made on a helper thread while the
-    engine thread runs the forward pass that token waits for.
-
-    The draws do not depend on the logits: a row's next ``vocab`` draws from its own generator
-    are the same whenever they are made, and each row draws exactly once per token in order, so
-    the tokens are unchanged (a request that stops leaves one set of draws unused, from a
-    generator nobody uses again). The engine thread waits for them before it samples and uses
-    no generator while they are made. Why: at 16 rows the draws (4,096 per row, ~65 us) were
-    ~1 ms of a decode step on the engine thread's one core, about a tenth of its time
-    (docs/benchmarks.md); torch releases the GIL inside them, so they overlap the forward."""
-
-    def __init__(self, model: Any):
-        self.model = model
-        self.made = 0   # draws used (each made on the helper thread)
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="hf-engine-draws")
-
-    def start(self, reqs: list[_Request]) -> Optional[Future]:
-        """Begin the draws of every sampled row of ``reqs`` that has none ready, one per entry
-        of the output layer as it is now (a resized model samples over its new vocabulary)."""
-        todo = [r for r in reqs if r.sampling.temperature > 0 and r.draws is None]
-        vocab = self.model.get_output_embeddings().weight.shape[0]
-        return self._pool.submit(self._draw, todo, vocab) if todo else None
-
-    @staticmethod
-    def _draw(reqs: list[_Request], vocab: int) -> None:
-        for req in reqs:
-            req.draws = torch.empty(vocab, dtype=torch.float32).exponential_(
-                1, generator=req.generator)
-
-    @staticmethod
-    def wait(ahead: Optional[Future]) -> None:
-        if ahead is not None:
-            ahead.result()
-
-    def take(self, req: _Request):
-        """The row's draws, used once (every forward starts its rows' draws: none is missing)."""
-        q, req.draws = req.draws, None
-        if q is None:
-            raise RuntimeError(f"no draws were made ahead for a request of {len(req.tokens)} "
-                               f"tokens: an engine path samples without starting them")
-        self.made += 1
-        return q
-
-    def close(self) -> None:
-        self._pool.shutdown(wait=True)
-
-
-class _Batch:
-    """The running batch's KV cache, kept from one decode step and one admission to the next.
-
-    Per layer one preallocated buffer ``[row capacity, kv_heads, columns, head_dim]``. Every row
-    holds its sequence right-aligned at column ``end`` (left padding: the columns left of its
-    own are masked out, and the position ids are explicit), so a decode step writes one column
-    for all rows, and rows join and leave without moving the others: a newcomer is written into
-    the next free row, a finished row is overwritten by the last one (one row copied). The
-    window ``[start, end)`` that attention reads is as wide as the longest row; it narrows, for
-    free, when that row leaves. Only when the buffer runs out of columns (every ``_ROOM`` or
-    more decode steps) or rows is the window copied into a larger buffer.
-
-    Before (until 2026-12-03) every admission or exit re-stacked all rows into a new buffer:
-    14-18 % of the engine thread at 16 rows of ~2k tokens (docs/benchmarks.md).
-    """
-
-    _ROOM = 256   # free columns on each side of the window when the buffer is (re)allocated
-
-    def __init__(self, config):
-        self.cache = DynamicCache(config=config)
-        self.cache.layers = []
-        self.keys: list = []     # per layer, the buffers
-        self.values: list = []
-        self.lengths: list[int] = []
-        self.start = self.end = 0
-
-    def __len__(self) -> int:
-        return len(self.lengths)
-
-    def add(self, kv: KV) -> None:
-        """Append a row holding ``kv`` (per layer ``[1, kv_heads, n, head_dim]``; copied)."""
-        n = kv[0][0].shape[2]
-        if not self.keys:
-            self.cache.layers = [_BatchLayer(self, i) for i in range(len(kv))]
-            self._allocate(kv[0][0], rows=4, width=n)
-        elif len(self) == self.keys[0].shape[0] or n > self.end:
-            cap = self.keys[0].shape[0]
-            self._allocate(self.keys[0], rows=2 * cap if len(self) == cap else cap,
-                           width=max(n, self.end - self.start))
-        i, end = len(self), self.end
-        for buf_k, buf_v, (k, v) in zip(self.keys, self.values, kv):
-            buf_k[i, :, end - n:end] = k[0]
-            buf_v[i, :, end - n:end] = v[0]
-        self.lengths.append(n)
-        self.start = min(self.start, end - n)
-        self._views()
-
-    def remove(self, i: int, keep: bool) -> Optional[KV]:
-        """Drop row ``i`` (the last row takes its place); its own cache (a copy) if ``keep``."""
-        n, end, last = self.lengths[i], self.end, len(self) - 1
-        own = [(k[i:i + 1, :, end - n:end].clone(), v[i:i + 1, :, end - n:end].clone())
-               for k, v in zip(self.keys, self.values)] if keep else None
-        if i != last:
-            m = self.lengths[last]
-            for buf in self.keys + self.values:
-                buf[i, :, end - m:end] = buf[last, :, end - m:end]
-            self.lengths[i] = m
-        self.lengths.pop()
-        self.start = end - max(self.lengths, default=0)
-        self._views()
-        return own
-
-    def step(self):
-        """Make room for one more column; the attention mask ``[B, window + 1]`` and the
-        position ids ``[B, 1]`` of the next decode step."""
-        if self.end == self.keys[0].shape[2]:
-            self._allocate(self.keys[0], rows=self.keys[0].shape[0], width=self.end - self.start)
-        width = self.end - self.start
-        lengths = torch.tensor(self.lengths)
-        mask = (torch.arange(width + 1) >= (width - lengths)[:, None]).long()
-        return mask, lengths[:, None]
-
-    def advance(self, n: int) -> None:
-        """The forward pass wrote ``n`` columns for every row."""
-        self.end += n
-        self.lengths = [m + n for m in self.lengths]
-        self._views()
-
-    def _allocate(self, like, rows: int, width: int) -> None:
-        """New buffers of ``rows`` rows with the current window copied to the middle."""
-        shape = (rows, like.shape[1], self._ROOM + width + self._ROOM, like.shape[3])
-        old = len(self.keys) and (self.start, self.end)
-        n_layers = len(self.cache.layers)
-        keys = [like.new_zeros(shape) for _ in range(n_layers)]
-        values = [like.new_zeros(shape) for _ in range(n_layers)]
-        end = self._ROOM + width
-        if old:
-            w = old[1] - old[0]
-            for new, buf in zip(keys + values, self.keys + self.values):
-                new[:len(self), :, end - w:end] = buf[:len(self), :, old[0]:old[1]]
-            self.start = end - w
-        else:
-            self.start = end
-        self.keys, self.values, self.end = keys, values, end
-        for layer in self.cache.layers:
-            layer.device = like.device
-        self._views()
-
-    def _views(self) -> None:
-        for layer in self.cache.layers:
-            layer.keys = self.keys[layer.index][:len(self), :, self.start:self.end]
-            layer.values = self.values[layer.index][:len(self), :, self.start:self.end]
-
-
-class _BatchLayer(DynamicLayer):
-    """One layer of a ``_Batch``: ``update`` writes the new columns into the batch's buffer in
-    place (``torch.cat`` would copy the whole cache every step)."""
-
-    def __init__(self, batch: _Batch, index: int):
-        super().__init__()
-        self.batch, self.index, self.is_initialized = batch, index, True
-
-    def update(self, key_states, value_states, *args, **kwargs):
-        b, q = self.batch, key_states.shape[2]
-        rows = len(b)
-        b.keys[self.index][:rows, :, b.end:b.end + q] = key_states
-        b.values[self.index][:rows, :, b.end:b.end + q] = value_states
-        self.keys = b.keys[self.index][:rows, :, b.start:b.end + q]
-        self.values = b.values[self.index][:rows, :, b.start:b.end + q]
-        return self.keys, self.values
-
-
-def _warp(scores, s: SamplingParams):
-    """Temperature, then top-k, then top-p, as transformers' sampling warpers apply them.
-
-    With both top-k and top-p, top-p is computed over the k survivors of top-k (``torch.topk``,
-    already sorted) instead of sorting the whole vocabulary: the masked entries have
-    probability 0 and are dropped either way, and a [B, V] sort was the largest single cost of
-    sampling (at V = 4,096 and 16 rows, 2.7 ms of a ~20 ms decode step). When the k-th value is
-    tied (top-k then keeps more than k entries) the full sort is used, so the kept set is
-    always transformers' own."""
-    if s.temperature != 1.0:
-        scores = scores / s.temperature
-    vocab = scores.shape[-1]
-    if s.top_k > 0 and s.top_k < vocab:
-        top, index = torch.topk(scores, s.top_k)
-        kth = top[..., -1, None]
-        kept = scores >= kth
-        scores = scores.masked_fill(~kept, float("-inf"))
-        if s.top_p < 1.0 and bool((kept.sum(-1) == s.top_k).all()):
-            drop = _top_p_drop(top.flip(-1), s.top_p)   # ascending, as the warper sorts
-            full = torch.zeros_like(kept).scatter(1, index.flip(-1), drop)
-            return scores.masked_fill(full, float("-inf"))
-    if s.top_p < 1.0:
-        ordered, index = torch.sort(scores, descending=False)
-        drop = _top_p_drop(ordered, s.top_p)
-        scores = scores.masked_fill(drop.scatter(1, index, drop), float("-inf"))
-    return scores
-
-
-def _top_p_drop(ascending, top_p: float):
-    """transformers' top-p rule on scores sorted ascending: drop the entries whose cumulative
-    probability is at most 1 - top_p, never the largest."""
-    drop = ascending.softmax(dim=-1).cumsum(dim=-1) <= (1 - top_p)
-    drop[..., -1:] = False
-    return drop

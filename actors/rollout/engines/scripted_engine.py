@@ -14,7 +14,7 @@ On a conversational task (``envs.spec.UserSpec``) a reference step calling the t
 replies ``final_reply``. Each emitted turn ends with the
 template's end of turn (``<|im_end|>``, else the tokenizer's EOS); a scripted turn
 longer than ``max_tokens`` is cut and reported as ``"length"`` like a runaway model turn.
-Log-probs are 0 (the script is deterministic). ``update_weights`` only records the version.
+Log-probs are 0 (the script is deterministic). ``update_weights`` and ``update_adapter`` only record the version.
 
 Tests pass raw ``scripts`` (lists of turn texts) to exercise malformed outputs one by one.
 
@@ -82,6 +82,9 @@ class ScriptedEngine(Engine):
         return turn
 
     def update_weights(self, named_tensors: dict[str, Any], version: int) -> None:
+        self._version = int(version)
+
+    def update_adapter(self, adapter: Any, version: int) -> None:
         self._version = int(version)
 
 

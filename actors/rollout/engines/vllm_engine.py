@@ -14,6 +14,10 @@ every concurrent episode, the sampled tokens' log-probs, and in-place weight upd
   ``actors.learner.weight_sync`` (``num_sync_workers``, ``init_weight_sync``,
   ``receive_weights``); ``RolloutWorkerExtension`` (the learner's ``VLLMWorkerExtension`` plus
   the object-store loader) is loaded into every vLLM worker.
+- A LoRA learner's adapter-only publish (``aupdate_adapter``): the base weights stay; each
+  version's adapter is written to a local directory and loaded as its own ``LoRARequest``
+  (``add_lora``), which every later generation names; the previous one is removed. Same
+  exclusivity as a weight update.
 - ``aupdate_weights`` runs on the engine's event loop (the RolloutWorker calls it); the
   synchronous ``update_weights`` hands it to that loop with ``run_coroutine_threadsafe`` and so
   must be called from another thread while the loop runs.
@@ -92,6 +96,8 @@ class VLLMEngine(Engine):
         self._gate: Optional[asyncio.Event] = None
         self._idle: Optional[asyncio.Condition] = None
         self._inflight = 0
+        self._lora = None   # the LoRARequest every generation uses (a LoRA learner's adapter)
+        self._lora_dir: Optional[str] = None
 
     def _bind_loop(self) -> None:
         if self._loop is None:
@@ -115,7 +121,8 @@ class VLLMEngine(Engine):
         try:
             final = None
             prompt = TokensPrompt(prompt_token_ids=list(prompt_token_ids))
-            async for out in self.llm.generate(prompt, params, request_id=f"gen-{next(self._ids)}"):
+            async for out in self.llm.generate(prompt, params, request_id=f"gen-{next(self._ids)}",
+                                               lora_request=self._lora):
                 final = out
         except Exception as e:
             if type(e).__module__.split(".")[0] != "vllm":
@@ -162,6 +169,41 @@ class VLLMEngine(Engine):
         asyncio.run_coroutine_threadsafe(self.aupdate_weights(named_tensors, version),
                                          self._loop).result(timeout=self.update_timeout_s)
 
+    async def aupdate_adapter(self, adapter: Any, version: int) -> None:
+        """Write ``adapter`` (``actors.lora.LoraAdapter``) as a PEFT directory on this node, load
+        it as a new ``LoRARequest`` (id version + 1), switch every later generation to it and
+        drop the previous one. Needs the engine built with ``enable_lora`` and a
+        ``max_lora_rank`` >= the adapter's (``engine_args.lora_engine_kwargs``)."""
+        import shutil
+        import tempfile
+
+        from vllm.lora.request import LoRARequest
+
+        if self._lora_dir is None:
+            self._lora_dir = tempfile.mkdtemp(prefix="envsched-lora-")
+        path = adapter.save(f"{self._lora_dir}/v{int(version)}", self.model_path)
+        request = LoRARequest(f"policy-v{int(version)}", int(version) + 1, str(path))
+
+        async def load():
+            try:
+                await self.llm.add_lora(request)
+            except Exception as e:  # vLLM's types may not unpickle in the driver (EngineError)
+                raise EngineError(f"vLLM engine ({self.model_path}): loading the LoRA adapter "
+                                  f"of version {version}: {type(e).__name__}: {e}") from None
+            old, self._lora = self._lora, request
+            if old is not None and old.lora_int_id != request.lora_int_id:
+                await self.llm.remove_lora(old.lora_int_id)
+                shutil.rmtree(old.lora_path, ignore_errors=True)
+
+        await self._exclusive(load, version)
+
+    def update_adapter(self, adapter: Any, version: int) -> None:
+        if self._loop is None or self._loop.is_closed():
+            raise RuntimeError("VLLMEngine.update_adapter: call it from a thread while the event "
+                               "loop that runs generate() is alive (asyncio.to_thread)")
+        asyncio.run_coroutine_threadsafe(self.aupdate_adapter(adapter, version),
+                                         self._loop).result(timeout=self.update_timeout_s)
+
     def num_sync_workers(self) -> int:
         return self.tensor_parallel_size
 
@@ -176,3 +218,7 @@ class VLLMEngine(Engine):
 
     def close(self) -> None:
         self.llm.shutdown()
+        if self._lora_dir is not None:
+            import shutil
+
+            shutil.rmtree(self._lora_dir, ignore_errors=True)
