@@ -19,6 +19,16 @@ Why it bounds staleness: a group issued while the policy is at version v is amon
 ``<= max_staleness + v``, i.e. it was sampled at most ``max_staleness`` versions behind the
 weights it trains. ``max_staleness = 0`` is synchronous: B groups, train, publish, B more.
 
+The bound is on a group's OLDEST TOKEN (partial rollouts, ``rollout.partial_rollouts``): with
+them on, a weight update enters an episode in flight between two turns, so one trajectory holds
+tokens of several versions. Every token of a group is sampled at a version ``>=`` the version
+``v`` it was issued at (weights only move forward, and a version is published to every worker
+before admission counts it), so its oldest token is at least ``v`` and trains at most
+``max_staleness`` versions behind; the newer tokens are fresher. ``consume(oldest)`` checks it
+for the batch it hands out, and refuses one whose oldest token is older
+(``AdmissionError``: the machinery broke the law, e.g. an engine that reported a wrong
+version); no group is discarded.
+
 Why it cannot deadlock: when nothing runs and the buffer holds fewer than B groups,
 ``accepted = B*version + buffered`` with ``buffered < B``, so capacity
 ``>= (max_staleness + 1) * B - buffered > 0`` (if ``max_concurrent > 0``).
@@ -44,7 +54,7 @@ May import: the standard library only.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Hashable
+from typing import Any, Hashable, Optional, Sequence
 
 
 class AdmissionError(Exception):
@@ -99,11 +109,23 @@ class Admission:
         self.released += 1
         return issued_at
 
-    def consume(self) -> None:
-        """The learner takes one batch of B groups from the buffer."""
+    def trainable(self, oldest_version: int) -> bool:
+        """Whether a group whose oldest token was sampled at ``oldest_version`` may train now
+        (on the weights of ``version``)."""
+        return self.version - oldest_version <= self.max_staleness
+
+    def consume(self, oldest: Optional[Sequence[tuple[Hashable, int]]] = None) -> None:
+        """The learner takes one batch of B groups from the buffer; ``oldest``: (ticket, the
+        version of the group's oldest token) for each, all of which must be ``trainable``."""
         if self.buffered < self.batch:
             raise AdmissionError(f"consume needs {self.batch} buffered groups, have "
                                  f"{self.buffered}")
+        stale = [(t, v) for t, v in (oldest or ()) if not self.trainable(v)]
+        if stale:
+            raise AdmissionError(
+                f"groups {stale} (ticket, oldest token's version) would train on version "
+                f"{self.version}, more than max_staleness={self.max_staleness} versions after "
+                f"their oldest token: a version was counted before every worker had it")
         self.consumed += self.batch
 
     def publish(self, version: int) -> None:

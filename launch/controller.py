@@ -32,7 +32,8 @@ in-flight count over time, with the least-busy placement of ``Roles.submit``), n
 ``learner_idle_share``: 1 - learner time / the step's wall time less any evaluation run in it
 (an evaluation is waiting by design, not the learner starved of groups).
 
-Bounded staleness is by admission control (``launch/admission.py``), never by discarding groups.
+Bounded staleness is by admission control (``launch/admission.py``), never by discarding groups;
+it bounds a group's oldest token (partial rollouts), checked for each batch the learner takes.
 ``roles`` is anything that implements ``launch/roles_contract.py:RolesContract``; on Ray,
 ``launch/roles.py:Roles``, where every remote call has a timeout; a dead RolloutWorker (found by
 a group or by a weight publish) is replaced and re-synced to the latest weights, and its
@@ -227,10 +228,9 @@ class Controller:
             t0 = time.perf_counter()
             unseen = len(self.adm.running) + len(self.tickets.waiting[TRAIN]) + len(tickets)
             for i, t in enumerate(self.roles.next_tasks(fresh)):
-                if t.step not in self.selection_unseen:   # a step first seen: selected now,
-                    # after the i hand-outs before it in this call (issued, never absorbed yet);
-                    # the scheduler hands out one selection at a time, so only the latest counts
-                    self.selection_unseen = {t.step: unseen + i}
+                if t.step not in self.selection_unseen:   # first seen: selected now, after the
+                    # i hand-outs before it in this call (issued, not absorbed); only the latest
+                    self.selection_unseen = {t.step: unseen + i}   # selection counts
                 tickets.append(t.issued(self.next_ticket, int(self.rng.integers(2**31 - 1)),
                                         self.selection_unseen[t.step]))
                 self.selections_log.append((t.step, t.task_id))
@@ -317,7 +317,7 @@ class Controller:
     def _start_step(self) -> None:
         """Hand the oldest B buffered groups to the learner; returns at once."""
         batch = [self.buffer.popleft() for _ in range(self.adm.batch)]
-        self.adm.consume()
+        self.adm.consume([(t.id, g.oldest_version) for t, g in batch])
         groups = [g for _, g in batch]
         record = step_metrics(groups, [t.selection for t, _ in batch], self.step)
         unseen = [t.unseen for t, _ in batch]
@@ -334,8 +334,7 @@ class Controller:
         if metrics is None:
             return None
         t1 = time.perf_counter()
-        self.learning = None
-        record = pending.record
+        self.learning, record = None, pending.record
         with (self.run_dir / "groups.jsonl").open("a") as f:  # what was trained, group by group
             f.writelines(strict_json.dumps({"step": self.step + 1, "ticket": t.id,
                                      "task_id": g.task_id, "env_id": g.env_id, "phase": t.phase,

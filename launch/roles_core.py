@@ -22,8 +22,11 @@ actor handles in ``Roles``, anything in a test), the groups in flight and the re
 - Metrics: ``step_extras(scheduler, per_worker)`` merges the scheduler actor's metrics with the
   sums over workers (cumulative seconds generating, inside executors, whole episodes; executor
   waits, waiting callers, executors alive), the worst p95 executor wait, ``executor_share``
-  (executor seconds over episode seconds, the signal to scale executors) and the restart counts
-  (``rollout_restarts``, ``scheduler_restarts``, ``learner_restarts``).
+  (executor seconds over episode seconds, the signal to scale executors), the restart counts
+  (``rollout_restarts``, ``scheduler_restarts``, ``learner_restarts``) and
+  ``rollout_engine_idle_share``: since the previous call, 1 - the workers' summed engine-busy
+  seconds over their summed up time (``actors.rollout.partial.BusyClock``; a replaced worker
+  counts from its new clock).
 
 May import: the standard library (no Ray: tests/launch/test_roles_core.py runs it alone).
 """
@@ -63,6 +66,7 @@ class RolesCore:
         self.scheduler_restarts = 0
         self.learner_restarts = 0
         self.learner_lost_at: Optional[float] = None
+        self._engine_clock: dict[int, tuple[float, float]] = {}   # worker -> (busy, up) then
 
     # ---- placement and deadlines -------------------------------------------------------------
     def choose_worker(self) -> int:
@@ -83,6 +87,19 @@ class RolesCore:
         for h in late:
             self.flights.pop(h)
         return late
+
+    def _engine_idle(self, workers: Sequence[dict[str, Any]]) -> dict[str, float]:
+        busy = up = 0.0
+        for w, m in enumerate(workers):
+            if "time_up_s" not in m:
+                continue
+            now = (m.get("time_engine_busy_s", 0.0), m["time_up_s"])
+            then = self._engine_clock.get(w, (0.0, 0.0))
+            if now[1] < then[1]:   # a replaced worker: its clock started again
+                then = (0.0, 0.0)
+            self._engine_clock[w] = now
+            busy, up = busy + now[0] - then[0], up + now[1] - then[1]
+        return {"rollout_engine_idle_share": max(0.0, 1.0 - busy / up)} if up > 0 else {}
 
     # ---- restarts ----------------------------------------------------------------------------
     def first_report(self, w: int, actor: Any) -> bool:
@@ -129,6 +146,7 @@ class RolesCore:
             out[f"rollout_{key}"] = float(sum(m.get(key, 0.0) for m in workers))
         if out["rollout_time_episode_s"] > 0:
             out["executor_share"] = out["rollout_time_executor_s"] / out["rollout_time_episode_s"]
+        out.update(self._engine_idle(workers))
         for key in _SUMMED_EXECUTORS:
             out[key] = float(sum(m.get(key, 0.0) for m in workers))
         out["executor_wait_p95_s"] = float(max((m.get("executor_wait_p95_s", 0.0)

@@ -27,10 +27,15 @@ one complete ``Group``; the logic of the RolloutWorker actor, without Ray.
   K - K' dropped ones.
 - Seeds: episode ``i`` of (task, step, group seed) gets a seed derived by hashing, so a group is
   reproducible and re-issuing it (same ticket seed) replays the same sandbox randomness.
+- Weight updates (``actors.rollout.partial``): every episode attempt passes ``gate`` after its
+  permit and before it opens a sandbox; ``pause_episodes()`` closes the gate and waits for the
+  episodes in flight, which is how a worker without partial rollouts keeps each episode on one
+  policy version.
 - ``metrics()`` aggregates statuses, malformed kinds, and time spent generating, waiting on the
-  executors (open + steps + verify + close) and in total.
+  executors (open + steps + verify + close) and in total; ``time_engine_busy_s`` and
+  ``time_up_s`` are the loop's ``BusyClock`` (engine idle share = 1 - busy / up).
 
-May import: actors.rollout, actors.executors, actors.ticket, envs, sandbox.errors, the standard
+May import: actors.rollout (agent_loop, partial, summary), actors.executors, actors.ticket, envs, sandbox.errors, the standard
 library. No Ray.
 """
 
@@ -44,6 +49,7 @@ from typing import Any, Optional
 
 from actors.executors import Executors
 from actors.rollout.agent_loop import AgentLoop, EnvSession
+from actors.rollout.partial import EpisodeGate
 from actors.rollout.summary import episode_wall_s, executor_wait_s
 from actors.ticket import Ticket
 from envs.spec import Environment, TaskSpec
@@ -72,6 +78,12 @@ class GroupRunner:
         self._stats: Counter = Counter()
         self._malformed: Counter = Counter()
         self._time: Counter = Counter()
+        self.gate = EpisodeGate()
+
+    def pause_episodes(self):
+        """Async context: no episode starts inside it, and it is entered once none is running;
+        yields the seconds waited for them."""
+        return self.gate.closed()
 
     def set_capacity(self, capacity: int) -> int:
         """Change how many episodes may hold a sandbox at once (the executor pool was resized).
@@ -103,7 +115,7 @@ class GroupRunner:
             self._sem = asyncio.Semaphore(self.concurrency)
         errors = []
         for attempt in range(self.config.episode_retries + 1):
-            async with self._sem:
+            async with self._sem, self.gate.episode():
                 traj = await self._attempt(env, task, seed)
             if traj.fault != "infra":
                 break
@@ -174,6 +186,8 @@ class GroupRunner:
         self._time["episode_s"] += episode_wall_s(traj.timings)
 
     def metrics(self) -> dict[str, Any]:
+        busy, up = self.loop.busy.read()
         return {**self._stats, **{f"malformed_{k}": v for k, v in self._malformed.items()},
                 **{f"time_{k}": v for k, v in self._time.items()},
+                "time_engine_busy_s": busy, "time_up_s": up,
                 "policy_version": self.loop.engine.version}

@@ -187,7 +187,9 @@ class HFEngine(Engine):
             return
         stopped = req.tokens[-1] in req.stops
         self._store(req.prompt + req.tokens, kv)
-        req.finish(Generation(req.tokens, req.logprobs, "stop" if stopped else "length"))
+        # updates load only with no request active, so this is the version that sampled it
+        req.finish(Generation(req.tokens, req.logprobs, "stop" if stopped else "length",
+                              version=self._version))
 
     def _prefill(self, reqs: list[_Request]) -> None:
         """Prefill ``reqs`` (each distinct prompt once, module docstring) and sample each one's

@@ -56,7 +56,8 @@ class ScriptedEngine(Engine):
         finish = "stop"
         if len(ids) > sampling.max_tokens:
             ids, finish = ids[:sampling.max_tokens], "length"
-        return Generation(ids, [0.0] * len(ids), finish, info={"scripted_turn": turn})
+        return Generation(ids, [0.0] * len(ids), finish, info={"scripted_turn": turn},
+                          version=self._version)
 
     def update_weights(self, named_tensors: dict[str, Any], version: int) -> None:
         self._version = int(version)
