@@ -26,7 +26,8 @@ actor handles in ``Roles``, anything in a test), the groups in flight and the re
   (``rollout_restarts``, ``scheduler_restarts``, ``learner_restarts``) and
   ``rollout_engine_idle_share``: since the previous call, 1 - the workers' summed engine-busy
   seconds over their summed up time (``actors.rollout.partial.BusyClock``; a replaced worker
-  counts from its new clock).
+  counts from its new clock), and ``rollout_slot_idle_share``: 1 - the episode-seconds run over
+  the workers' episode capacity times their up time (``EpisodeGate.episode_s``).
 
 May import: the standard library (no Ray: tests/launch/test_roles_core.py runs it alone).
 """
@@ -66,7 +67,7 @@ class RolesCore:
         self.scheduler_restarts = 0
         self.learner_restarts = 0
         self.learner_lost_at: Optional[float] = None
-        self._engine_clock: dict[int, tuple[float, float]] = {}   # worker -> (busy, up) then
+        self._engine_clock: dict[int, tuple[float, ...]] = {}   # worker -> clocks last step
 
     # ---- placement and deadlines -------------------------------------------------------------
     def choose_worker(self) -> int:
@@ -89,17 +90,23 @@ class RolesCore:
         return late
 
     def _engine_idle(self, workers: Sequence[dict[str, Any]]) -> dict[str, float]:
-        busy = up = 0.0
+        busy = slots = up = cap_up = 0.0
         for w, m in enumerate(workers):
             if "time_up_s" not in m:
                 continue
-            now = (m.get("time_engine_busy_s", 0.0), m["time_up_s"])
-            then = self._engine_clock.get(w, (0.0, 0.0))
-            if now[1] < then[1]:   # a replaced worker: its clock started again
-                then = (0.0, 0.0)
+            now = (m.get("time_engine_busy_s", 0.0), m.get("time_live_episodes_s", 0.0),
+                   m["time_up_s"])
+            then = self._engine_clock.get(w, (0.0, 0.0, 0.0))
+            if now[2] < then[2]:   # a replaced worker: its clock started again
+                then = (0.0, 0.0, 0.0)
             self._engine_clock[w] = now
-            busy, up = busy + now[0] - then[0], up + now[1] - then[1]
-        return {"rollout_engine_idle_share": max(0.0, 1.0 - busy / up)} if up > 0 else {}
+            busy, slots, up = busy + now[0] - then[0], slots + now[1] - then[1], \
+                up + now[2] - then[2]
+            cap_up += m.get("episode_capacity", 0) * (now[2] - then[2])
+        out = {"rollout_engine_idle_share": max(0.0, 1.0 - busy / up)} if up > 0 else {}
+        if cap_up > 0:
+            out["rollout_slot_idle_share"] = max(0.0, 1.0 - slots / cap_up)
+        return out
 
     # ---- restarts ----------------------------------------------------------------------------
     def first_report(self, w: int, actor: Any) -> bool:

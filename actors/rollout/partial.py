@@ -18,7 +18,10 @@ engine's busy clock that measures what they cost.
 ``BusyClock`` counts the wall time during which at least one generation was in flight on the
 engine (``AgentLoop`` enters it around every ``generate``); a worker reports it with its own
 up time, so ``1 - busy / up`` is the share of time its engine had nothing to do
-(``rollout_engine_idle_share``, docs/rollout.md).
+(``rollout_engine_idle_share``, docs/rollout.md). ``EpisodeGate.episode_s()`` integrates the
+episodes running past the gate over time: over the worker's episode capacity times its up time,
+``1 - episode_s / (capacity * up)`` is the share of its episode slots left unused
+(``rollout_slot_idle_share``), what waiting for a long episode costs whatever the engine.
 
 May import: asyncio and the standard library only.
 """
@@ -37,6 +40,7 @@ class EpisodeGate:
 
     def __init__(self) -> None:
         self.live = 0
+        self._episode_s, self._since = 0.0, time.perf_counter()
         self._open: Optional[asyncio.Event] = None
         self._idle: Optional[asyncio.Condition] = None
         self._lock: Optional[asyncio.Lock] = None
@@ -51,13 +55,22 @@ class EpisodeGate:
     async def episode(self) -> AsyncIterator[None]:
         self._bind()
         await self._open.wait()
-        self.live += 1
+        self._count(+1)
         try:
             yield
         finally:
             async with self._idle:
-                self.live -= 1
+                self._count(-1)
                 self._idle.notify_all()
+
+    def _count(self, delta: int) -> None:
+        now = time.perf_counter()
+        self._episode_s += self.live * (now - self._since)
+        self.live, self._since = self.live + delta, now
+
+    def episode_s(self) -> float:
+        """Episode-seconds run past the gate so far (the integral of ``live`` over time)."""
+        return self._episode_s + self.live * (time.perf_counter() - self._since)
 
     @asynccontextmanager
     async def closed(self) -> AsyncIterator[float]:

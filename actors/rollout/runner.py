@@ -33,7 +33,8 @@ one complete ``Group``; the logic of the RolloutWorker actor, without Ray.
   policy version.
 - ``metrics()`` aggregates statuses, malformed kinds, and time spent generating, waiting on the
   executors (open + steps + verify + close) and in total; ``time_engine_busy_s`` and
-  ``time_up_s`` are the loop's ``BusyClock`` (engine idle share = 1 - busy / up).
+  ``time_up_s`` are the loop's ``BusyClock`` (engine idle share = 1 - busy / up),
+  ``time_live_episodes_s`` the gate's episode-seconds over ``episode_capacity`` slots.
 
 May import: actors.rollout (agent_loop, partial, summary), actors.executors, actors.ticket, envs, sandbox.errors, the standard
 library. No Ray.
@@ -190,4 +191,5 @@ class GroupRunner:
         return {**self._stats, **{f"malformed_{k}": v for k, v in self._malformed.items()},
                 **{f"time_{k}": v for k, v in self._time.items()},
                 "time_engine_busy_s": busy, "time_up_s": up,
+                "time_live_episodes_s": self.gate.episode_s(), "episode_capacity": self.concurrency,
                 "policy_version": self.loop.engine.version}

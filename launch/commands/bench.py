@@ -1,4 +1,4 @@
-"""Run a benchmark: envsched bench sandbox|scheduler|rollout|learner|train|mfu ...
+"""Run a benchmark: envsched bench sandbox|scheduler|rollout|learner|train|mfu|partial ...
 
 Each benchmark is a module ``launch/bench/<name>.py`` with ``add_arguments(parser)`` and
 ``run(args) -> int``; figures are printed (``--json`` for machine-readable output) and recorded by
@@ -11,7 +11,7 @@ import argparse
 
 from launch.cli import add_module_command
 
-BENCHES = ("sandbox", "scheduler", "graph", "rollout", "learner", "train", "mfu")
+BENCHES = ("sandbox", "scheduler", "graph", "rollout", "learner", "train", "mfu", "partial")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

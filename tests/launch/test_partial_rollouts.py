@@ -6,9 +6,9 @@ cut at the limit (a malformed ``runaway_length`` turn, answered with an error ob
 episode runs up to 7 turns; one group per learner step, ``max_staleness`` 1, so weights are
 published while episodes are in flight. With ``rollout.partial_rollouts`` the next turn of an
 episode in flight uses the new weights: per-token versions change within a trajectory, the
-oldest token stays within the staleness bound, and the learner's tokens of lag 0 match its own
-log-probs while the older ones do not (each token's behaviour log-prob is that of its own
-version). Without, every trajectory has one version."""
+oldest token stays within the staleness bound, the learner gets each token's version (tokens of
+older versions reach it; those of its own version match its log-probs). Without, every
+trajectory has one version."""
 
 from __future__ import annotations
 
@@ -87,16 +87,15 @@ def test_partial_rollouts_change_weights_mid_episode_within_the_staleness_bound(
     assert max(r["version_spread_max"] for r in rows) >= 1
     assert max(r["mixed_version_share"] for r in rows) > 0
     assert all(r["staleness_max"] <= 1 and r["version_lag_max"] <= 1 for r in rows)
-    # the learner reads each token's own version and behaviour log-prob: tokens sampled by its
-    # current weights match its recompute, tokens of an older version do not
+    # the learner reads each token's own version and behaviour log-prob: it trained on tokens of
+    # an older version, and the tokens its own weights sampled (lag 0) match its recompute.
+    # (The random policy's groups have equal rewards, so its weights do not move here; that
+    # older tokens then differ is tests/actors/test_learner_versions.py.)
     stale = [r for r in rows if r.get("learner_behaviour_stale_share", 0) > 0]
     assert stale, "the learner never trained on a token of an older version"
+    assert all(r["learner_behaviour_lag_max"] <= 1 for r in rows)
     fresh = [r for r in rows if r.get("learner_fresh_mismatch_logprob_abs_mean") is not None]
     assert fresh and all(r["learner_fresh_mismatch_logprob_abs_mean"] < 1e-3 for r in fresh)
-    assert any(r["learner_mismatch_logprob_abs_mean"]
-               > 10 * r.get("learner_fresh_mismatch_logprob_abs_mean", 0.0) + 1e-3
-               for r in stale)
-
 
 def test_without_partial_rollouts_every_episode_has_one_version(ray_local, tmp_path):
     trained, rows = _train(tmp_path, partial=False)
