@@ -33,8 +33,7 @@ CPU, since a padding mask sends attention to SDPA's math path (a 2k-token prompt
 materialises its full score matrix) and the padded copies cost more than the forwards saved.
 
 Weight updates drain: no request is admitted until the active ones finish, then the weights are
-loaded, the prefix cache is cleared and the version published; so one generation never mixes two
-policy versions.
+loaded, the prefix cache cleared and the version published (each Generation carries it).
 
 May import: numpy, torch, transformers, actors.policy, actors.rollout.engines.base.
 """
@@ -187,9 +186,8 @@ class HFEngine(Engine):
             return
         stopped = req.tokens[-1] in req.stops
         self._store(req.prompt + req.tokens, kv)
-        # updates load only with no request active, so this is the version that sampled it
         req.finish(Generation(req.tokens, req.logprobs, "stop" if stopped else "length",
-                              version=self._version))
+                              version=self._version))   # updates load with none active
 
     def _prefill(self, reqs: list[_Request]) -> None:
         """Prefill ``reqs`` (each distinct prompt once, module docstring) and sample each one's
