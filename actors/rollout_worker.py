@@ -11,7 +11,11 @@ serves:
   actor is async, episodes of every group interleave on one event loop);
 - ``await update_weights(named_tensors, version)`` (the learner's object-store sync; the engine's
   ``aupdate_weights``, so in-flight episodes keep stepping their sandboxes meanwhile), and
-  ``await update_adapter(adapter, version)`` (a LoRA learner's adapter-only publish);
+  ``await update_adapter(adapter, version)`` (a LoRA learner's adapter-only publish). Without
+  ``rollout.partial_rollouts`` either first holds new episodes and waits for those in flight
+  (``GroupRunner.pause_episodes``), so an episode never sees two versions; with it the engine
+  loads between two generations and episodes in flight continue on the new weights
+  (``actors.rollout.partial``). The NCCL ``receive_weights`` follows the same rule;
 - ``await replay(task_id, actions, seed) -> float`` (the identifier filter's replay port);
 - ``version() -> int``, ``metrics() -> dict``, ``ping() -> str``, ``pid() -> int``.
 
@@ -38,6 +42,7 @@ May import: ray, actors.*, envs.*, the standard library; torch/transformers/vllm
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 from typing import Any, Optional, Union
 
@@ -117,13 +122,22 @@ class RolloutWorker:
         return float(result.reward)
 
     async def update_weights(self, named_tensors: dict, version: int) -> int:
-        await self.engine.aupdate_weights(named_tensors, version)
+        async with self._update_window():
+            await self.engine.aupdate_weights(named_tensors, version)
         return self.engine.version
 
     async def update_adapter(self, adapter: Any, version: int) -> int:
         """A LoRA learner's adapter-only publish (``actors.lora.LoraAdapter``)."""
-        await self.engine.aupdate_adapter(adapter, version)
+        async with self._update_window():
+            await self.engine.aupdate_adapter(adapter, version)
         return self.engine.version
+
+    def _update_window(self):
+        """Where a weight update may load: at once (partial rollouts: between turns), or once
+        the episodes in flight have finished (``actors.rollout.partial``)."""
+        if self.config.partial_rollouts:
+            return contextlib.nullcontext()
+        return self.runner.pause_episodes()
 
     def version(self) -> int:
         return self.engine.version
@@ -172,7 +186,8 @@ class VLLMRolloutWorker(RolloutWorker):
         await self.engine.init_weight_sync(addr, port, rank_offset, world)
 
     async def receive_weights(self, meta: list, version: int, wait_idle: bool = True) -> int:
-        return await self.engine.receive_weights(meta, version, wait_idle)
+        async with self._update_window():
+            return await self.engine.receive_weights(meta, version, wait_idle)
 
 
 RolloutWorkerActor = ray.remote(RolloutWorker)

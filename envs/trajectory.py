@@ -3,9 +3,9 @@
 - ``ActionStep``    one executed tool call: tool, arguments, observation, recursive state diff.
 - ``CheckResult``   one verifier check's outcome (``passed`` False when it raised; ``error`` says why).
 - ``VerifyResult``  reward (fraction of checks passed) plus per-check results.
-- ``Trajectory``    one rollout: token ids, rollout log-probs, loss mask, the action trace, final
-                    reply, verifier results, reward, status, fault, policy version, episode seed,
-                    timings.
+- ``Trajectory``    one rollout: token ids, rollout log-probs, loss mask, per-token policy
+                    versions, the action trace, final reply, verifier results, reward, status,
+                    fault, policy version (of its oldest token), episode seed, timings.
 - ``Group``         the K episodes of one task selected at ``step``, for the ticket ``ticket_id``
                     (``actors.ticket.Ticket.id``; ids count per ticket kind, -1 for a group no
                     ticket asked for): ``trajectories`` are the K' valid ones (trained, absorbed),
@@ -22,6 +22,16 @@ Failures (``FAILED_STATUSES``: the episode ended on a failure) are attributed by
 - ``"infra"``: the machinery around the task (executor actor died, Ray errors, a session that
   could not be opened, an engine deadline). Retried; after the retries the trajectory is moved to
   ``Group.dropped``: never trained, never absorbed, never a reward.
+
+Policy versions (partial rollouts, ``rollout.partial_rollouts``): ``token_versions[t]`` is the
+version of the weights that sampled token t (so the version its ``logprobs[t]`` is under), and
+``NO_VERSION`` (-1) on every token the policy did not sample (prompt, tool responses, the masked
+end token of a turn cut at its limit): the positions the agent loop's ``loss_mask`` has 0 (the
+learner may mask more, e.g. ``loss.malformed_credit``; the versions stay). ``policy_version`` is the oldest version among the sampled tokens (the one
+the staleness law bounds). With partial rollouts off an episode is sampled by one version;
+with them on, a weight update between two of its turns gives the later turns the newer one.
+An empty ``token_versions`` (trajectories written before it existed) means every sampled token
+is ``policy_version``.
 
 A failed trajectory without a fault (written before faults existed) is the task's: it was kept and
 trained then, and keeping it is the side an environment cannot exploit.
@@ -43,6 +53,7 @@ FAULTS = ("task", "infra")
 # GRPO's group baseline needs two rewards: a group with fewer valid trajectories (of K >= 2) is
 # failed and re-issued, as a group whose call raised
 MIN_VALID = 2
+NO_VERSION = -1   # token_versions of a token the policy did not sample
 
 
 @dataclass
@@ -90,6 +101,7 @@ class Trajectory:
     seed: Optional[int] = None
     timings: dict[str, float] = field(default_factory=dict)
     info: dict[str, Any] = field(default_factory=dict)
+    token_versions: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
@@ -101,6 +113,24 @@ class Trajectory:
             raise ValueError(f"Trajectory.fault of task {self.task_id} must be one of {FAULTS} "
                              f"for a status in {FAILED_STATUSES} and None otherwise, got "
                              f"{self.fault!r} with status {self.status!r}")
+        if self.token_versions and len(self.token_versions) != len(self.token_ids):
+            raise ValueError(f"Trajectory of task {self.task_id}: token_versions has "
+                             f"{len(self.token_versions)} entries for {len(self.token_ids)} "
+                             f"tokens (one per token, {NO_VERSION} where not sampled)")
+
+    def sampled_versions(self) -> list[int]:
+        """The version of each sampled token, in order."""
+        if not self.token_versions:
+            return [self.policy_version] * sum(1 for m in self.loss_mask if m)
+        return [v for v in self.token_versions if v != NO_VERSION]
+
+    def version_lags(self, learner_version: int) -> tuple[float, float, float]:
+        """(min, max, mean) of ``learner_version`` minus each sampled token's version: the
+        newest token's lag, the oldest's (the one the staleness law bounds), the token mean.
+        A trajectory without sampled tokens: its ``policy_version`` lag three times."""
+        versions = self.sampled_versions() or [self.policy_version]
+        lags = [learner_version - v for v in versions]
+        return float(min(lags)), float(max(lags)), sum(lags) / len(lags)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -136,6 +166,11 @@ class Group:
     def rewards(self) -> list[float]:
         """The valid trajectories' rewards (``dropped`` ones have none)."""
         return [t.reward for t in self.trajectories]
+
+    @property
+    def oldest_version(self) -> int:
+        """The policy version of the group's oldest sampled token (what staleness bounds)."""
+        return min((t.policy_version for t in self.trajectories), default=0)
 
     @property
     def k(self) -> int:

@@ -14,14 +14,41 @@ with ``running`` the groups issued and not yet finished, ``accepted`` the groups
 into the buffer (cumulative, including those already consumed), ``version`` the number of policy
 versions published (= learner steps done) and ``batch`` = B groups per learner step.
 
-Why it bounds staleness: a group issued while the policy is at version v is among the first
-``(max_staleness + v + 1) * B`` groups ever accepted, so it is consumed by learner step
-``<= max_staleness + v``, i.e. it was sampled at most ``max_staleness`` versions behind the
-weights it trains. ``max_staleness = 0`` is synchronous: B groups, train, publish, B more.
+Why it bounds staleness, and the learner side of the law. The capacity law alone does not: a
+group issued at version v is among the first ``(max_staleness + v + 1) * B`` groups issued, but
+groups finish out of order, and a long episode (the tail of a pool whose tasks need ten times
+the turns of the rest) was overtaken by groups issued after it, trained at later steps, and
+came back more than ``max_staleness`` versions behind. So the learner's side is part of the law.
+A group issued at version u must train on weights ``<= u + max_staleness`` (its deadline); the
+capacity law makes every deadline reachable (at most ``(d - v + 1) * B`` unconsumed groups have
+a deadline ``<= d`` when the policy is at v), and the learner keeps it so:
+
+- ``consume()`` takes the B buffered groups of the earliest deadlines (oldest token first, then
+  in the order accepted) instead of the B accepted first;
+- ``batch_ready()`` lets a step start only if, after it, every group left (buffered or still
+  running) can still make its deadline: for every d, at most ``(d - v) * B`` of them have a
+  deadline ``<= d`` (v: the version the step trains on; ``d - v`` steps remain before it). A
+  step that would strand a long episode waits for it (the learner idles; no group is dropped,
+  none is re-issued).
+
+The bound is on a group's OLDEST TOKEN (partial rollouts, ``rollout.partial_rollouts``): with
+them on, a weight update enters an episode in flight between two turns, so one trajectory holds
+tokens of several versions. Every token of a group is sampled at a version ``>=`` the version it
+was issued at (weights only move forward, and a version is published to every worker before
+admission counts it), so a running group's deadline is at least its issue version plus
+``max_staleness``; once accepted, its deadline is its oldest token's version
+(``accept(ticket, oldest)``) plus ``max_staleness``. ``consume`` checks the batch it hands out
+and refuses one whose oldest token is older (``AdmissionError``: the machinery broke the law,
+e.g. an engine that reported a wrong version). ``max_staleness = 0`` is synchronous: B groups,
+train, publish, B more.
 
 Why it cannot deadlock: when nothing runs and the buffer holds fewer than B groups,
 ``accepted = B*version + buffered`` with ``buffered < B``, so capacity
-``>= (max_staleness + 1) * B - buffered > 0`` (if ``max_concurrent > 0``).
+``>= (max_staleness + 1) * B - buffered > 0`` (if ``max_concurrent > 0``); when nothing runs
+and B or more are buffered, the earliest-deadline batch leaves a feasible rest (the classic
+argument for earliest-deadline-first), so ``batch_ready()``; a step it holds back waits only for
+running groups, which finish or fail. tests/launch/test_admission.py checks all of it on random
+interleavings.
 
 Filtered or failed groups give their capacity back: ``release`` lowers ``running`` without
 raising ``accepted``. Nothing is counted twice: every group carries a ticket; issuing a live
@@ -44,7 +71,7 @@ May import: the standard library only.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Hashable
+from typing import Any, Hashable, Optional, Sequence
 
 
 class AdmissionError(Exception):
@@ -61,6 +88,7 @@ class Admission:
     consumed: int = 0
     released: int = 0
     running: dict[Hashable, int] = field(default_factory=dict)  # ticket -> version at issue
+    waiting: dict[Hashable, int] = field(default_factory=dict)  # buffered -> oldest token's
 
     def __post_init__(self) -> None:
         for name, lo in (("batch", 1), ("max_staleness", 0), ("max_concurrent", 1)):
@@ -87,10 +115,12 @@ class Admission:
                                  f"accepted={self.accepted}, version={self.version})")
         self.running[ticket] = self.version
 
-    def accept(self, ticket: Hashable) -> int:
-        """A completed group joins the buffer; returns the policy version it was issued at."""
+    def accept(self, ticket: Hashable, oldest: Optional[int] = None) -> int:
+        """A completed group joins the buffer; ``oldest``: the version of its oldest token
+        (None: the version it was issued at). Returns the version it was issued at."""
         issued_at = self._finish(ticket)
         self.accepted += 1
+        self.waiting[ticket] = issued_at if oldest is None else int(oldest)
         return issued_at
 
     def release(self, ticket: Hashable) -> int:
@@ -99,12 +129,44 @@ class Admission:
         self.released += 1
         return issued_at
 
-    def consume(self) -> None:
-        """The learner takes one batch of B groups from the buffer."""
+    def trainable(self, oldest_version: int) -> bool:
+        """Whether a group whose oldest token was sampled at ``oldest_version`` may train now
+        (on the weights of ``version``)."""
+        return self.version - oldest_version <= self.max_staleness
+
+    def _next_batch(self) -> list[Hashable]:
+        """The B buffered tickets of the earliest deadlines (oldest first, then FIFO)."""
+        order = sorted(enumerate(self.waiting.items()), key=lambda e: (e[1][1], e[0]))
+        return [ticket for _, (ticket, _) in order[:self.batch]]
+
+    def batch_ready(self) -> bool:
+        """B groups are buffered and training the next batch on ``version`` leaves every other
+        group able to train within ``max_staleness`` of its oldest token."""
+        if self.buffered < self.batch:
+            return False
+        taken = set(self._next_batch())
+        rest = sorted([v for t, v in self.waiting.items() if t not in taken]
+                      + list(self.running.values()))
+        return all(i + 1 <= (v + self.max_staleness - self.version) * self.batch
+                   for i, v in enumerate(rest))
+
+    def consume(self) -> list[Hashable]:
+        """The learner takes the next batch (``_next_batch``) from the buffer; returns its
+        tickets. Each must be ``trainable``."""
         if self.buffered < self.batch:
             raise AdmissionError(f"consume needs {self.batch} buffered groups, have "
                                  f"{self.buffered}")
+        tickets = self._next_batch()
+        stale = [(t, self.waiting[t]) for t in tickets if not self.trainable(self.waiting[t])]
+        if stale:
+            raise AdmissionError(
+                f"groups {stale} (ticket, oldest token's version) would train on version "
+                f"{self.version}, more than max_staleness={self.max_staleness} versions after "
+                f"their oldest token: a version was counted before every worker had it")
+        for t in tickets:
+            del self.waiting[t]
         self.consumed += self.batch
+        return tickets
 
     def publish(self, version: int) -> None:
         if version < self.version:
@@ -118,12 +180,17 @@ class Admission:
         return self.running.pop(ticket)
 
     def state_dict(self) -> dict[str, Any]:
-        """Counters only: running groups are re-issued on resume, so they are not restored."""
+        """Counters only: running groups are re-issued on resume, so they are not restored, and
+        the buffered ones come back with the controller's buffer (``load_state_dict``)."""
         return {"batch": self.batch, "max_staleness": self.max_staleness,
                 "max_concurrent": self.max_concurrent, "version": self.version,
                 "accepted": self.accepted, "consumed": self.consumed, "released": self.released}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, Any],
+                        buffered: Sequence[tuple[Hashable, int]] = ()) -> None:
+        """``buffered``: (ticket, oldest token's version) of each group in the restored
+        buffer, in the order accepted (the groups themselves are the controller's)."""
         for key in ("version", "accepted", "consumed", "released"):
             setattr(self, key, int(state[key]))
         self.running = {}
+        self.waiting = {t: int(v) for t, v in buffered}

@@ -4,13 +4,12 @@ staleness. The whole loop is ``Controller.run`` (one screen); the parts below it
 One iteration: (1) admit as many new groups as ``Admission.capacity()`` allows (tickets,
 ``actors/ticket.py``, come from the scheduler actor, one per group; the controller issues each
 with its id and a fixed episode seed); (2) wait for any group to finish; an accepted group goes
-to the FIFO buffer and to the scheduler actor (``absorb``); a failed one (actor died, timeout, under
-2 trajectories left by infrastructure faults) gives its slot back, is re-issued with the same id and
+to the buffer and to the scheduler actor (``absorb``); a failed one (actor died, timeout, under 2
+trajectories left by infrastructure faults) gives its slot back, is re-issued with the same id and
 seed, up to ``controller.retries`` times, then dropped and logged (``launch/tracker.py``, one
-retry path for training and evaluation tickets); (3) when B groups are buffered and no step is
-pending, the learner trains on the oldest B at once (checked before the loop blocks collecting)
-while rollout workers keep generating the groups already admitted; the new weights are published
-with version v+1.
+retry path for training and evaluation tickets); (3) when a batch is ready and no step is
+pending, the learner trains on it at once (checked before the loop blocks collecting) while
+rollout workers keep generating the groups already admitted; weights are published as v+1.
 
 The learner step is a future (``roles.train`` returns a handle at once): while it trains, the loop
 keeps admitting, collecting and absorbing, so groups that finish meanwhile are credited to the
@@ -32,7 +31,9 @@ in-flight count over time, with the least-busy placement of ``Roles.submit``), n
 ``learner_idle_share``: 1 - learner time / the step's wall time less any evaluation run in it
 (an evaluation is waiting by design, not the learner starved of groups).
 
-Bounded staleness is by admission control (``launch/admission.py``), never by discarding groups.
+Bounded staleness is by admission control (``launch/admission.py``), never by discarding groups;
+it bounds a group's oldest token (partial rollouts): the learner takes the oldest groups first
+and waits rather than strand a long episode beyond ``max_staleness`` (``Admission.batch_ready``).
 ``roles`` is anything that implements ``launch/roles_contract.py:RolesContract``; on Ray,
 ``launch/roles.py:Roles``, where every remote call has a timeout; a dead RolloutWorker (found by
 a group or by a weight publish) is replaced and re-synced to the latest weights, and its
@@ -148,7 +149,7 @@ class Controller:
         self.step = 0            # learner steps done == published policy version
         self.next_ticket = 0     # the id of the next training ticket
         self.tickets = TicketTracker(c.retries)   # in flight and waiting to be issued again
-        self.buffer: deque[tuple[Ticket, Any]] = deque()
+        self.buffer: dict[int, tuple[Ticket, Any]] = {}   # ticket id -> accepted (ticket, group)
         self.timer = {"rollout_wait": 0.0, "learner": 0.0, "sync": 0.0, "scheduler": 0.0}
         self.selections_log: list[tuple[int, str]] = []  # (selection step, task id) as issued
         self.control = ControlWatcher(self.run_dir)
@@ -162,8 +163,7 @@ class Controller:
         return self.tickets.dropped[TRAIN]
 
     def unfinished(self) -> list[dict[str, Any]]:
-        """Training tickets neither accepted nor dropped when the run stopped: in flight or
-        waiting to be issued again (``unfinished.jsonl``; the checkpoint carries them on)."""
+        """Training tickets neither accepted nor dropped: in flight or waiting to go again."""
         return [{"ticket": t.id, "task_id": t.task_id, "step": t.step, "attempts": t.attempt}
                 for t in sorted(self.tickets.open(TRAIN), key=lambda t: t.id)]
 
@@ -232,10 +232,9 @@ class Controller:
             t0 = time.perf_counter()
             unseen = len(self.adm.running) + len(self.tickets.waiting[TRAIN]) + len(tickets)
             for i, t in enumerate(self.roles.next_tasks(fresh)):
-                if t.step not in self.selection_unseen:   # a step first seen: selected now,
-                    # after the i hand-outs before it in this call (issued, never absorbed yet);
-                    # the scheduler hands out one selection at a time, so only the latest counts
-                    self.selection_unseen = {t.step: unseen + i}
+                if t.step not in self.selection_unseen:   # first seen: selected now, after the
+                    # i hand-outs before it in this call (issued, not absorbed); only the latest
+                    self.selection_unseen = {t.step: unseen + i}   # selection counts
                 tickets.append(t.issued(self.next_ticket, int(self.rng.integers(2**31 - 1)),
                                         self.selection_unseen[t.step]))
                 self.selections_log.append((t.step, t.task_id))
@@ -297,8 +296,8 @@ class Controller:
             elif t.kind == EVAL:
                 self.eval_groups[t.id] = result
             else:
-                self.adm.accept(t.id)
-                self.buffer.append((t, result))
+                self.adm.accept(t.id, result.oldest_version)
+                self.buffer[t.id] = (t, result)
                 self.roles.absorb(result)
         for t in self.tickets.take(EVAL):   # outside admission: issued again at once
             self._submit(t)
@@ -306,15 +305,14 @@ class Controller:
 
     # ---- (3) learning ------------------------------------------------------------------------
     def _start_step_if_ready(self) -> None:
-        """Start the next learner step as soon as none is pending and B groups are buffered (not
+        """Start the next learner step as soon as none is pending and a batch is ready (not
         after the loop's blocking collect: that cost up to a second of learner idle per step)."""
-        if self.learning is None and self.adm.buffered >= self.adm.batch:
+        if self.learning is None and self.adm.batch_ready():
             self._start_step()
 
     def _start_step(self) -> None:
-        """Hand the oldest B buffered groups to the learner; returns at once."""
-        batch = [self.buffer.popleft() for _ in range(self.adm.batch)]
-        self.adm.consume()
+        """Hand the next batch (``Admission.consume``) to the learner; returns at once."""
+        batch = [self.buffer.pop(i) for i in self.adm.consume()]   # earliest deadlines first
         groups = [g for _, g in batch]
         record = step_metrics(groups, [t.selection for t, _ in batch], self.step)
         unseen = [t.unseen for t, _ in batch]
@@ -331,8 +329,7 @@ class Controller:
         if metrics is None:
             return None
         t1 = time.perf_counter()
-        self.learning = None
-        record = pending.record
+        self.learning, record = None, pending.record
         with (self.run_dir / "groups.jsonl").open("a") as f:  # what was trained, group by group
             f.writelines(strict_json.dumps({"step": self.step + 1, "ticket": t.id,
                                      "task_id": g.task_id, "env_id": g.env_id, "phase": t.phase,
@@ -363,7 +360,7 @@ class Controller:
         return {"step": self.step, "next_ticket": self.next_ticket,
                 "admission": self.adm.state_dict(), "rng": self.rng.bit_generator.state,
                 "inflight": [t.to_dict() for t in sorted(pending, key=lambda t: t.id)],
-                "buffer": [(t.to_dict(), g.to_dict()) for t, g in self.buffer],
+                "buffer": [(t.to_dict(), g.to_dict()) for t, g in self.buffer.values()],
                 "dropped": list(self.dropped), "selections": list(self.selections_log),
                 "selection_unseen": dict(self.selection_unseen),
                 "eval_sets": {s.name: list(s.task_ids) for s in self.eval_sets}}
@@ -373,10 +370,12 @@ class Controller:
 
         self.step = int(state["step"])
         self.next_ticket = int(state["next_ticket"])
-        self.adm.load_state_dict(state["admission"])
         self.rng.bit_generator.state = state["rng"]
         self.tickets.waiting[TRAIN] = deque(Ticket.from_dict(t) for t in state["inflight"])
-        self.buffer = deque((Ticket.from_dict(t), Group.from_dict(g)) for t, g in state["buffer"])
+        self.buffer = {t["id"]: (Ticket.from_dict(t), Group.from_dict(g))
+                       for t, g in state["buffer"]}
+        self.adm.load_state_dict(state["admission"], [(i, g.oldest_version)
+                                                      for i, (_, g) in self.buffer.items()])
         self.tickets.dropped[TRAIN] = list(state["dropped"])
         self.selections_log = [tuple(s) for s in state["selections"]]
         self.selection_unseen = {int(k): int(v)

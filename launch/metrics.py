@@ -17,7 +17,13 @@ issue is silent):
   tasks (selection score ``v_hat`` or ``variance`` when the scheduler gives one) against the
   realised one; ``pred_var_corr`` their Pearson correlation over groups (when defined).
 - ``staleness_mean/max``: learner version at training minus the policy version each trajectory
-  was sampled with.
+  was sampled with (its oldest token's: ``Trajectory.policy_version``).
+- version spread (partial rollouts: one trajectory may hold tokens of several versions;
+  ``Trajectory.version_lags``): per trajectory the lag of its newest token, of its oldest and the
+  mean over its sampled tokens; ``version_lag_min`` / ``version_lag_mean`` are the means over the
+  step's trajectories of the first and third, ``version_lag_max`` the largest oldest-token lag
+  (= ``staleness_max``), ``version_spread_mean`` / ``_max`` the oldest minus the newest lag, and
+  ``mixed_version_share`` the share of trajectories sampled by more than one version.
 - timings ``time_<phase>_s`` and ``learner_idle_share`` are filled in by the controller.
 - faults (docs/architecture.md, "Faults"), over every group that came back since the previous row,
   trained or failed (``launch.tracker``): ``task_errors`` (valid trajectories the task's code
@@ -83,9 +89,23 @@ def step_metrics(groups: Sequence[Any], selections: Sequence[Any], learner_versi
     if lags:
         out["staleness_mean"] = float(np.mean(lags))
         out["staleness_max"] = float(np.max(lags))
+        out.update(version_spread(groups, learner_version))
     statuses = [t.status for g in groups for t in g.trajectories]
     out["ok_share"] = float(np.mean([s == "ok" for s in statuses])) if statuses else float("nan")
     return out
+
+
+def version_spread(groups: Sequence[Any], learner_version: int) -> dict[str, float]:
+    """The version-lag figures of the module docstring over the groups' trajectories."""
+    lags = np.array([t.version_lags(learner_version) for g in groups for t in g.trajectories],
+                    dtype=np.float64).reshape(-1, 3)
+    if not len(lags):
+        return {}
+    spread = lags[:, 1] - lags[:, 0]
+    return {"version_lag_min": float(lags[:, 0].mean()), "version_lag_max": float(lags[:, 1].max()),
+            "version_lag_mean": float(lags[:, 2].mean()),
+            "version_spread_mean": float(spread.mean()), "version_spread_max": float(spread.max()),
+            "mixed_version_share": float(np.mean(spread > 0))}
 
 
 def _jsonable(v: Any) -> Any:

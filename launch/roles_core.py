@@ -22,11 +22,15 @@ actor handles in ``Roles``, anything in a test), the groups in flight and the re
 - Metrics: ``step_extras(scheduler, per_worker)`` merges the scheduler actor's metrics with the
   sums over workers (cumulative seconds generating, inside executors, whole episodes; executor
   waits, waiting callers, executors alive), the worst p95 executor wait, ``executor_share``
-  (executor seconds over episode seconds, the signal to scale executors) and the restart counts
-  (``rollout_restarts``, ``scheduler_restarts``, ``learner_restarts``); with conversational
-  tasks also the user messages, the seconds episodes waited for them (``rollout_time_user_s``)
-  and, from ``user_sim_extras(per_simulator)``, the simulators' calls, failures, re-sends,
-  seconds and completion tokens summed (``user_sim_*``).
+  (executor seconds over episode seconds, the signal to scale executors), the restart counts
+  (``rollout_restarts``, ``scheduler_restarts``, ``learner_restarts``),
+  ``rollout_engine_idle_share``: since the previous call, 1 - the workers' summed engine-busy
+  seconds over their summed up time (``actors.rollout.partial.BusyClock``; a replaced worker
+  counts from its new clock), and ``rollout_slot_idle_share``: 1 - the episode-seconds run over
+  the workers' episode capacity times their up time (``EpisodeGate.episode_s``); with
+  conversational tasks also the user messages, the seconds episodes waited for them
+  (``rollout_time_user_s``) and, from ``user_sim_extras(per_simulator)``, the simulators' calls,
+  failures, re-sends, seconds and completion tokens summed (``user_sim_*``).
 
 May import: the standard library (no Ray: tests/launch/test_roles_core.py runs it alone).
 """
@@ -67,6 +71,7 @@ class RolesCore:
         self.scheduler_restarts = 0
         self.learner_restarts = 0
         self.learner_lost_at: Optional[float] = None
+        self._engine_clock: dict[int, tuple[float, ...]] = {}   # worker -> clocks last step
 
     # ---- placement and deadlines -------------------------------------------------------------
     def choose_worker(self) -> int:
@@ -87,6 +92,25 @@ class RolesCore:
         for h in late:
             self.flights.pop(h)
         return late
+
+    def _engine_idle(self, workers: Sequence[dict[str, Any]]) -> dict[str, float]:
+        busy = slots = up = cap_up = 0.0
+        for w, m in enumerate(workers):
+            if "time_up_s" not in m:
+                continue
+            now = (m.get("time_engine_busy_s", 0.0), m.get("time_live_episodes_s", 0.0),
+                   m["time_up_s"])
+            then = self._engine_clock.get(w, (0.0, 0.0, 0.0))
+            if now[2] < then[2]:   # a replaced worker: its clock started again
+                then = (0.0, 0.0, 0.0)
+            self._engine_clock[w] = now
+            busy, slots, up = busy + now[0] - then[0], slots + now[1] - then[1], \
+                up + now[2] - then[2]
+            cap_up += m.get("episode_capacity", 0) * (now[2] - then[2])
+        out = {"rollout_engine_idle_share": max(0.0, 1.0 - busy / up)} if up > 0 else {}
+        if cap_up > 0:
+            out["rollout_slot_idle_share"] = max(0.0, 1.0 - slots / cap_up)
+        return out
 
     # ---- restarts ----------------------------------------------------------------------------
     def first_report(self, w: int, actor: Any) -> bool:
@@ -133,6 +157,7 @@ class RolesCore:
             out[f"rollout_{key}"] = float(sum(m.get(key, 0.0) for m in workers))
         if out["rollout_time_episode_s"] > 0:
             out["executor_share"] = out["rollout_time_executor_s"] / out["rollout_time_episode_s"]
+        out.update(self._engine_idle(workers))
         for key in _SUMMED_EXECUTORS:
             out[key] = float(sum(m.get(key, 0.0) for m in workers))
         for key in _SUMMED_USER:

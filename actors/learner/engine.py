@@ -225,6 +225,8 @@ class LearnerEngine:
         grad_norms = []
         mismatch = {k: 0.0 for k in grpo.MISMATCH_SUMS}
         extremes = {k: float("-inf") for k in grpo.MISMATCH_EXTREMES}
+        fresh = [dict(mismatch), dict(extremes)]   # over the tokens of lag 0 only
+        versions = grpo.version_stats(batch.behaviour_versions, batch.loss_mask, self.step)
         for r, run in enumerate(mini_batch_runs(-(-len(batch) // micro), self.cfg.mini_batches)):
             normaliser = self._token_count(
                 batch.loss_mask[run.start * micro:run.stop * micro])
@@ -235,12 +237,13 @@ class LearnerEngine:
                 self.engine.set_gradient_accumulation_boundary(k == run.stop - 1)
                 logp = self._scored_forward(self.engine, mb)
                 if r == 0:  # before this step's first update: the engine's weights, if in sync
-                    for key, v in grpo.mismatch_stats(logp, mb.rollout_logprobs,
-                                                      mb.loss_mask).items():
-                        if key in mismatch:
-                            mismatch[key] += v
-                        else:
-                            extremes[key] = max(extremes[key], v)
+                    lag0 = mb.loss_mask * (mb.behaviour_versions == self.step)
+                    for (sums, ext), m in (((mismatch, extremes), mb.loss_mask), (fresh, lag0)):
+                        for key, v in grpo.mismatch_stats(logp, mb.rollout_logprobs, m).items():
+                            if key in sums:
+                                sums[key] += v
+                            else:
+                                ext[key] = max(ext[key], v)
                 loss, st = grpo.policy_loss(
                     logp, old[rows, :width].to(self.device), mb.advantages, mb.loss_mask,
                     ratio_clip=lc.ratio_clip,
@@ -260,6 +263,12 @@ class LearnerEngine:
         sums = {k: self._all_reduce_sum(v) for k, v in mismatch.items()}
         out.update(grpo.mismatch_metrics(sums, {k: self._all_reduce_max(v)
                                                 for k, v in extremes.items()}))
+        sums = {k: self._all_reduce_sum(v) for k, v in fresh[0].items()}
+        out.update({f"fresh_{k}": v for k, v in grpo.mismatch_metrics(
+            sums, {k: self._all_reduce_max(v) for k, v in fresh[1].items()}).items()})
+        lag_max = self._all_reduce_max(versions.pop("version_lag_max"))
+        out.update(grpo.version_metrics({k: self._all_reduce_sum(v) for k, v in versions.items()},
+                                        lag_max))
         return out
 
     def _step_metrics(self, totals: dict[str, float], grad_norms: list,

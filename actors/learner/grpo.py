@@ -21,7 +21,17 @@ Token loss for a token t of trajectory i with loss_mask m_t = 1 (model-generated
 ``old`` is the rollout log-prob (``old_logprobs='rollout'``) or the log-prob recomputed under the
 learner's weights at the start of the step (``'recompute'``); with importance correction the
 recomputed one is the proximal policy and the rollout one the behaviour policy (decoupled PPO, as
-AReaL does for stale samples). Aggregation: ``token_mean`` = sum_t m_t L_t / N with N the number of
+AReaL does for stale samples).
+
+Every term is per token, so the behaviour policy is per token too: ``behav_t`` (and ``old_t``
+with ``'rollout'``) is the log-prob of token t under the version v_t that sampled it
+(``Trajectory.token_versions``; ``PackedBatch.behaviour_versions``). With partial rollouts one
+trajectory holds tokens of several versions, and each is corrected against its own: the tokens
+of a turn sampled after a weight update get their ratio against the newer policy, those before
+it against the older one; no trajectory-level version enters the loss. ``version_stats`` reports
+how old the step's tokens are (lag = learner version - v_t), and the train/inference mismatch is
+also reported over the tokens of lag 0 alone (``fresh_mismatch_*``: with stale tokens in the
+batch, the plain figures mix the engine's numerical mismatch with the policy's change). Aggregation: ``token_mean`` = sum_t m_t L_t / N with N the number of
 model tokens (the caller may pass N for the whole distributed step); ``seq_mean`` = mean over
 trajectories of each one's token mean.
 
@@ -145,6 +155,31 @@ def mismatch_stats(logp: torch.Tensor, behav_logp: torch.Tensor,
             "iw_sum": float(w.sum()), "iw_dev_sq_sum": float(torch.expm1(d).square().sum()),
             "mismatch_abs_max": float(d.abs().max()), "iw_max": float(w.max()),
             "neg_iw_min": float(-w.min())}
+
+
+VERSION_SUMS = ("version_tokens", "version_lag_sum", "version_stale_tokens")
+
+
+def version_stats(versions: torch.Tensor, mask: torch.Tensor,
+                  learner_version: int) -> dict[str, float]:
+    """Lags ``learner_version - v_t`` of the masked tokens ``[B, T]``: sums (add over
+    micro-batches and ranks) and ``version_lag_max`` (take the maximum)."""
+    m = mask.bool() & (versions >= 0)
+    lag = (learner_version - versions.double())[m]
+    if not lag.numel():
+        return {**{k: 0.0 for k in VERSION_SUMS}, "version_lag_max": float("-inf")}
+    return {"version_tokens": float(lag.numel()), "version_lag_sum": float(lag.sum()),
+            "version_stale_tokens": float((lag > 0).sum()), "version_lag_max": float(lag.max())}
+
+
+def version_metrics(sums: dict[str, float], lag_max: float) -> dict[str, float]:
+    """``behaviour_lag_mean`` / ``_max`` and ``behaviour_stale_share`` (tokens sampled by an
+    older version than the learner's) from all-reduced ``version_stats``."""
+    n = sums["version_tokens"]
+    if n <= 0:
+        return {}
+    return {"behaviour_lag_mean": sums["version_lag_sum"] / n, "behaviour_lag_max": lag_max,
+            "behaviour_stale_share": sums["version_stale_tokens"] / n}
 
 
 def mismatch_metrics(sums: dict[str, float], extremes: dict[str, float]) -> dict[str, float]:

@@ -12,7 +12,10 @@ Sequence layout (``m`` = loss mask; segments rendered by the tokenizer's own cha
 Only new segments are tokenised; the conversation is never re-rendered, because re-rendering
 drifts (Qwen3's template drops earlier ``<think>`` blocks, and BPE merges across a boundary can
 differ). ``token_ids``, ``logprobs`` (0 on non-generated tokens) and ``loss_mask`` always have the
-same length. A turn cut at the token limit gets the template's end-of-turn token (masked) before
+same length, and so does ``token_versions``: the version of the weights that sampled each token
+(``Generation.version``), ``NO_VERSION`` on tokens the policy did not sample (with partial
+rollouts a weight update between two turns gives the later turns a newer version;
+``actors.rollout.partial``). A turn cut at the token limit gets the template's end-of-turn token (masked) before
 the next segment so the sequence stays well formed. Tool calls are parsed by the parser of
 ``config.tool_parser`` (``actors.rollout.toolcall``: hermes/Qwen, Llama 3 JSON, Mistral); a
 template that does not render tools gets that parser's tool prompt in the system prompt, and
@@ -55,7 +58,7 @@ the first turn's prefill instead of leaving the engine idle while every episode 
 at once (docs/benchmarks.md). A failed open ends the episode like any sandbox failure, its error
 ``opening a session failed: ...``; ``timings["open_wait_s"]`` is how long the loop waited for it.
 
-May import: actors.rollout (config, chat, conversation, toolcall, engines.base),
+May import: actors.rollout (config, chat, conversation, toolcall, partial, engines.base),
 actors.user_sim.simulator, envs, sandbox.errors, the standard library. No Ray, no torch.
 """
 
@@ -71,10 +74,11 @@ from actors.rollout.chat import ChatFormat
 from actors.rollout.config import RolloutConfig
 from actors.rollout.conversation import Conversation, agent_tools
 from actors.rollout.engines.base import Engine, SamplingParams
+from actors.rollout.partial import BusyClock
 from actors.rollout.toolcall import tool_parameters
 from actors.user_sim.simulator import UserSimError, UserSimulator
 from envs.spec import Environment, TaskSpec
-from envs.trajectory import ActionStep, Trajectory, VerifyResult
+from envs.trajectory import NO_VERSION, ActionStep, Trajectory, VerifyResult
 from sandbox.errors import SandboxError
 
 
@@ -112,7 +116,7 @@ class _Episode:
     actions: list[ActionStep] = field(default_factory=list)
     malformed: dict[str, int] = field(default_factory=dict)
     malformed_spans: list[list[int]] = field(default_factory=list)   # [start, stop) token ids
-    versions: list[int] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)          # per token (token_versions)
     timings: dict[str, float] = field(default_factory=lambda: {
         "generate_s": 0.0, "env_s": 0.0, "verify_s": 0.0, "open_wait_s": 0.0})
     conversation: Optional[Conversation] = None   # a conversational task's user side
@@ -130,11 +134,14 @@ class _Episode:
     def __post_init__(self) -> None:
         self.logprobs = [0.0] * len(self.token_ids)
         self.loss_mask = [0] * len(self.token_ids)
+        self.versions = [NO_VERSION] * len(self.token_ids)
 
-    def extend(self, ids: list[int], logprobs: Optional[list[float]] = None, mask: int = 0):
+    def extend(self, ids: list[int], logprobs: Optional[list[float]] = None, mask: int = 0,
+               version: int = NO_VERSION):
         self.token_ids.extend(ids)
         self.logprobs.extend(logprobs if logprobs is not None else [0.0] * len(ids))
         self.loss_mask.extend([mask] * len(ids))
+        self.versions.extend([version] * len(ids))
 
 
 @dataclass
@@ -155,6 +162,7 @@ class AgentLoop:
                                tool_parser=config.tool_parser)
         self.parser = self.chat.parser
         self.stop_ids = tuple(dict.fromkeys(self.chat.stop_ids + tuple(engine.stop_ids)))
+        self.busy = BusyClock()   # the engine's busy time, for its idle share
 
     def segment(self, observation: str, cut: bool) -> list[int]:
         """Tokens of one tool response, from the end of a model turn to the next turn's start."""
@@ -194,15 +202,16 @@ class AgentLoop:
         conv = ep.conversation
         if conv is not None:
             ep.timings["user_s"] = conv.seconds
+        sampled = [v for v in ep.versions if v != NO_VERSION]
         return Trajectory(
             task_id=task.task_id, reward=reward, status=ep.status, fault=ep.fault,
             actions=ep.actions,
             final_reply=ep.final_reply, checks=checks, token_ids=ep.token_ids,
             logprobs=ep.logprobs, loss_mask=ep.loss_mask, prompt_len=ep.prompt_len,
-            policy_version=min(ep.versions, default=self.engine.version), seed=seed,
-            timings=ep.timings,
+            policy_version=min(sampled, default=self.engine.version), seed=seed,
+            timings=ep.timings, token_versions=ep.versions,
             info={"turns": ep.turns, "malformed": ep.malformed,
-                  "malformed_spans": ep.malformed_spans, "policy_versions": ep.versions,
+                  "malformed_spans": ep.malformed_spans,
                   "generated_tokens": sum(ep.loss_mask),
                   **({"ended_by": ep.ended_by} if ep.ended_by else {}),
                   **({"user_turns": conv.user_turns, "conversation": conv.transcript()}
@@ -264,13 +273,15 @@ class AgentLoop:
             sampling = SamplingParams(max_tokens=budget, temperature=cfg.temperature,
                                       top_p=cfg.top_p, top_k=cfg.top_k, seed=turn_seed(seed, turn),
                                       stop_token_ids=self.stop_ids)
-            ep.versions.append(self.engine.version)
+            asked_at = self.engine.version   # for an engine whose Generation has no version
             t0 = time.perf_counter()
-            gen = await asyncio.wait_for(self.engine.generate(list(ep.token_ids), sampling,
-                                                              task_id=task.task_id),
-                                         cfg.generate_timeout_s)
+            async with self.busy.running():
+                gen = await asyncio.wait_for(self.engine.generate(list(ep.token_ids), sampling,
+                                                                  task_id=task.task_id),
+                                             cfg.generate_timeout_s)
             ep.timings["generate_s"] += time.perf_counter() - t0
-            ep.extend(gen.token_ids, gen.logprobs, mask=1)
+            ep.extend(gen.token_ids, gen.logprobs, mask=1,
+                      version=asked_at if gen.version is None else gen.version)
             observation = await self._act(ep, gen, budget, params)
             if observation is None:
                 return

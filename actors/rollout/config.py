@@ -30,6 +30,10 @@ Decisions where the paper is silent:
   opening a sandbox session. ``episode_retries`` re-runs an episode that the infrastructure
   failed (fault ``infra``, ``envs.trajectory``) on a fresh session; when retries are spent the
   trajectory is dropped from its group. One the task failed (fault ``task``) is kept, not re-run.
+- ``partial_rollouts`` (default false): where a new policy version may enter an episode in
+  flight. False: only between episodes (a weight update waits for the worker's episodes in
+  flight; every trajectory has one version). True: between turns (the next turn of every episode
+  in flight uses the new weights; each token keeps its own version). ``actors.rollout.partial``.
 
 May import: pydantic and the standard library only.
 """
@@ -76,6 +80,9 @@ class RolloutConfig(BaseModel):
         "replying once more ends the episode truncated"))
     user_timeout_s: float = Field(300.0, gt=0, description=(
         "conversational tasks: deadline of one user message, the simulator's retries included"))
+    partial_rollouts: bool = Field(False, description=(
+        "let a weight update enter episodes in flight from their next turn (each token keeps "
+        "the version it was sampled with) instead of waiting for them to finish"))
     observation_max_chars: Optional[int] = Field(
         None, ge=16, description="truncate long tool observations (None keeps them whole)")
     engine_kwargs: dict[str, Any] = Field(

@@ -27,11 +27,18 @@ one complete ``Group``; the logic of the RolloutWorker actor, without Ray.
   K - K' dropped ones.
 - Seeds: episode ``i`` of (task, step, group seed) gets a seed derived by hashing, so a group is
   reproducible and re-issuing it (same ticket seed) replays the same sandbox randomness.
+- Weight updates (``actors.rollout.partial``): every episode attempt passes ``gate`` after its
+  permit and before it opens a sandbox; ``pause_episodes()`` closes the gate and waits for the
+  episodes in flight, which is how a worker without partial rollouts keeps each episode on one
+  policy version.
 - ``metrics()`` aggregates statuses, malformed kinds, and time spent generating, waiting on the
   executors (open + steps + verify + close) and in total; with conversational tasks also the
-  user messages (``user_turns``) and the time waiting for the simulated user (``time_user_s``).
+  user messages (``user_turns``) and the time waiting for the simulated user (``time_user_s``);
+  ``time_engine_busy_s`` and ``time_up_s`` are the loop's ``BusyClock`` (engine idle share =
+  1 - busy / up), ``time_live_episodes_s`` the gate's episode-seconds over ``episode_capacity``
+  slots.
 
-May import: actors.rollout, actors.executors, actors.ticket, envs, sandbox.errors, the standard
+May import: actors.rollout (agent_loop, partial, summary), actors.executors, actors.ticket, envs, sandbox.errors, the standard
 library. No Ray.
 """
 
@@ -45,6 +52,7 @@ from typing import Any, Optional
 
 from actors.executors import Executors
 from actors.rollout.agent_loop import AgentLoop, EnvSession
+from actors.rollout.partial import EpisodeGate
 from actors.rollout.summary import episode_wall_s, executor_wait_s
 from actors.ticket import Ticket
 from envs.spec import Environment, TaskSpec
@@ -73,6 +81,12 @@ class GroupRunner:
         self._stats: Counter = Counter()
         self._malformed: Counter = Counter()
         self._time: Counter = Counter()
+        self.gate = EpisodeGate()
+
+    def pause_episodes(self):
+        """Async context: no episode starts inside it, and it is entered once none is running;
+        yields the seconds waited for them."""
+        return self.gate.closed()
 
     def set_capacity(self, capacity: int) -> int:
         """Change how many episodes may hold a sandbox at once (the executor pool was resized).
@@ -104,7 +118,7 @@ class GroupRunner:
             self._sem = asyncio.Semaphore(self.concurrency)
         errors = []
         for attempt in range(self.config.episode_retries + 1):
-            async with self._sem:
+            async with self._sem, self.gate.episode():
                 traj = await self._attempt(env, task, seed)
             if traj.fault != "infra":
                 break
@@ -178,6 +192,9 @@ class GroupRunner:
             self._time["user_s"] += traj.timings.get("user_s", 0.0)
 
     def metrics(self) -> dict[str, Any]:
+        busy, up = self.loop.busy.read()
         return {**self._stats, **{f"malformed_{k}": v for k, v in self._malformed.items()},
                 **{f"time_{k}": v for k, v in self._time.items()},
+                "time_engine_busy_s": busy, "time_up_s": up,
+                "time_live_episodes_s": self.gate.episode_s(), "episode_capacity": self.concurrency,
                 "policy_version": self.loop.engine.version}

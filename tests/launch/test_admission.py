@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from launch.admission import Admission, AdmissionError
@@ -93,29 +93,36 @@ def test_state_dict_drops_running_tickets_for_reissue():
     assert fresh.capacity() == 3  # (1 + 0 + 1) * 2 - 1: the lost group's slot is free again
 
 
+# Ticket 0 runs while three later groups finish and train (random lists rarely hit this)
+_LONG_TAIL = [("issue", 0), ("issue", 0), ("newest", 0), ("train", 0)] + [
+    ("issue", 0), ("newest", 0), ("train", 0)] * 2 + [("accept", 0), ("train", 0)]
+
+
 @settings(max_examples=150, deadline=None)
 @given(batch=st.integers(1, 4), staleness=st.integers(0, 3), max_conc=st.integers(1, 12),
-       ops=st.lists(st.tuples(st.sampled_from(["issue", "accept", "release", "train"]),
-                              st.integers(0, 50)), max_size=120))
+       ops=st.lists(st.tuples(st.sampled_from(["issue", "accept", "newest", "release", "train"]),
+                              st.integers(0, 50)), min_size=40, max_size=160))
+@example(batch=1, staleness=1, max_conc=4, ops=_LONG_TAIL)
 def test_invariants_under_random_protocol(batch, staleness, max_conc, ops):
-    """Any legal sequence keeps the bounds, never deadlocks, and trains only fresh-enough groups."""
+    """Any legal sequence keeps the bounds, never deadlocks, and trains only fresh-enough groups
+    (groups finish in any order: a group overtaken by later ones still trains in time)."""
     adm = Admission(batch=batch, max_staleness=staleness, max_concurrent=max_conc)
-    buffer: list[int] = []  # issue versions of accepted, unconsumed groups (FIFO)
+    buffer: dict[int, int] = {}  # accepted, unconsumed ticket -> issue version
     next_ticket = 0
     for op, pick in ops:
         running = list(adm.running)
         if op == "issue" and adm.capacity() > 0:
             adm.issue(next_ticket)
             next_ticket += 1
-        elif op in ("accept", "release") and running:
-            ticket = running[pick % len(running)]
-            if op == "accept":
-                buffer.append(adm.accept(ticket))
+        elif op in ("accept", "newest", "release") and running:
+            # "newest": the last issued finishes first, older ones run on (a long tail)
+            ticket = running[-1] if op == "newest" else running[pick % len(running)]
+            if op != "release":
+                buffer[ticket] = adm.accept(ticket)
             else:
                 adm.release(ticket)
-        elif op == "train" and adm.buffered >= batch:
-            trained, buffer = buffer[:batch], buffer[batch:]
-            adm.consume()
+        elif op == "train" and adm.batch_ready():
+            trained = [buffer.pop(t) for t in adm.consume()]
             assert all(adm.version - v <= staleness for v in trained)
             adm.publish(adm.version + 1)
         assert len(adm.running) <= max_conc
@@ -123,3 +130,107 @@ def test_invariants_under_random_protocol(batch, staleness, max_conc, ops):
         assert adm.buffered == len(buffer)
         if not adm.running and adm.buffered < batch:
             assert adm.capacity() > 0, "deadlock: nothing running, nothing trainable, no capacity"
+        if not adm.running and adm.buffered >= batch:
+            assert adm.batch_ready(), "deadlock: nothing running, a batch buffered, not trainable"
+
+
+@settings(max_examples=200, deadline=None)
+@given(batch=st.integers(1, 4), staleness=st.integers(0, 3), max_conc=st.integers(1, 12),
+       partial=st.booleans(),
+       ops=st.lists(st.tuples(st.sampled_from(  # weighted towards progress: many versions
+           ["issue", "issue", "turn", "turn", "accept", "newest", "release", "train", "publish"]),
+           st.integers(0, 50)), min_size=60, max_size=200))
+@example(batch=1, staleness=1, max_conc=4, partial=True,
+         ops=[op for op in _LONG_TAIL for op in ([op, ("publish", 0)] if op[0] == "train"
+                                                 else [op])])
+def test_the_oldest_token_of_every_trained_group_is_within_max_staleness(
+        batch, staleness, max_conc, partial, ops):
+    """Partial rollouts: a group's turns sample whatever version its engine has when each turn
+    starts, and a publish reaches the engine between turns (partial) or only once none of its
+    episodes is running (not partial). Whatever the interleaving, every group the learner takes
+    has its oldest token within max_staleness of the weights it trains (consume's own check
+    never fires). The hand-worked test below has a group straddling two versions."""
+    adm = Admission(batch=batch, max_staleness=staleness, max_concurrent=max_conc)
+    engine = 0                           # the version the rollout engine samples with
+    pending: list[int] = []              # published by the learner, not yet in the engine
+    turns: dict[int, list[int]] = {}     # running ticket -> version of each turn so far
+    buffer: dict[int, list[int]] = {}
+    learning = False
+    next_ticket = 0
+    for op, pick in ops:
+        if pending and (partial or not any(turns.values())):
+            engine = pending.pop()       # Roles.publish returns once the engine has it, then
+            adm.publish(engine)          # admission counts it
+        running = sorted(turns)
+        if op == "issue" and adm.capacity() > 0:
+            adm.issue(next_ticket)
+            turns[next_ticket] = [engine] if partial else []   # partial: turn 1 starts now
+            next_ticket += 1
+        elif op == "turn" and running:
+            turns[running[pick % len(running)]].append(engine)
+        elif op in ("accept", "newest", "release") and running:
+            ticket = running[-1] if op == "newest" else running[pick % len(running)]
+            if not turns[ticket]:
+                turns[ticket].append(engine)   # an episode has at least one turn
+            versions = turns.pop(ticket)
+            if op != "release":
+                adm.accept(ticket, min(versions))
+                buffer[ticket] = versions
+            else:
+                adm.release(ticket)
+        elif op == "train" and not learning and adm.batch_ready():
+            taken = [buffer.pop(t) for t in adm.consume()]   # its own check never fires
+            assert all(adm.version - min(v) <= staleness for v in taken)
+            assert all(max(v) <= adm.version for v in taken)
+            learning = True
+        elif op == "publish" and learning:
+            learning = False
+            pending.append(adm.version + 1)
+        if not turns and not learning and not pending and adm.buffered >= batch:
+            assert adm.batch_ready(), "deadlock: nothing running, a batch buffered, not trainable"
+
+
+def test_partial_rollouts_mix_versions_within_a_group_and_stay_bounded():
+    """Hand-worked: B 1, max_staleness 1. Ticket 0 samples turn 1 at version 0; the learner
+    trains ticket 1 and publishes version 1 between ticket 0's turns; its turn 2 is at version 1.
+    Trained at version 1, its oldest token is 1 behind: allowed."""
+    adm = Admission(batch=1, max_staleness=1, max_concurrent=4)
+    adm.issue(0)
+    adm.issue(1)
+    adm.accept(1, 0)
+    assert adm.batch_ready() and adm.consume() == [1]
+    adm.publish(1)
+    adm.accept(0, 0)                  # tokens of versions [0, 1]: its oldest is 0
+    assert adm.batch_ready() and adm.consume() == [0]
+    assert adm.trainable(0) and not adm.trainable(-1)
+
+
+def test_a_long_episode_overtaken_by_later_groups_holds_the_learner_back():
+    """Hand-worked (B 1, max_staleness 1), the long tail: ticket 0 (issued at 0) runs long.
+    Ticket 1 trains at 0 and version 1 is out; training ticket 2 now would publish 2 and leave
+    ticket 0 (deadline 0 + 1 = 1) stranded, so the step waits for ticket 0, which then trains
+    first (oldest token first), and ticket 2 after it."""
+    adm = Admission(batch=1, max_staleness=1, max_concurrent=4)
+    adm.issue(0)
+    adm.issue(1)
+    adm.accept(1, 0)
+    assert adm.batch_ready() and adm.consume() == [1]   # ticket 0 can still train at 1
+    adm.publish(1)
+    adm.issue(2)
+    adm.accept(2, 1)
+    assert not adm.batch_ready()      # training ticket 2 now would strand ticket 0
+    adm.accept(0, 0)                  # the long episode is back: oldest token 0
+    assert adm.batch_ready() and adm.consume() == [0]
+    adm.publish(2)
+    assert adm.batch_ready() and adm.consume() == [2]
+
+
+def test_a_group_older_than_max_staleness_is_refused_naming_it():
+    adm = Admission(batch=1, max_staleness=1, max_concurrent=4)
+    adm.issue("a")
+    adm.accept("a", 1)
+    adm.publish(3)                    # a broken protocol: no batch was trained
+    assert not adm.batch_ready() or not adm.trainable(1)
+    with pytest.raises(AdmissionError, match=r"\('a', 1\).*max_staleness=1"):
+        adm.consume()
+    assert adm.consumed == 0

@@ -137,3 +137,19 @@ def test_step_extras_without_episodes_has_no_executor_share():
     core, _ = _core()
     out = core.step_extras({}, [None, {}])
     assert "executor_share" not in out and out["executor_wait_p95_s"] == 0.0
+
+
+def test_engine_idle_share_is_per_step_and_survives_a_replaced_worker():
+    """Hand-worked: step 1, worker 0 busy 3 of 10 s, worker 1 busy 1 of 10 s: 1 - 4/20 = 0.8.
+    Step 2: worker 0 busy 3 more of 5 s; worker 1 was replaced, its new clock at 2 of 4 s:
+    1 - (3 + 2) / (5 + 4) = 4/9."""
+    core, _ = _core()
+    first = core.step_extras({}, [{"time_engine_busy_s": 3.0, "time_up_s": 10.0,
+                                   "time_live_episodes_s": 20.0, "episode_capacity": 4},
+                                  {"time_engine_busy_s": 1.0, "time_up_s": 10.0}])
+    assert first["rollout_engine_idle_share"] == pytest.approx(0.8)
+    assert first["rollout_slot_idle_share"] == pytest.approx(0.5)   # 1 - 20 / (4 * 10)
+    second = core.step_extras({}, [{"time_engine_busy_s": 6.0, "time_up_s": 15.0},
+                                   {"time_engine_busy_s": 2.0, "time_up_s": 4.0}])
+    assert second["rollout_engine_idle_share"] == pytest.approx(4 / 9)
+    assert "rollout_engine_idle_share" not in core.step_extras({}, [None, None])

@@ -3,8 +3,10 @@
 - ``await generate(prompt_token_ids, sampling, task_id=None) -> Generation``: token ids in, token
   ids out, with the log-probability of every sampled token under the policy's own distribution
   (temperature 1, before top-k/top-p; what vLLM returns by default and what the learner
-  recomputes) and a finish reason: ``"stop"`` (an end-of-turn token was sampled, and is the last
-  element of ``token_ids``) or ``"length"`` (``max_tokens`` reached). ``task_id`` is a hint that
+  recomputes), a finish reason: ``"stop"`` (an end-of-turn token was sampled, and is the last
+  element of ``token_ids``) or ``"length"`` (``max_tokens`` reached), and the ``version`` of the
+  weights that sampled it (weights never change under a running generation, so one version;
+  None from an engine that does not say, and the caller reads ``engine.version`` before). ``task_id`` is a hint that
   only the scripted engine uses.
 - ``update_weights(named_tensors, version)``: load a (possibly partial) state dict in place, then
   publish ``version``; unknown names or shape mismatches raise ``WeightUpdateError`` and leave the
@@ -65,6 +67,7 @@ class Generation:
     logprobs: list[float]
     finish_reason: str
     info: dict[str, Any] = field(default_factory=dict)
+    version: Optional[int] = None
 
     def __post_init__(self) -> None:
         if len(self.token_ids) != len(self.logprobs):

@@ -33,10 +33,10 @@ CPU, since a padding mask sends attention to SDPA's math path (a 2k-token prompt
 materialises its full score matrix) and the padded copies cost more than the forwards saved.
 
 Weight updates drain: no request is admitted until the active ones finish, then the weights are
-loaded, the prefix cache is cleared and the version published; so one generation never mixes two
-policy versions. ``update_adapter`` (a LoRA learner's adapter-only publish) does the same with the
-adapter: the first injects LoRA layers into the base model (``actors.lora.inject``), each later
-one is copied into them.
+loaded, the prefix cache is cleared and the version published (each Generation carries it); so
+one generation never mixes two policy versions. ``update_adapter`` (a LoRA learner's adapter-only
+publish) does the same with the adapter: the first injects LoRA layers into the base model
+(``actors.lora.inject``), each later one is copied into them.
 
 The batch's KV cache (``_Batch``), the draws made ahead (``_DrawAhead``) and the sampling
 warpers (``_warp``) are in ``hf_batch.py``; this module owns the decode loop.
@@ -194,7 +194,8 @@ class HFEngine(Engine):
             return
         stopped = req.tokens[-1] in req.stops
         self._store(req.prompt + req.tokens, kv)
-        req.finish(Generation(req.tokens, req.logprobs, "stop" if stopped else "length"))
+        req.finish(Generation(req.tokens, req.logprobs, "stop" if stopped else "length",
+                              version=self._version))   # updates load with none active
 
     def _prefill(self, reqs: list[_Request]) -> None:
         """Prefill ``reqs`` (each distinct prompt once, module docstring) and sample each one's

@@ -70,7 +70,8 @@ class ScriptedEngine(Engine):
         finish = "stop"
         if len(ids) > sampling.max_tokens:
             ids, finish = ids[:sampling.max_tokens], "length"
-        return Generation(ids, [0.0] * len(ids), finish, info={"scripted_turn": turn})
+        return Generation(ids, [0.0] * len(ids), finish, info={"scripted_turn": turn},
+                          version=self._version)
 
     def _turn(self, task_id: str, prompt: list[int]) -> int:
         answered = self._answered.setdefault(task_id, {})

@@ -118,6 +118,7 @@ class VLLMEngine(Engine):
                               stop_token_ids=list(sampling.stop_token_ids) or None)
         await self._gate.wait()
         self._inflight += 1
+        version = self._version   # an update waits for this request (wait_idle) to load
         try:
             final = None
             prompt = TokensPrompt(prompt_token_ids=list(prompt_token_ids))
@@ -137,7 +138,8 @@ class VLLMEngine(Engine):
         comp = final.outputs[0]
         tokens = list(comp.token_ids)
         logprobs = [step[tok].logprob for tok, step in zip(tokens, comp.logprobs)]
-        return Generation(tokens, logprobs, "stop" if comp.finish_reason == "stop" else "length")
+        return Generation(tokens, logprobs, "stop" if comp.finish_reason == "stop" else "length",
+                          version=version)
 
     async def _exclusive(self, load, version: int, wait_idle: bool = True) -> int:
         """Run ``load()`` with no generation in flight (when ``wait_idle``), then publish."""
