@@ -40,7 +40,9 @@ class ScriptedEngine(Engine):
         self.scripts = scripts
         self.final_reply = final_reply
         end = tokenizer.convert_tokens_to_ids("<|im_end|>")
-        self._end_id = end if end not in (None, tokenizer.unk_token_id) else tokenizer.eos_token_id
+        if end is None or end == getattr(tokenizer, "unk_token_id", None):
+            end = tokenizer.eos_token_id
+        self._end_id = end
         self._answered: dict[str, dict[tuple[int, bytes], int]] = {}  # task: (len, digest) -> turn
 
     @classmethod
