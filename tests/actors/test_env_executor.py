@@ -113,8 +113,9 @@ def test_callers_wait_for_a_free_sandbox_and_waits_are_recorded(ray_local, pool)
 def test_callers_waiting_for_a_sandbox_do_not_hold_the_event_loops_threads(ray_local, pool):
     """20 async opens and 20 async replays wait for the one busy sandbox; the loop's default
     executor (at most 32 threads, 6 on 2 cores) must stay free for other work, e.g. an engine's
-    weight update."""
-    ex = ExecutorPool(pool, _config(workers_per_executor=1, acquire_timeout_s=20.0,
+    weight update. The 40 take turns on one sandbox, so the last waits for all the others: its
+    acquire timeout is generous (on a loaded 2-core host 40 turns took over 20 s)."""
+    ex = ExecutorPool(pool, _config(workers_per_executor=1, acquire_timeout_s=120.0,
                                     name_prefix="threads"))
 
     async def scenario():
