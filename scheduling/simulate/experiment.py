@@ -235,6 +235,18 @@ def _run_job(fac: "Factory", job: Job, tick: Optional[Callable[[], None]] = None
 _FORKED: Optional[tuple["Factory", Any]] = None  # (factory, step counter) inherited by workers
 
 
+def _default_signals() -> None:
+    """A forked worker dies on the pool's SIGTERM whatever handler its parent had installed. In
+    a full test run (a pytest process that had run Ray and sandbox tests) a worker inherited a
+    SIGTERM handler, survived ``Pool.terminate`` blocked on the task queue's lock, and the pool's
+    exit waited for it forever; a plain ignoring handler alone did not reproduce it, so this is
+    defence, not a tested fix."""
+    import signal
+
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _forked_job(item: tuple[int, Job]) -> tuple[int, RunLog]:
     assert _FORKED is not None
     fac, counter = _FORKED
@@ -254,7 +266,7 @@ def _run_forked(fac: "Factory", jobs: list[Job], workers: int, bar: Any) -> list
     _FORKED = (fac, counter)
     logs: list[Any] = [None] * len(jobs)
     try:
-        with ctx.Pool(workers) as pool:
+        with ctx.Pool(workers, initializer=_default_signals) as pool:
             it = pool.imap_unordered(_forked_job, list(enumerate(jobs)))
             done, shown = 0, 0
             while done < len(jobs):
