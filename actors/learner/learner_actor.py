@@ -22,6 +22,7 @@ May import: ray, the learner's plain modules, envs.trajectory (torch/deepspeed o
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import time
@@ -35,6 +36,8 @@ from actors.learner.config import LearnerConfig
 from actors.learner.step import step_advantages, step_shards
 from envs.trajectory import Group, Trajectory
 
+log = logging.getLogger(__name__)
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -44,6 +47,29 @@ class LearnerError(RuntimeError):
 
 class LearnerDied(LearnerError):
     """A learner rank died (or a step got no answer within ``timeout_s``): the group is lost."""
+
+
+STALE_LOCK_S = 600.0   # a DeepSpeed op build takes about a minute, several on a loaded host
+
+
+def clear_stale_build_locks(root: Path, older_than_s: float = STALE_LOCK_S) -> list[Path]:
+    """Remove torch's JIT-build lock files (``root/<op>/lock``) older than ``older_than_s``.
+    torch takes the lock even to load an op already built and waits for it without a limit, so
+    a learner killed while holding it (an OOM kill, a SIGKILLed test) left every later learner
+    start on the machine waiting forever. Returns what was removed, each named in a warning."""
+    removed = []
+    now = time.time()
+    for lock in sorted(root.glob("*/lock")) if root.is_dir() else []:
+        try:
+            age = now - lock.stat().st_mtime
+            if age > older_than_s:
+                lock.unlink()
+                removed.append(lock)
+                log.warning("removed a stale build lock %s (%.0f s old: its builder is gone)",
+                            lock, age)
+        except FileNotFoundError:   # its builder finished meanwhile
+            continue
+    return removed
 
 
 class LearnerActor:
@@ -58,6 +84,7 @@ class LearnerActor:
         # process-wide DS_ACCELERATOR (a CPU driver's, a node's) never wins over this rank's GPU
         os.environ["DS_ACCELERATOR"] = self.cfg.accelerator
         os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(REPO / ".cache" / "torch_extensions"))
+        clear_stale_build_locks(Path(os.environ["TORCH_EXTENSIONS_DIR"]))
 
     def address(self, configured_port: bool = True) -> tuple[str, int]:
         """This node's IP and a free port on it (``master_port`` when set and asked for)."""
