@@ -35,10 +35,11 @@ May import: launch.*, envs.*, the standard library.
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import tempfile
 from pathlib import Path
+
+from launch.bench import print_runs
 
 MODES = {"off": "false", "on": "true"}
 
@@ -137,10 +138,5 @@ def run(args: argparse.Namespace) -> int:
             policy = str(run_dir / "sft")   # the same warm start for every run
         results.append({"mode": mode, "partial_rollouts": MODES[mode] == "true",
                         **summarize_run(read_metrics(run_dir))})
-    if args.json:
-        print(json.dumps(results, indent=2))
-    else:
-        for r in results:
-            print("  ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
-                            for k, v in r.items()))
+    print_runs(results, args.json)
     return 0

@@ -17,9 +17,10 @@ staleness and the mean number of groups each selection could not see
 from __future__ import annotations
 
 import argparse
-import json
 import tempfile
 from pathlib import Path
+
+from launch.bench import print_runs
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -69,10 +70,5 @@ def run(args: argparse.Namespace) -> int:
             "staleness_mean": _mean(rows, "staleness_mean"),
             "selection_unseen_groups": _mean(rows, "selection_unseen_groups"),
             "reward_mean": _mean(rows, "reward_mean")})
-    if args.json:
-        print(json.dumps(results, indent=2))
-    else:
-        for r in results:
-            print("  ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
-                            for k, v in r.items()))
+    print_runs(results, args.json)
     return 0
