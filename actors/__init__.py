@@ -7,7 +7,7 @@ tasks.
 May import: ``envs``, ``sandbox``, ``scheduling``, ``actors.*``, torch/transformers/vllm/deepspeed
 (the engines and the learner), the standard library; Ray only at the edge. The Ray edge is the
 modules that wrap or call actors: ``rollout_worker.py``, ``executor_pool.py``,
-``learner/learner_actor.py``, ``learner/weight_sync.py`` and ``user_sim_actor.py`` import Ray
+``executor_session.py``, ``learner/learner_actor.py``, ``learner/weight_sync.py`` and ``user_sim_actor.py`` import Ray
 at module level; ``scheduler_actor.py`` and ``replay_port.py`` only inside the functions that
 build or call an actor, so the driver imports them without Ray. Every other module here (the
 agent loop, the group runner, the sessions, the conversation and the user simulator, the ticket,

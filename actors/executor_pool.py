@@ -31,12 +31,12 @@ the cluster has that much of it available (minus what this pool claimed in the l
 logged warning, so a run survives losing the executor nodes (``docs/cluster.md``).
 
 The parts: ``actors.executor_slots`` is the pure policy (which executor gets a session,
-capacity, release on failure, the placement fallback); ``EnvSession`` is one async core (``astep``,
-``averify``, ``aclose``) with thin blocking wrappers; ``ExecutorPool`` implements the
+capacity, release on failure, the placement fallback); ``actors.executor_session.ExecutorSession``
+is one session (an async core with thin blocking wrappers); ``ExecutorPool`` implements the
 ``actors.executors.Executors`` protocol shared with the local ``SandboxSessions``.
 
-May import: ray, actors.env_executor, actors.executor_slots, actors.executors, envs.*, sandbox.*,
-pydantic, the standard library.
+May import: ray, actors.env_executor, actors.executor_session, actors.executor_slots,
+actors.executors, envs.*, sandbox.*, pydantic, the standard library.
 """
 
 from __future__ import annotations
@@ -46,19 +46,19 @@ import logging
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Coroutine, Optional, TypeVar, Union
+from typing import Any, Optional, Union
 
 import ray
 from pydantic import BaseModel, ConfigDict, Field
-from ray.exceptions import (ActorDiedError, ActorUnavailableError, GetTimeoutError, RayActorError,
-                            RayTaskError)
+from ray.exceptions import ActorDiedError, ActorUnavailableError
 
 from actors.env_executor import EnvExecutor
+from actors.executor_session import RAY_ERRORS, ExecutorSession, to_sandbox_error
 from actors.executor_slots import Slots, short_resources
 from actors.executors import Actions
 from envs.pool import Pool
 from envs.spec import TaskSpec
-from envs.trajectory import ActionStep, VerifyResult
+from envs.trajectory import VerifyResult
 from sandbox.config import SandboxConfig
 from sandbox.errors import SandboxError
 
@@ -86,21 +86,6 @@ class ExecutorConfig(BaseModel):
         "{envsched_executor: 1}: executors go only to nodes offering them (see 'Placement')")
 
 
-def _unwrap(e: Exception, where: str) -> SandboxError:
-    if isinstance(e, RayTaskError):
-        cause = e.cause
-        if isinstance(cause, SandboxError):
-            return cause  # intact, subclass (EnvLoadError) included
-        return SandboxError("executor", f"{type(cause).__name__}: {cause}", where)
-    if isinstance(e, GetTimeoutError):
-        return SandboxError("timeout", "the executor did not answer in time", where)
-    return SandboxError("executor", f"executor actor died ({type(e).__name__}); Ray restarts it "
-                                    "and the session is over", where)
-
-
-_RAY_ERRORS = (RayTaskError, RayActorError, GetTimeoutError)
-
-
 def _get_through_restart(method: Any, args: tuple, timeout: float) -> Any:
     """``ray.get(method.remote(*args))``, retried while the actor is restarting: a new session
     or replay may go to an executor Ray is bringing back after a crash."""
@@ -112,94 +97,6 @@ def _get_through_restart(method: Any, args: tuple, timeout: float) -> Any:
             if time.monotonic() >= deadline:
                 raise
             time.sleep(0.2)
-
-
-_T = TypeVar("_T")
-
-
-def _blocking(coro: Coroutine[Any, Any, _T]) -> _T:
-    """Run one of a session's coroutines to the end from blocking code (the sync wrappers);
-    callers inside an event loop use the coroutine itself."""
-    return asyncio.run(coro)
-
-
-class EnvSession:
-    """One episode on one sandbox; close exactly once. The coroutines (``astep``, ``averify``,
-    ``aclose``) are the core; ``step``, ``verify`` and ``close`` run them to the end for blocking
-    callers (not from inside a running event loop: await the coroutine there)."""
-
-    def __init__(self, owner: "ExecutorPool", index: int, actor: Any, session_id: str,
-                 task: TaskSpec, seed: int, info: dict[str, Any]):
-        self._owner, self._index, self._actor = owner, index, actor
-        self.session_id, self.task, self.seed, self.info = session_id, task, seed, info
-        self.closed = False
-        self._where = f"{info.get('executor')} session {session_id}, task {task.task_id}"
-
-    def _timeouts(self, verify: bool = False) -> float:
-        sb, margin = self._owner.config.sandbox, self._owner.config.rpc_margin_s
-        return sb.hard_timeout(len(self.task.checks) if verify else 0) + margin
-
-    def _check_open(self) -> None:
-        if self.closed:
-            raise SandboxError("closed", "this session is closed", self._where)
-
-    async def _call(self, ref: Any, timeout: float) -> Any:
-        """Await one call on the executor. A failed call ends the session and frees its slot
-        now, whether or not the caller closes it: the executor already closed the session when
-        the call raised there (or lost it when it died); a call past its deadline is closed
-        remotely first."""
-        try:
-            return await asyncio.wait_for(ref, timeout)
-        except asyncio.TimeoutError:
-            await self.aclose()
-            raise SandboxError("timeout", "the executor did not answer in time", self._where) \
-                from None
-        except _RAY_ERRORS as e:
-            self._release()
-            raise _unwrap(e, self._where) from None
-
-    async def astep(self, tool: str, arguments: dict[str, Any]) -> ActionStep:
-        self._check_open()
-        return await self._call(self._actor.step.remote(self.session_id, tool, arguments),
-                                self._timeouts())
-
-    async def averify(self) -> VerifyResult:
-        self._check_open()
-        return await self._call(self._actor.verify.remote(self.session_id),
-                                self._timeouts(verify=True))
-
-    async def aclose(self) -> None:
-        if self.closed:
-            return
-        self.closed = True
-        ref = self._actor.close.remote(self.session_id)
-        try:  # the slot is freed after the sandbox is: a waiter's open must not find it busy
-            await asyncio.wait_for(ref, self._owner.config.rpc_margin_s)
-        except (asyncio.TimeoutError, *_RAY_ERRORS):
-            pass  # a dead executor already dropped the session; the slot is freed either way
-        finally:
-            self._owner._release(self._index)
-
-    def _release(self) -> None:
-        if not self.closed:
-            self.closed = True
-            self._owner._release(self._index)
-
-    def step(self, tool: str, arguments: dict[str, Any]) -> ActionStep:
-        return _blocking(self.astep(tool, arguments))
-
-    def verify(self) -> VerifyResult:
-        return _blocking(self.averify())
-
-    def close(self) -> None:
-        if not self.closed:
-            _blocking(self.aclose())
-
-    def __enter__(self) -> "EnvSession":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
 
 
 def put_pool(pool: Pool) -> "ray.ObjectRef":
@@ -308,7 +205,7 @@ class ExecutorPool:
             return
         try:
             ray.get(actor.shutdown.remote(), timeout=self.config.rpc_margin_s)
-        except _RAY_ERRORS:
+        except RAY_ERRORS:
             pass  # it is being killed anyway
         ray.kill(actor, no_restart=True)
 
@@ -316,7 +213,7 @@ class ExecutorPool:
         index = self._slots.acquire(self.config.acquire_timeout_s)
         return index, self._actors[index]
 
-    def open_session(self, task: TaskSpec, seed: int, _retry: bool = True) -> EnvSession:
+    def open_session(self, task: TaskSpec, seed: int, _retry: bool = True) -> ExecutorSession:
         """Wait for a free sandbox, reset it to ``task``'s initial state, return the session."""
         index, actor = self._acquire()
         session_id = uuid.uuid4().hex
@@ -329,13 +226,14 @@ class ExecutorPool:
             self._replace_dead(index)
             if _retry:
                 return self.open_session(task, seed, _retry=False)
-            raise _unwrap(e, f"executor {index}, task {task.task_id}") from None
-        except _RAY_ERRORS as e:
+            raise to_sandbox_error(e, f"executor {index}, task {task.task_id}") from None
+        except RAY_ERRORS as e:
             self._release(index)
-            raise _unwrap(e, f"executor {index}, task {task.task_id}") from None
-        return EnvSession(self, index, actor, session_id, task, seed, info)
+            raise to_sandbox_error(e, f"executor {index}, task {task.task_id}") from None
+        return ExecutorSession(actor, session_id, task, seed, info, sb, self.config.rpc_margin_s,
+                               lambda: self._release(index))
 
-    async def aopen_session(self, task: TaskSpec, seed: int) -> EnvSession:
+    async def aopen_session(self, task: TaskSpec, seed: int) -> ExecutorSession:
         return await self._in_thread(self.open_session, task, seed)
 
     async def _in_thread(self, fn: Any, *args: Any) -> Any:
@@ -355,9 +253,9 @@ class ExecutorPool:
         dead = False
         try:
             return _get_through_restart(actor.replay, (task_id, list(actions), seed), timeout)
-        except _RAY_ERRORS as e:
+        except RAY_ERRORS as e:
             dead = isinstance(e, ActorDiedError)
-            raise _unwrap(e, f"executor {index}, replay of task {task_id}") from None
+            raise to_sandbox_error(e, f"executor {index}, replay of task {task_id}") from None
         finally:
             self._release(index)
             if dead:
@@ -389,8 +287,8 @@ class ExecutorPool:
                 continue
             try:
                 ray.get(ref, timeout=self.config.rpc_margin_s)
-            except _RAY_ERRORS as e:
-                problems.append(str(_unwrap(e, f"executor {index}")))
+            except RAY_ERRORS as e:
+                problems.append(str(to_sandbox_error(e, f"executor {index}")))
         if problems:
             raise SandboxError("executor", "; ".join(problems), self.config.name_prefix)
         return time.monotonic() - t0
@@ -402,9 +300,9 @@ class ExecutorPool:
         for index, ref in refs.items():
             try:
                 out.append(ray.get(ref, timeout=self.config.rpc_margin_s))
-            except _RAY_ERRORS as e:
+            except RAY_ERRORS as e:
                 out.append({"name": f"{self.config.name_prefix}-{index}",
-                            "error": str(_unwrap(e, f"executor {index}"))})
+                            "error": str(to_sandbox_error(e, f"executor {index}"))})
         return out
 
     def __enter__(self) -> "ExecutorPool":

@@ -16,9 +16,8 @@ The rollout worker takes the ticket itself (``RolloutWorker.run_group(ticket)`` 
 ``GroupRunner.run_group(ticket)``) and the ``envs.trajectory.Group`` it returns carries its id
 (``Group.ticket_id``).
 
-``to_dict`` / ``from_dict`` are the checkpoint form (flat, readable); ``from_dict`` also reads the
-two types this one replaced (the controller's ``Ticket`` with ``ticket`` for the id, the scheduler
-actor's ``Assignment``), so checkpoints written before still resume.
+``to_dict`` / ``from_dict`` are the checkpoint form (flat, readable); ``from_dict`` refuses a
+dict without every field ``to_dict`` writes, naming the missing ones.
 
 May import: scheduling.base, the standard library (no Ray: the scheduler actor and the driver both
 import it).
@@ -101,7 +100,14 @@ class Ticket:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Ticket":
-        return cls(Selection(d["task_id"], d["phase"], int(d["rank"]), dict(d.get("scores", {}))),
-                   int(d["step"]), d.get("kind", TRAIN), int(d.get("id", d.get("ticket", -1))),
-                   int(d.get("seed", 0)), int(d.get("attempt", 0)), d.get("k"),
-                   int(d.get("unseen", 0)))
+        missing = [k for k in _CHECKPOINT_FIELDS if k not in d]
+        if missing:
+            raise ValueError(f"a ticket's checkpoint form needs {missing}; got the keys "
+                             f"{sorted(d)} (task {d.get('task_id')!r})")
+        return cls(Selection(d["task_id"], d["phase"], int(d["rank"]), dict(d["scores"])),
+                   int(d["step"]), d["kind"], int(d["id"]), int(d["seed"]), int(d["attempt"]),
+                   d["k"], int(d["unseen"]))
+
+
+_CHECKPOINT_FIELDS = ("id", "kind", "task_id", "step", "phase", "rank", "scores", "seed",
+                      "attempt", "k", "unseen")

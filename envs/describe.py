@@ -11,7 +11,7 @@ May import: the standard library, envs.spec, envs.opdesc, envs.opdesc_static.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Optional
 
 from envs.opdesc import (Extractor, OpDescription, OpDescriptionError, check_against_task,
                          pool_description)
@@ -33,10 +33,3 @@ def describe_task(task: TaskSpec, env: Environment,
         desc = static_description(task, env)
     check_against_task(desc, task)
     return desc
-
-
-def describe_tasks(tasks: list[TaskSpec], environments: dict[str, Environment],
-                   extractor: Optional[Extractor] = None) -> dict[str, dict[str, Any]]:
-    """``{task_id: description as a dict}`` for every task (the form ``DualGraph.build`` takes)."""
-    return {t.task_id: describe_task(t, environments[t.env_id], extractor).model_dump()
-            for t in tasks}

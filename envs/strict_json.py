@@ -50,11 +50,3 @@ def dumps(value: Any, **kwargs: Any) -> str:
         return json.dumps(value, allow_nan=False, **kwargs)
     except ValueError:  # a non-finite float somewhere (a circular value re-raises below)
         return json.dumps(finite(value, kwargs.pop("default", None)), allow_nan=False, **kwargs)
-
-
-def loads_strict(text: str) -> Any:
-    """``json.loads`` that refuses ``NaN``/``Infinity`` (for reading back what ``dumps`` wrote)."""
-    def refuse(name: str) -> Any:
-        raise ValueError(f"non-standard JSON constant {name}")
-
-    return json.loads(text, parse_constant=refuse)

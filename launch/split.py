@@ -34,9 +34,6 @@ class PoolSplit:
     heldout_task: tuple[str, ...]
     heldout_env: tuple[str, ...]
 
-    def as_dict(self) -> dict[str, list[str]]:
-        return {name: list(getattr(self, name)) for name in SPLITS}
-
 
 def pool_split(pool: Any, cfg: Any) -> PoolSplit:
     env_ids = sorted({t.env_id for t in pool.tasks})

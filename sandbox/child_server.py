@@ -41,7 +41,7 @@ from typing import Any, Optional
 from envs.spec import Check, Environment
 from sandbox.determinism import EpisodeClock, episode_builtins
 from sandbox.episode import EpisodeProcess, serve_episode, status_text
-from sandbox.errors import SandboxError
+from sandbox.errors import EPISODE_ENDING_KINDS, SandboxError
 from sandbox.ipc import remove_sysv_ipc
 from sandbox.protocol import FrameError
 from sandbox.runtime import compile_source, needs_initial
@@ -78,7 +78,7 @@ class ChildServer:
         except _StateMissing:
             return {"ok": False, "kind": "state_missing", "message": "state not cached"}
         except SandboxError as e:
-            if e.kind in ("crash", "protocol", "output_limit", "timeout"):
+            if e.kind in EPISODE_ENDING_KINDS:
                 self.end_episode()
             return {"ok": False, "kind": e.kind, "message": e.message, "where": e.where}
         except Exception as e:  # noqa: BLE001 - a bug here must answer, not kill the worker

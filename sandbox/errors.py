@@ -32,8 +32,11 @@ from __future__ import annotations
 
 from typing import Optional
 
-KINDS = ("timeout", "crash", "output_limit", "load_error", "protocol", "bad_request",
-         "unavailable", "closed", "executor")
+# the kinds a sandbox child may answer (``sandbox.protocol`` checks replies against them)
+CHILD_KINDS = ("timeout", "crash", "output_limit", "load_error", "protocol", "bad_request")
+KINDS = CHILD_KINDS + ("unavailable", "closed", "executor")
+# the kinds after which the episode's process is gone: the episode is over
+EPISODE_ENDING_KINDS = ("crash", "protocol", "output_limit", "timeout")
 ORIGINS = ("sandbox", "host")
 
 

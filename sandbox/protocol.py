@@ -13,7 +13,7 @@ Depth is also tested where it can be answered better: tool arguments deeper than
 ``MAX_ARGUMENT_DEPTH`` are a bad call (``argument_depth_error``, before they reach the sandbox),
 and an episode process tests its own reply (``too_deep``) before it sends it.
 
-May import: sandbox.sanitize, the standard library only.
+May import: sandbox.errors (its kinds), sandbox.sanitize, the standard library only.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ import struct
 import time
 from typing import Any, Callable, Optional
 
+from sandbox.errors import CHILD_KINDS
 from sandbox.sanitize import MAX_DEPTH, clean
 
 HEADER = struct.Struct(">I")
@@ -49,10 +50,6 @@ def write_all(fd: int, data: bytes) -> None:
 def send_request(fd: int, message: dict[str, Any]) -> None:
     payload = pickle.dumps(message, pickle.HIGHEST_PROTOCOL)
     write_all(fd, HEADER.pack(len(payload)) + payload)
-
-
-def send_reply(fd: int, message: dict[str, Any]) -> None:
-    write_all(fd, encode_reply(message))
 
 
 def encode_reply(message: dict[str, Any]) -> bytes:
@@ -223,8 +220,7 @@ REPLY_FIELDS: dict[str, dict[str, Callable[[Any], bool]]] = {
     "checks": {"checks": lambda v: isinstance(v, list) and all(map(_CHECK, v))},
 }
 OPTIONAL = {"replay": ("steps_dropped",), "run": ("steps_dropped",)}
-ERROR_KINDS = ("timeout", "crash", "output_limit", "load_error", "protocol", "bad_request",
-               "state_missing")
+ERROR_KINDS = CHILD_KINDS + ("state_missing",)  # state_missing: not cached, the host resends it
 _ERROR = {"kind": lambda v: v in ERROR_KINDS, "message": _is_str, "where": _opt_str}
 
 

@@ -43,7 +43,7 @@ from envs.spec import Check, Environment, ToolCall
 from envs.trajectory import ActionStep, CheckResult, VerifyResult
 from sandbox.backends import is_root, resolve_backend, start_child
 from sandbox.config import SandboxConfig
-from sandbox.errors import EnvLoadError, SandboxError
+from sandbox.errors import EPISODE_ENDING_KINDS, EnvLoadError, SandboxError
 from sandbox.episode import status_text
 from sandbox.protocol import FrameError, argument_depth_error, read_reply, send_request
 
@@ -183,7 +183,7 @@ class SandboxWorker:
                                message)
         if kind == "state_missing":
             return reply
-        if kind in ("crash", "protocol", "timeout", "output_limit"):
+        if kind in EPISODE_ENDING_KINDS:
             # the child ended the episode; a protocol error replaces the child as well
             if kind == "protocol":
                 self._replace(f"{kind} during {request['op']}")

@@ -40,6 +40,7 @@ ENVS_FOR_SCHEDULING = ("envs.spec", "envs.trajectory", "envs.opdesc", "envs.opde
 ENVS_FOR_THE_SIMULATOR = ENVS_FOR_SCHEDULING + ("envs.pool",)
 ENVS_USING_THE_SANDBOX = ("envs/validate.py", "envs/adapters/taubench.py")
 RAY_AT_MODULE_LEVEL = ("actors/rollout_worker.py", "actors/executor_pool.py",
+                       "actors/executor_session.py",
                        "actors/learner/learner_actor.py", "actors/learner/weight_sync.py",
                        "actors/user_sim_actor.py")
 RAY_IN_FUNCTIONS = ("actors/scheduler_actor.py", "actors/replay_port.py")

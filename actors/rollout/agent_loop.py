@@ -49,7 +49,8 @@ fit; ``info["user_turns"]`` and ``info["conversation"]`` record what was said,
 endpoint unreachable after its retries, or no answer within ``user_timeout_s``) ends the episode
 ``env_error`` with fault ``infra``: retried and dropped by the caller, never a reward.
 
-Sessions implement ``EnvSession`` (the executor pool's sticky session, or ``InProcessSession``).
+Sessions implement ``actors.executors.Session`` (``actors.executor_session.ExecutorSession``,
+``SandboxSession`` or ``InProcessSession``).
 ``run`` also takes a session that is still opening (any awaitable of one; ``GroupRunner`` passes
 its open in flight): the prompt needs nothing from the sandbox, so the first turn is generated
 while the sandbox resets, and the session is awaited only when a tool call or the verifier needs
@@ -58,8 +59,8 @@ the first turn's prefill instead of leaving the engine idle while every episode 
 at once (docs/benchmarks.md). A failed open ends the episode like any sandbox failure, its error
 ``opening a session failed: ...``; ``timings["open_wait_s"]`` is how long the loop waited for it.
 
-May import: actors.rollout (config, chat, conversation, toolcall, partial, engines.base),
-actors.user_sim.simulator, envs, sandbox.errors, the standard library. No Ray, no torch.
+May import: actors.executors, actors.rollout (config, chat, conversation, toolcall, partial,
+engines.base), actors.user_sim.simulator, envs, sandbox.errors, the standard library. No Ray, no torch.
 """
 
 from __future__ import annotations
@@ -68,8 +69,9 @@ import asyncio
 import json
 import time
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Optional, Protocol, Union
+from typing import Any, Awaitable, Optional, Union
 
+from actors.executors import Session
 from actors.rollout.chat import ChatFormat
 from actors.rollout.config import RolloutConfig
 from actors.rollout.conversation import Conversation, agent_tools
@@ -78,20 +80,8 @@ from actors.rollout.partial import BusyClock
 from actors.rollout.toolcall import tool_parameters
 from actors.user_sim.simulator import UserSimError, UserSimulator
 from envs.spec import Environment, TaskSpec
-from envs.trajectory import NO_VERSION, ActionStep, Trajectory, VerifyResult
+from envs.trajectory import NO_VERSION, ActionStep, Trajectory
 from sandbox.errors import SandboxError
-
-
-class EnvSession(Protocol):
-    async def astep(self, tool: str, arguments: dict[str, Any]) -> ActionStep: ...
-    async def averify(self) -> VerifyResult: ...
-    async def aclose(self) -> None: ...
-
-
-def render_prompt(tokenizer, env: Environment, task: TaskSpec, enable_thinking: bool = True
-                  ) -> list[int]:
-    return ChatFormat(tokenizer, enable_thinking=enable_thinking).prompt(
-        env.system_prompt(), task.instruction, env.tools)
 
 
 def format_observation(observation: Any, max_chars: Optional[int] = None) -> str:
@@ -120,7 +110,7 @@ class _Episode:
     timings: dict[str, float] = field(default_factory=lambda: {
         "generate_s": 0.0, "env_s": 0.0, "verify_s": 0.0, "open_wait_s": 0.0})
     conversation: Optional[Conversation] = None   # a conversational task's user side
-    session: Any = None     # the EnvSession, once open
+    session: Any = None     # the Session, once open
     opening: Any = None     # an awaitable of it while it opens
     turns: int = 0
     prompt_len: int = 0
@@ -169,7 +159,7 @@ class AgentLoop:
         return self.chat.tool_segment(observation, stopped=not cut)
 
     async def run(self, env: Environment, task: TaskSpec,
-                  session: Union[EnvSession, Awaitable[EnvSession]],
+                  session: Union[Session, Awaitable[Session]],
                   seed: Optional[int] = None) -> Trajectory:
         start = time.perf_counter()
         ep = _Episode([])
@@ -231,7 +221,7 @@ class AgentLoop:
                 ep.ended_by = "user"
         ep.prompt_len = len(ep.token_ids)
 
-    async def _sandbox(self, ep: _Episode) -> EnvSession:
+    async def _sandbox(self, ep: _Episode) -> Session:
         """The episode's session, waiting for it to open (its own opener holds the deadline)."""
         if ep.session is None:
             t0 = time.perf_counter()

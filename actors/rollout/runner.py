@@ -50,8 +50,8 @@ import time
 from collections import Counter
 from typing import Any, Optional
 
-from actors.executors import Executors
-from actors.rollout.agent_loop import AgentLoop, EnvSession
+from actors.executors import Executors, Session
+from actors.rollout.agent_loop import AgentLoop
 from actors.rollout.partial import EpisodeGate
 from actors.rollout.summary import episode_wall_s, executor_wait_s
 from actors.ticket import Ticket
@@ -146,7 +146,7 @@ class GroupRunner:
             traj.info["close_error"] = close_error
         return traj
 
-    async def _open(self, task: TaskSpec, seed: int) -> EnvSession:
+    async def _open(self, task: TaskSpec, seed: int) -> Session:
         """Open with ``session_timeout_s``. An opener may run in a thread that a timeout cannot
         stop, so a session that opens after we gave up (timed out, or the episode ended or was
         cancelled first) is closed when it arrives rather than holding its sandbox forever."""

@@ -1,5 +1,5 @@
-"""``SandboxSessions``: the ``EnvSession`` protocol over local ``sandbox.worker.SandboxWorker``s,
-without Ray.
+"""``SandboxSessions``: the ``actors.executors`` protocols (``Executors``, ``Session``) over local
+``sandbox.worker.SandboxWorker``s, without Ray.
 
 For drivers that play episodes outside the training cluster (the warm start, ``envsched sft``):
 environment and check code runs only in the isolated worker process, never in the caller, exactly

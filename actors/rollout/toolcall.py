@@ -230,11 +230,6 @@ def tool_instructions(parser, tools: list[dict[str, Any]]) -> tuple[str, str, st
     return before, parser.schemas(tools), after
 
 
-def parse_turn(text: str, tools: Tools) -> ParsedTurn:
-    """Parse a hermes/Qwen turn; ``tools`` maps tool name to its JSON-schema ``parameters``."""
-    return PARSERS["hermes"].parse(text, tools)
-
-
 def _call_from_json(body: str, tools: Tools, key: str) -> ParsedTurn:
     try:
         call = json.loads(body.strip())

@@ -90,7 +90,7 @@ def expected_tool_text(family: str, observation: str) -> str:
 
 def smollm2_tokenizer():
     """SmolLM2-135M-Instruct's tokenizer (a ChatML template without tools) from the directory
-    ``actors.checkpoints.fetch_smollm2`` fills; the test skips when the model cache lacks it."""
+    ``actors.checkpoints.fetch_builtin`` fills; the test skips when the model cache lacks it."""
     from actors.checkpoints import SMOLLM2, PolicyPathError, resolve_policy_path
     from actors.policy import load_tokenizer
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from actors.rollout.toolcall import parse_turn, render_call
+from actors.rollout.toolcall import PARSERS, render_call
+
+parse_turn = PARSERS["hermes"].parse   # a hermes/Qwen turn
 
 TOOLS = {"get_order": {"type": "object", "properties": {"order_id": {"type": "string"}},
                        "required": ["order_id"]},

@@ -52,13 +52,11 @@ def test_the_checkpoint_form_round_trips():
     assert Ticket.from_dict(e.to_dict()) == e
 
 
-def test_the_types_it_replaced_still_load():
-    old_ticket = {"ticket": 7, "task_id": "t1", "step": 4, "phase": "coverage", "rank": 2,
-                  "seed": 99, "scores": {"v_hat": 0.25}, "attempt": 1, "k": None, "unseen": 3}
-    assert Ticket.from_dict(old_ticket) == _handed_out().issued(7, 99, 3).retried()
-    assignment = {"task_id": "t1", "step": 4, "phase": "coverage", "rank": 2,
-                  "scores": {"v_hat": 0.25}}
-    assert Ticket.from_dict(assignment) == _handed_out()
+def test_a_checkpoint_form_missing_a_field_is_refused_naming_it():
+    form = _handed_out().issued(7, seed=99, unseen=3).to_dict()
+    del form["seed"], form["unseen"]
+    with pytest.raises(ValueError, match=r"needs \['seed', 'unseen'\].*task 't1'"):
+        Ticket.from_dict(form)
 
 
 def test_an_unknown_kind_is_refused_with_the_known_ones():

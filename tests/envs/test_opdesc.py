@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from envs.describe import describe_task, describe_tasks
+from envs.describe import describe_task
 from envs.opdesc import OpDescription, OpDescriptionError, value_category
 from envs.opdesc_static import classify_tool, tool_entity
 from envs.spec import Check, Environment, TaskSpec, ToolCall
@@ -171,9 +171,8 @@ def test_reward_groups_partition_the_checks_of_generated_tasks(tmp_path):
     from envs.pool import load_pool
 
     pool = load_pool(generate_pool(tmp_path / "pool", 3, 8, seed=1))
-    descs = describe_tasks(pool.tasks, pool.environments)
     for task in pool.tasks:
-        d = descs[task.task_id]
+        d = describe_task(task, pool.environments[task.env_id]).model_dump()
         grouped = sorted(c for g in d["reward_groups"] for c in g["checks"])
         assert grouped == sorted(c.check_id for c in task.checks), task.task_id
         assert d["operations"], task.task_id
