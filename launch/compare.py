@@ -21,7 +21,7 @@ so every run would compute the same record. The first run that evaluates step 0 
 ``OUT/eval_step0.jsonl``, keyed by a hash of its config less scheduler and seed; every new run with
 the same key starts with that record in its ``eval.jsonl`` (marked ``shared_from``), and the
 controller, which skips an evaluation already on file, goes straight to training. On the default
-CPU comparison that saves 8 of 9 evaluations of 192 episodes (~70 s each).
+CPU comparison that saves 8 of 9 evaluations of 192 episodes.
 ``share_step0=False`` (``--no-share-step0``) makes every run evaluate its own step 0;
 tests/launch/test_compare.py checks that a run evaluating itself gets the shared record exactly.
 

@@ -135,7 +135,7 @@ def run_groups(pool_dir: str, task_ids: list[str], engine: str, model: Optional[
     pool; returns (groups in task order, wall seconds, seconds the workers' executors took to
     start). The wall clock starts once every worker and its executors are up: a worker answers
     its ping when its engine is loaded, but its executors start their sandboxes in the background
-    after that, and that one-off start (16 sandboxes: ~2 s of CPU on a 2-core machine) is not
+    after that, and that one-off start is not
     episodes/s. ``users``: a ``UserSimConfig`` dict, the simulated user of conversational tasks
     (one inside each worker). Raises TimeoutError naming the unfinished tasks when ``timeout``
     passes."""

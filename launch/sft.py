@@ -19,7 +19,7 @@ right-padded, ``epochs`` passes in a seeded order.
 Decision where the spec is silent: ``task_fraction`` (default 1.0: all tasks) picks a seeded
 share of the tasks to show. Measured on the demo pool: a policy shown half the tasks for 20
 epochs almost never gets past its first tool call (zero within-group variance); 30-40 epochs
-on all tasks (masked loss ~0.1 / 0.03, ~11 s per epoch on 2 shared cores) gives partial and
+on all tasks (masked loss ~0.1 / 0.03) gives partial and
 full solves with reward differences: a GRPO start near 0.2-0.35 mean reward (docs/demo.md).
 
 May import: torch, transformers, actors.policy, actors.rollout, actors.user_sim, envs,

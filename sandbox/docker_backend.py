@@ -29,8 +29,8 @@ the protocol frames exactly as a process child's pipes do; its stderr goes to th
   (``--ipc none``: a private IPC namespace, whose SysV objects the child's seccomp filter
   refuses to create, as /proc/sys is read-only here); no log file on the daemon side
   (``--log-driver none``); no ptys: an empty read-only tmpfs over /dev/pts, where docker's own
-  devpts instance has no ``max`` (``ptmx_flood`` took 200 ptys before), so /dev/ptmx, a symlink
-  to pts/ptmx, opens nothing.
+  devpts instance has no ``max`` (``ptmx_flood`` could take hundreds of ptys), so /dev/ptmx, a
+  symlink to pts/ptmx, opens nothing.
 - A worker killed with SIGKILL leaves its container to exit on stdin EOF (idle) or at RLIMIT_CPU
   (busy); the next process that starts a docker child removes containers whose owner is gone.
 

@@ -1,9 +1,9 @@
 """Spare processes: clean forks of the sandbox child, made ahead of time, that become an episode or
 a verifier when the child hands them a job; and the sweep that kills an episode's processes.
 
-Why ahead of time: a freshly forked process waits for the scheduler (on a busy 2-core host
-15-50 ms per fork), while waking a process blocked on its pipe takes microseconds. The child keeps
-``SPARES`` of them and forks replacements after it has answered the host
+Why ahead of time: a freshly forked process waits for the scheduler (tens of milliseconds on
+a busy host: docs/benchmarks.md), while waking a process blocked on its pipe takes microseconds.
+The child keeps ``SPARES`` of them and forks replacements after it has answered the host
 (``ChildServer.idle``), off the critical path.
 
 A spare is forked from the clean parent: it never ran environment code before its job. Right after

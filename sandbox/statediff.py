@@ -27,7 +27,8 @@ EMPTY_DIFF_KEYS = ("added", "removed", "changed")
 @contextmanager
 def no_gc():
     """Building a big state allocates ~10^5 containers, each allocation can trigger a cyclic GC
-    pass over all of them; pausing the collector makes copies of a 2 MB state about 2x faster."""
+    pass over all of them; pausing the collector makes copies of a big state faster
+    (docs/benchmarks.md)."""
     was = gc.isenabled()
     gc.disable()
     try:

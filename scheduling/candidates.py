@@ -38,7 +38,7 @@ def one_blas_thread():
     count (which follows the visible cores), and such a bit can swap two percentile ranks and
     so change a selection: the scheduler's selections would depend on the machine. The products
     here are small, so threads only add spin and synchronisation (the ridge fits of the progress
-    filter spiked to 30 ms per step threaded, ~1 ms on one thread).
+    filter spiked when threaded: docs/benchmarks.md).
     """
     if not _BLAS:                       # built once, after numpy has loaded its BLAS
         from threadpoolctl import ThreadpoolController

@@ -90,8 +90,8 @@ def empirical_quantile(values: np.ndarray, p: np.ndarray) -> np.ndarray:
 
     The same arithmetic as ``np.quantile(values, p)`` (method "linear": virtual index
     (n - 1) p, numpy's two-sided lerp), bit for bit, over one full sort instead of numpy's
-    partition around every requested index (~20x faster for n probabilities); NaN input goes to
-    numpy (its NaN policy).
+    partition around every requested index (faster for many probabilities: docs/benchmarks.md);
+    NaN input goes to numpy (its NaN policy).
     """
     values = np.asarray(values, dtype=np.float64)
     p = np.clip(np.asarray(p, dtype=np.float64), 0.0, 1.0)

@@ -128,8 +128,8 @@ class ChatFormat:
 
     def prompt(self, system: str, user: str, tools: list[dict[str, Any]]) -> list[int]:
         """The prompt's tokens (a new list). The K episodes of a group share one prompt, and
-        rendering and tokenising a ~2k-token prompt took ~8 ms of the rollout process's one
-        core per episode, so the last ``_PROMPTS`` prompts are kept; an entry is reused only
+        rendering and tokenising it costs each episode time on the rollout process's one core
+        (docs/benchmarks.md), so the last ``_PROMPTS`` prompts are kept; an entry is reused only
         for the same strings and the very same ``tools`` object (held by the entry, so its id
         cannot be reused while it is cached)."""
         key = (system, user, id(tools))

@@ -13,10 +13,8 @@ Decisions where the paper is silent:
 - ``max_malformed_streak`` (0: no limit, the default): under ``error_observation``, the episode
   ends ``truncated`` (its state verified, as at ``max_turns``) when this many model turns in a row
   were malformed; ``info["ended_by"]`` says ``malformed_streak``. A small policy that has lost the
-  thread fills its remaining turns with broken calls: in 128 episodes of the CPU demo's warm
-  start, 41 had 3 or more malformed turns in a row and none of them made a tool call after such
-  a run (so no reward came after it), while those turns made the slowest groups of a step 3-5x
-  longer and the learner wait (docs/demo.md, 2026-12-03).
+  thread fills its remaining turns with broken calls that earn no reward and make the slowest
+  groups of a step longer while the learner waits (the demo's figures: docs/benchmarks.md).
 - ``tool_parser``: how a turn's tool call is written (``actors.rollout.toolcall``); ``auto`` picks
   it from the chat template, whose own rendering is used for prompts and tool results. A
   template that does not render ``tools`` (SmolLM2's) gets the parser's tool prompt in the system

@@ -22,11 +22,10 @@ How (``ChatFormat`` uses this for every prompt and tool segment):
    tokenizer matches them: leftmost, longest first); everything between two of them, untrusted
    text included, goes through the tokenizer's pipeline *without* its added vocabulary (a
    ``tokenizers.Tokenizer`` sharing the backend's model, normaliser and pre-tokeniser, with no
-   added tokens: it costs nothing to build, where a JSON copy of SmolLM2's took ~0.3 s). The
-   tokenizer itself
-   splits text at added tokens before its normaliser and pre-tokeniser, so when the untrusted
-   text holds no added token the ids equal ``tokenizer.encode(real)``; when it does, it is
-   encoded as its characters.
+   added tokens: it costs nothing to build, where a JSON copy of the tokenizer is slow to
+   load). The tokenizer itself splits text at added tokens before its normaliser and
+   pre-tokeniser, so when the untrusted text holds no added token the ids equal
+   ``tokenizer.encode(real)``; when it does, it is encoded as its characters.
 
 Needs a fast (``tokenizers``-backed) tokenizer. Added tokens with ``lstrip``/``rstrip`` set are
 matched without the whitespace stripping (none of the supported formats' tokens set it).

@@ -13,9 +13,8 @@ episodes that follow the reference solutions' lengths: ``scripted`` (default) pl
 exactly (its tokens carry no learning: the reward stays 1.0, only throughput is measured),
 ``hf`` samples the config's policy (the CPU demo's: the tiny policy warm-started on the pool's
 reference solutions; the warm start is made once, by the first run, and reused by the others,
-so every run starts from the same weights; on 2 loaded cores its first epoch alone took minutes).
-The
-modes run one after the other in the order given (repeat one, e.g. ``off on off``, to alternate
+so every run starts from the same weights, and the warm start's cost is paid once). The modes
+run one after the other in the order given (repeat one, e.g. ``off on off``, to alternate
 A/B on a loaded machine); each run in its own directory under --out.
 
 Reported per run, over the steps after the first (the first includes actor start-up):

@@ -26,9 +26,9 @@ class _DrawAhead:
     are the same whenever they are made, and each row draws exactly once per token in order, so
     the tokens are unchanged (a request that stops leaves one set of draws unused, from a
     generator nobody uses again). The engine thread waits for them before it samples and uses
-    no generator while they are made. Why: at 16 rows the draws (4,096 per row, ~65 us) were
-    ~1 ms of a decode step on the engine thread's one core, about a tenth of its time
-    (docs/benchmarks.md); torch releases the GIL inside them, so they overlap the forward."""
+    no generator while they are made. Why: the draws are a visible share of a decode step on the
+    engine thread's one core (docs/benchmarks.md); torch releases the GIL inside them, so they
+    overlap the forward."""
 
     def __init__(self, model: Any):
         self.model = model
@@ -76,10 +76,8 @@ class _Batch:
     the next free row, a finished row is overwritten by the last one (one row copied). The
     window ``[start, end)`` that attention reads is as wide as the longest row; it narrows, for
     free, when that row leaves. Only when the buffer runs out of columns (every ``_ROOM`` or
-    more decode steps) or rows is the window copied into a larger buffer.
-
-    Before (until 2026-12-03) every admission or exit re-stacked all rows into a new buffer:
-    14-18 % of the engine thread at 16 rows of ~2k tokens (docs/benchmarks.md).
+    more decode steps) or rows is the window copied into a larger buffer, rather than
+    re-stacking every row at each admission or exit (what that cost: docs/benchmarks.md).
     """
 
     _ROOM = 256   # free columns on each side of the window when the buffer is (re)allocated
@@ -194,7 +192,7 @@ def _warp(scores, s: SamplingParams):
     With both top-k and top-p, top-p is computed over the k survivors of top-k (``torch.topk``,
     already sorted) instead of sorting the whole vocabulary: the masked entries have
     probability 0 and are dropped either way, and a [B, V] sort was the largest single cost of
-    sampling (at V = 4,096 and 16 rows, 2.7 ms of a ~20 ms decode step). When the k-th value is
+    sampling (docs/benchmarks.md). When the k-th value is
     tied (top-k then keeps more than k entries) the full sort is used, so the kept set is
     always transformers' own."""
     if s.temperature != 1.0:

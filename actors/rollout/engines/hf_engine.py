@@ -28,8 +28,8 @@ Newcomers admitted together with one prompt (the K episodes of a group, first tu
 prefilled once and sample their first tokens from the same logits, each with its own generator
 (before, each one after the first resumed from the stored prompt with a one-token forward over
 the whole cache). Distinct prompts are prefilled one by one, unpadded: a padded batch of them
-(tried: prefixes left-padded, suffixes right-padded, one forward) was 1.3-2.3x slower on this
-CPU, since a padding mask sends attention to SDPA's math path (a 2k-token prompt then
+(prefixes left-padded, suffixes right-padded, one forward) is slower on CPU (docs/benchmarks.md),
+since a padding mask sends attention to SDPA's math path (a 2k-token prompt then
 materialises its full score matrix) and the padded copies cost more than the forwards saved.
 
 Weight updates drain: no request is admitted until the active ones finish, then the weights are
@@ -247,7 +247,7 @@ class HFEngine(Engine):
         Rows that share their sampling settings are warped and soft-maxed in one op (row-wise
         ops: each row's probabilities are those it would get alone); only the draw is per row,
         from the row's own generator, so tokens do not depend on the batch. One op per row, not
-        five: at 16 rows the per-row version took a quarter of the engine's time."""
+        five (what five cost: docs/benchmarks.md)."""
         tokens = [0] * len(reqs)
         greedy: list[int] = []
         groups: dict[tuple, list[int]] = {}
