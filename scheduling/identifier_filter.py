@@ -1,8 +1,8 @@
 """EnvSched's identifier filter (Appendix C): fixed-action replay confirms suspicious
 reward-producing actions; a confirmed task is removed from both phases.
 
-Pure logic; the replay is injected through the replay port ``scheduling.replay.Replay``:
-``replay(task_id, actions, seed) -> reward``.
+Pure logic; the replay is injected through the replay port ``scheduling.replay.ReplayPort``:
+``port(task_id, actions, seed) -> reward``.
 
 Suspicion (the paper says "identifiers that cannot be obtained from the permitted context or ...
 replacement objects that duplicate existing records"; the exact rules are ours):
