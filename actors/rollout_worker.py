@@ -155,7 +155,7 @@ class RolloutWorker:
         """Resize this worker's executor pool to ``n`` executors (grow now; shrink as sessions
         close) and let as many episodes run as it has sandboxes. Returns the new size."""
         size = await asyncio.to_thread(self.executors.resize, n)
-        self.runner.set_capacity(self.executors.capacity)
+        self.runner.capacity_changed()
         return size
 
     def ping(self) -> str:

@@ -18,6 +18,8 @@
   ``launch/roles_contract.py``, the decisions of ``Roles`` in ``launch/roles_core.py``) import no
   Ray: only ``launch/roles.py`` does.
 - Nothing below ``launch/`` (``actors``, ``envs``, ``sandbox``, ``scheduling``) imports ``launch``.
+- No source file is over ``MAX_LINES`` lines (STYLE.md: files stay small enough to read end to
+  end), with no exceptions.
 
 Imports are read with ``ast`` from every ``import`` / ``from ... import`` anywhere in a file (a
 function body included; "module level" is anything outside a function, so class bodies and
@@ -50,6 +52,8 @@ PLAIN_ACTOR_FILES = ("actors/rollout/agent_loop.py", "actors/rollout/runner.py",
                      "actors/executor_slots.py", "actors/executors.py", "actors/env_executor.py",
                      "actors/ticket.py", "actors/rollout/conversation.py",
                      "actors/user_sim/simulator.py", "actors/user_sim/config.py")
+SOURCE_PACKAGES = ("actors", "launch", "scheduling", "envs", "sandbox")
+MAX_LINES = 400
 PLAIN_DRIVER_FILES = ("launch/controller.py", "actors/ticket.py", "launch/tracker.py",
                       "launch/roles_contract.py", "launch/roles_core.py")
 
@@ -211,3 +215,9 @@ def test_every_package_says_what_it_may_import():
     for folder in ("actors", "envs", "sandbox", "scheduling", "launch"):
         doc = ast.get_docstring(ast.parse((REPO / folder / "__init__.py").read_text()))
         assert doc and "May import" in doc, f"{folder}/__init__.py needs a 'May import' line"
+
+
+def test_no_source_file_is_over_400_lines():
+    long = [f"{p.relative_to(REPO)}: {n} lines" for folder in SOURCE_PACKAGES for p in _py(folder)
+            if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_LINES]
+    assert long == [], f"split these along a seam (at most {MAX_LINES} lines each): {long}"

@@ -5,11 +5,12 @@ one complete ``Group``; the logic of the RolloutWorker actor, without Ray.
   ``config.k``) from the ticket; the ``Group`` it returns carries the ticket's id.
 - Sessions: from an ``actors.executors.Executors`` (the executor pool, ``SandboxSessions``, or
   ``InProcessSessions`` in tests), always through ``aopen_session``.
-- Concurrency: all episodes of all groups in flight share one asyncio loop; a semaphore caps live
-  episodes at ``config.max_concurrent_episodes`` and at the executors' ``capacity`` (the
-  sandboxes this runner can hold; ``set_capacity`` after a resize): an episode holds its sandbox
-  while it waits for the engine, so more live episodes than sandboxes would only queue on
-  ``aopen_session`` and time out there.
+- Concurrency: all episodes of all groups in flight share one asyncio loop; live episodes are
+  capped at ``config.max_concurrent_episodes`` and at the executors' ``capacity`` (the sandboxes
+  this runner can hold), read from the executors each time an episode starts: they own that
+  count, so a resize needs only ``capacity_changed()`` to wake the episodes waiting. An episode
+  holds its sandbox while it waits for the engine, so more live episodes than sandboxes would
+  only queue on ``aopen_session`` and time out there.
 - Stickiness: an episode opens one session (``aopen_session(task, seed)``, with
   ``session_timeout_s``) and uses it for every tool call and the verifier, then closes it. The open
   runs while the first turn is generated (``AgentLoop.run`` takes the open in flight): in a
@@ -48,7 +49,8 @@ import asyncio
 import hashlib
 import time
 from collections import Counter
-from typing import Any, Optional
+from contextlib import asynccontextmanager
+from typing import Any, AsyncIterator, Optional
 
 from actors.executors import Executors, Session
 from actors.rollout.agent_loop import AgentLoop
@@ -74,10 +76,8 @@ class GroupRunner:
     def __init__(self, loop: AgentLoop, pool, executors: Executors):
         self.loop, self.pool, self.executors = loop, pool, executors
         self.config = loop.config
-        # executors that start empty (grown later by resize) leave episodes uncapped: they wait
-        # in aopen_session, whose own timeout fails them, not on a permit that has no deadline
-        self.concurrency = min(self.config.max_concurrent_episodes, executors.capacity or 1 << 30)
-        self._sem: Optional[asyncio.Semaphore] = None
+        self._live = 0
+        self._room: Optional[asyncio.Event] = None   # set when a permit may have come free
         self._stats: Counter = Counter()
         self._malformed: Counter = Counter()
         self._time: Counter = Counter()
@@ -88,18 +88,33 @@ class GroupRunner:
         yields the seconds waited for them."""
         return self.gate.closed()
 
-    def set_capacity(self, capacity: int) -> int:
-        """Change how many episodes may hold a sandbox at once (the executor pool was resized).
-        Call on the event loop that runs the episodes. Shrinking withholds permits as running
-        episodes finish; nothing running is interrupted."""
-        new = min(self.config.max_concurrent_episodes, capacity)
-        delta, self.concurrency = new - self.concurrency, new
-        if self._sem is not None:
-            for _ in range(max(delta, 0)):
-                self._sem.release()
-            for _ in range(max(-delta, 0)):
-                asyncio.ensure_future(self._sem.acquire())
-        return self.concurrency
+    @property
+    def concurrency(self) -> int:
+        """How many episodes may hold a sandbox at once, now. Executors that start empty (grown
+        later by resize) leave episodes uncapped: they wait in ``aopen_session``, whose own
+        timeout fails them, not on a permit that has no deadline."""
+        return min(self.config.max_concurrent_episodes, self.executors.capacity or 1 << 30)
+
+    def capacity_changed(self) -> None:
+        """The executors were resized: episodes waiting for a permit look again. Call on the
+        event loop that runs the episodes. A shrink withholds permits as running episodes
+        finish; nothing running is interrupted."""
+        if self._room is not None:
+            self._room.set()
+
+    @asynccontextmanager
+    async def _permit(self) -> AsyncIterator[None]:
+        if self._room is None:
+            self._room = asyncio.Event()
+        while self._live >= self.concurrency:
+            self._room.clear()
+            await self._room.wait()
+        self._live += 1
+        try:
+            yield
+        finally:
+            self._live -= 1
+            self._room.set()
 
     async def run_group(self, ticket: Ticket) -> Group:
         task = self.pool.task(ticket.task_id)
@@ -114,11 +129,9 @@ class GroupRunner:
                      env_id=env.env_id, ticket_id=ticket.id)
 
     async def _episode(self, env: Environment, task: TaskSpec, seed: int) -> Trajectory:
-        if self._sem is None:
-            self._sem = asyncio.Semaphore(self.concurrency)
         errors = []
         for attempt in range(self.config.episode_retries + 1):
-            async with self._sem, self.gate.episode():
+            async with self._permit(), self.gate.episode():
                 traj = await self._attempt(env, task, seed)
             if traj.fault != "infra":
                 break

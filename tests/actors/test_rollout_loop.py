@@ -147,18 +147,17 @@ def test_sandbox_failure_marks_the_episode(pool, tokenizer, session_cls, status)
     assert_aligned(traj)
 
 
-def test_group_runner_holds_at_most_capacity_sessions_and_returns_k(pool, tokenizer):
-    from actors.rollout.runner import GroupRunner
+def counted_sessions(live, peak, step_s=0.01):
+    """``InProcessSessions`` counting the sessions open at once (``live``, its ``peak``); each
+    step sleeps ``step_s`` so other episodes run while one holds its session."""
     from actors.rollout.session import InProcessSessions
-
-    live, peak = [0], [0]
 
     class Counted:
         def __init__(self, inner):
             self.inner = inner
 
         async def astep(self, tool, arguments):
-            await asyncio.sleep(0.01)  # let other episodes run while this one holds its session
+            await asyncio.sleep(step_s)
             return await self.inner.astep(tool, arguments)
 
         async def averify(self):
@@ -174,6 +173,14 @@ def test_group_runner_holds_at_most_capacity_sessions_and_returns_k(pool, tokeni
             peak[0] = max(peak[0], live[0])
             return Counted(await super().aopen_session(task, seed))
 
+    return CountedSessions
+
+
+def test_group_runner_holds_at_most_capacity_sessions_and_returns_k(pool, tokenizer):
+    from actors.rollout.runner import GroupRunner
+
+    live, peak = [0], [0]
+    CountedSessions = counted_sessions(live, peak)
     loop = AgentLoop(ScriptedEngine.from_pool(tokenizer, pool), tokenizer, RolloutConfig(k=5))
     runner = GroupRunner(loop, pool, CountedSessions(pool, workers=2))
 
@@ -186,6 +193,29 @@ def test_group_runner_holds_at_most_capacity_sessions_and_returns_k(pool, tokeni
     assert [g.ticket_id for g in groups] == [0, 1]
     assert all(g.rewards == [1.0] * 5 for g in groups)
     assert len({t.seed for g in groups for t in g.trajectories}) == 10
+
+
+def test_group_runner_follows_its_executors_capacity_after_a_resize(pool, tokenizer):
+    """The executors own the sandbox count: a resize shows in the runner's cap at once."""
+    from actors.rollout.runner import GroupRunner
+
+    live, peak = [0], [0]
+    sessions = counted_sessions(live, peak, step_s=0.05)(pool, workers=1)
+    loop = AgentLoop(ScriptedEngine.from_pool(tokenizer, pool), tokenizer, RolloutConfig(k=6))
+    runner = GroupRunner(loop, pool, sessions)
+
+    async def grow_mid_group():
+        group = asyncio.ensure_future(runner.run_group(Ticket.direct("notes-2", ticket_id=0)))
+        while live[0] == 0:
+            await asyncio.sleep(0.001)
+        before = (peak[0], runner.concurrency)
+        sessions.resize(3)
+        runner.capacity_changed()
+        return before, await group
+
+    before, group = asyncio.run(grow_mid_group())
+    assert before == (1, 1) and peak[0] == 3 and runner.concurrency == 3 and live[0] == 0
+    assert group.rewards == [1.0] * 6
 
 
 def test_a_session_that_opens_after_the_timeout_is_closed_not_leaked(pool, tokenizer):
