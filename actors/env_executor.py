@@ -4,7 +4,10 @@ A plain class (no Ray import): ``actors.executor_pool`` wraps it with ``ray.remo
 ``num_cpus``, ``max_restarts``, ``max_concurrency`` = workers + 2 so every sandbox can be busy at
 once while ``stats``/``ping`` still answer). Each method is one short forward to a
 ``SandboxWorker``; sessions are sticky: ``open`` binds a session id to one free worker until
-``close``.
+``close``. How many sessions an executor holds is decided by the pool
+(``actors.executor_slots.Slots``); the free list here only says *which* worker takes the next one,
+and refuses (kind ``executor``, retried by the caller) when the two views disagree, as after a
+close that timed out on the caller's side while the worker still held its episode.
 
 The pool arrives as an object (the caller ``ray.put``s it once with every shared state already
 loaded), so an executor on another node needs no shared filesystem. Shared states are sent to each
