@@ -175,10 +175,6 @@ class ChatFormat:
         spans = align(self._tool_masked, after, [observation])
         return drop_prefix(spans, len(self._before_tool))
 
-    def tool_text(self, observation: str) -> str:
-        """The template's text for one tool result and the next turn's generation prompt."""
-        return "".join(text for text, _ in self._tool_spans(observation))
-
     def tool_segment(self, observation: str, stopped: bool) -> list[int]:
         """Tokens appended after a model turn; ``stopped``: it ended with a stop token, which
         stands in for the template's end-of-turn token (else the turn was cut). The observation

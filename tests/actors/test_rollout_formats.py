@@ -40,8 +40,6 @@ def test_parser_is_detected_and_the_tool_segment_is_the_templates(base_tokenizer
     chat = ChatFormat(tok)
     assert chat.end_id == tok.convert_tokens_to_ids(FAMILIES[family][2] or "<|im_end|>")
     observation = '{"success": true, "data": ["n1"]}'
-    assert chat.tool_text(observation) == expected_tool_text(family, observation) \
-        .removeprefix("\n")  # ChatML's "\n" after <|im_end|> belongs to the assistant's tail
     stopped = tok.decode(chat.tool_segment(observation, stopped=True))
     cut = tok.decode(chat.tool_segment(observation, stopped=False))
     assert stopped == expected_tool_text(family, observation)
@@ -145,7 +143,7 @@ def test_a_template_that_rewrites_history_is_refused(base_tokenizer):
     tok.chat_template = ("{%- for m in messages %}{{- m.role + ':' + (m.content or '') + '|' }}"
                          "{%- endfor %}{{- 'turns=' + messages | length | string }}")
     with pytest.raises(TemplateError, match="re-renders earlier turns"):
-        ChatFormat(tok).tool_text("x")
+        ChatFormat(tok).tool_segment("x", stopped=True)
 
 
 def test_auto_refuses_a_template_that_renders_tools_in_an_unknown_format(base_tokenizer):
