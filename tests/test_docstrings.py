@@ -49,7 +49,8 @@ def claims(doc: str, module: str = "") -> list[tuple[str, str]]:
     ``module`` (the docstring's own module, imported), also ``Name.attr`` where ``Name`` is a
     class or module in its namespace (``Roles.start`` in launch/roles.py)."""
     out = []
-    space = vars(_import(module) or {}) if module else {}
+    imported = _import(module) if module else None
+    space = vars(imported) if imported else {}
     for m in _TICKED.finditer(doc):
         text = _CALL.sub("", (m.group(1) or m.group(2)).rstrip(".,;:"))
         if _DOTTED.fullmatch(text):
@@ -57,14 +58,22 @@ def claims(doc: str, module: str = "") -> list[tuple[str, str]]:
         elif _PATH.fullmatch(text):
             path, name = _PATH.fullmatch(text).groups()
             out.append((text, path[:-3].replace("/", ".") + "." + name))
-        elif _LOCAL.fullmatch(text) and text.split(".")[0] in space:
-            head = space[text.split(".")[0]]
+        elif _LOCAL.fullmatch(text) and not text.endswith(".py"):
+            head = _named(text.split(".")[0], module, space)
             if inspect.ismodule(head):
                 out.append((text, head.__name__ + text[text.index("."):]))
             elif inspect.isclass(head):
                 out.append((text, f"{head.__module__}.{head.__qualname__}"
                                   + text[text.index("."):]))
     return out
+
+
+def _named(name: str, module: str, space: dict[str, Any]) -> Any:
+    """What ``name`` means in ``module``: a global of it or, in a package's ``__init__``, one of
+    its modules (``executor_pool`` in ``actors/__init__.py``, imported yet or not), else None."""
+    if name in space:
+        return space[name]
+    return _import(f"{module}.{name}") if "__path__" in space else None
 
 
 def _import(name: str) -> Optional[Any]:
@@ -159,7 +168,8 @@ def test_the_claim_reader_sees_each_form_and_resolution_fails_on_a_wrong_name():
     assert resolve("sandbox.config.SandboxConfig.python") == ""    # a pydantic field
     assert resolve("actors.ticket.Ticket.nowhere") == "actors.ticket.Ticket has no 'nowhere'"
     assert resolve("actors.no_such_module.Name") == "actors has no 'no_such_module'"
-    local = claims("``Slots.acquire(timeout)`` then ``Slots.nope``", "actors.executor_pool")
+    local = claims("``Slots.acquire(timeout)`` then ``Slots.nope`` in ``executor_slots.py``",
+                   "actors.executor_pool")
     assert local == [("Slots.acquire", "actors.executor_slots.Slots.acquire"),
                      ("Slots.nope", "actors.executor_slots.Slots.nope")]
     assert resolve(local[1][1]) == "actors.executor_slots.Slots has no 'nope'"
