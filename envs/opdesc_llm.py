@@ -45,6 +45,7 @@ from envs.untrusted import beneath, is_file_beneath, iter_lines, open_for_append
 
 log = logging.getLogger(__name__)
 PROMPT_VERSION = "e1-v1"
+JSON_MODES = ("json_schema", "json_object")   # how the endpoint is asked for JSON
 
 SYSTEM_PROMPT = f"""You analyse tasks for executable tool-use environments. Given a task (instruction,
 initial-state summary, verifier checks, available tools) reply with ONE JSON object describing what
@@ -116,9 +117,9 @@ class LLMDescriber:
                  timeout_s: float = 120.0, json_mode: str = "json_schema",
                  max_tokens: int = 2048, temperature: float = 0.0,
                  cache_root: Optional[str | Path] = None):
-        if json_mode not in ("json_schema", "json_object"):
-            raise ValueError(f"the json_mode parameter of LLMDescriber must be 'json_schema' or "
-                             f"'json_object', got {json_mode!r}")
+        if json_mode not in JSON_MODES:
+            raise ValueError(f"the json_mode parameter of LLMDescriber must be one of "
+                             f"{JSON_MODES}, got {json_mode!r}")
         self.endpoint = endpoint.rstrip("/")
         self.model, self.api_key = model, api_key
         # no transport retries here: the loop in describe_one retries (and counts) every request

@@ -64,6 +64,7 @@ import yaml
 from envs import strict_json
 from launch.evaluation import read_eval
 from launch.metrics import read_jsonl
+from launch.split import SPLITS
 from scheduling.variance import group_variance
 from scheduling.simulate.metrics import mean_ci, paired_summary
 
@@ -250,7 +251,7 @@ def run_summary(run_dir: Path) -> dict[str, float]:
            "tools_per_batch": col("tools_per_batch"),
            "rollouts": float(np.nansum([g(r, "groups") for r in rows]) * k) if rows else _nan()}
     evals = read_eval(run_dir)
-    for split in ("train", "heldout_task", "heldout_env"):
+    for split in SPLITS:
         key = f"eval_reward_{split}"
         vals = [e.get(key) for e in evals if e.get(key) is not None]
         out[f"eval_{split}"] = float(vals[-1]) if vals else _nan()
@@ -299,7 +300,7 @@ def curves(specs: Sequence[RunSpec]) -> dict[str, dict[str, list]]:
             continue
         n = min(len(e) for e in evs)
         row: dict[str, list] = {"steps": [e["step"] for e in evs[0][:n]]}
-        for split in ("train", "heldout_task", "heldout_env"):
+        for split in SPLITS:
             key = f"eval_reward_{split}"
             if all(key in e[0] for e in evs):
                 per_seed = np.array([[x.get(key) if x.get(key) is not None else np.nan
@@ -375,7 +376,7 @@ def _plot(out: Path, m: dict[str, Any]) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    for split in ("train", "heldout_task", "heldout_env"):
+    for split in SPLITS:
         fig, ax = plt.subplots(figsize=(6, 4))
         drawn = False
         for name, c in m["curves"].items():

@@ -30,13 +30,14 @@ May import: pydantic, sandbox.importpaths (``PROJECT_ROOT``) and the standard li
 
 from __future__ import annotations
 
-from typing import Literal, Optional
+from typing import Literal, Optional, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from sandbox.importpaths import PROJECT_ROOT  # noqa: F401 - re-exported: defined once, there
 
 Backend = Literal["auto", "bwrap", "unshare", "docker", "none"]
+BACKENDS: tuple[str, ...] = get_args(Backend)
 
 
 class SandboxConfig(BaseModel):

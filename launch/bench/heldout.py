@@ -35,7 +35,8 @@ import resource
 import time
 from pathlib import Path
 
-PARTS = ("train", "heldout_task", "heldout_env")
+from launch.split import SPLITS
+
 # The tiny policy's learning settings: configs/cpu_demo.yaml's (chosen on the demo, docs/demo.md).
 TINY = ["policy.path=null", "policy.engine=hf", "cluster.rollout.python=null",
         "rollout.engine_kwargs={}", "sft.enabled=true", "sft.epochs=80", "sft.target_loss=0.03",
@@ -96,7 +97,7 @@ def summarize(runs: list[dict]) -> dict:
 
     done = [r for r in runs if r.get("status") == "finished"]
     row: dict = {"finished": len(done), "runs": len(runs)}
-    for part in PARTS:
+    for part in SPLITS:
         final = [r[f"eval_{part}"] for r in done]
         gain = [r[f"eval_{part}_gain"] for r in done]
         row[part] = {"step0": (final[0] - gain[0]) if done else float("nan"),
@@ -110,7 +111,7 @@ def table(result: dict) -> str:
              "| policy | part | step 0 | final | gain | runs | wall s | CPU s |",
              "|---|---|---|---|---|---|---|---|"]
     for name, row in result["policies"].items():
-        for part in PARTS:
+        for part in SPLITS:
             p = row[part]
             lines.append(f"| {name} | {part} | {p['step0']:.3f} | {_ci(p['final'])} | "
                          f"{_ci(p['gain'], signed=True)} | {row['finished']}/{row['runs']} | "

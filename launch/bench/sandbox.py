@@ -26,10 +26,12 @@ import statistics
 import time
 from typing import Any
 
+from sandbox.config import BACKENDS
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backend", default="auto",
-                        choices=("auto", "bwrap", "unshare", "docker", "none"))
+                        choices=BACKENDS)
     parser.add_argument("--calls", type=int, default=3000, help="tool calls timed")
     parser.add_argument("--episodes", type=int, default=200, help="episodes timed")
     parser.add_argument("--no-ray", action="store_true", help="skip the executor-actor figure")

@@ -14,6 +14,8 @@ import argparse
 import os
 from pathlib import Path
 
+from envs.opdesc_llm import JSON_MODES
+
 CACHE_FILE = ".cache/op_descriptions_cache.jsonl"
 
 
@@ -30,7 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--retries", type=int, default=2)
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds per request")
-    parser.add_argument("--json-mode", choices=("json_schema", "json_object"),
+    parser.add_argument("--json-mode", choices=JSON_MODES,
                         default="json_schema")
     parser.add_argument("--max-tokens", type=int, default=2048)
     parser.add_argument("--no-progress", action="store_true")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 
+from envs.adapters.taubench import MODES
 from launch.errors import UserError
 
 
@@ -18,7 +19,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, help="pool directory to write")
     parser.add_argument("--domain", choices=("retail", "airline"), help="tau-bench domain")
     parser.add_argument("--split", choices=("train", "test", "dev"), help="tau-bench split")
-    parser.add_argument("--mode", choices=("instruction", "conversational"), default=None,
+    parser.add_argument("--mode", choices=MODES, default=None,
                         help="tau-bench: instruction (the user's goal is the agent's "
                         "instruction; default) or conversational (a simulated user plays it)")
     parser.add_argument("--name", default=None, help="pool name (default: from the source)")

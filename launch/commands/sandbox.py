@@ -19,8 +19,8 @@ import json
 from dataclasses import asdict
 
 from launch.errors import UserError
+from sandbox.config import BACKENDS
 
-BACKENDS = ("auto", "bwrap", "unshare", "docker", "none")
 ISOLATING = ("bwrap", "unshare", "docker")  # what ``--backend all`` tries, in this order
 
 
