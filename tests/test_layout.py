@@ -14,7 +14,7 @@
   sessions, the GRPO loss and the learner's step, the executors' slot policy, protocol and plain
   executor, and the ticket.
 - The driver and the plain side of its roles (``launch/controller.py``, the ticket
-  ``actors/ticket.py``, the tracker ``launch/tracker.py``, the contract
+  ``actors/ticket.py``, the ledger ``launch/ledger.py``, the contract
   ``launch/roles_contract.py``, the decisions of ``Roles`` in ``launch/roles_core.py``) import no
   Ray: only ``launch/roles.py`` does.
 - Nothing below ``launch/`` (``actors``, ``envs``, ``sandbox``, ``scheduling``) imports ``launch``.
@@ -49,7 +49,7 @@ PLAIN_ACTOR_FILES = ("actors/rollout/agent_loop.py", "actors/rollout/runner.py",
                      "actors/executor_slots.py", "actors/executors.py", "actors/env_executor.py",
                      "actors/ticket.py", "actors/rollout/conversation.py",
                      "actors/user_sim/simulator.py", "actors/user_sim/config.py")
-PLAIN_DRIVER_FILES = ("launch/controller.py", "actors/ticket.py", "launch/tracker.py",
+PLAIN_DRIVER_FILES = ("launch/controller.py", "actors/ticket.py", "launch/ledger.py",
                       "launch/roles_contract.py", "launch/roles_core.py")
 
 
