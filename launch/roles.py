@@ -41,7 +41,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 import ray
 
@@ -49,6 +49,12 @@ from actors.ticket import Ticket
 from launch.cluster import role_options
 from launch.roles_core import PUBLISHES, RoleError, RolesCore
 from launch.scheduler_journal import SchedulerJournal
+
+if TYPE_CHECKING:
+    from envs.pool import Pool
+    from envs.trajectory import Group
+    from launch.config import TrainConfig
+    from launch.eval_pools import EvalPool
 
 __all__ = ["GroupCall", "RoleError", "Roles"]
 
@@ -66,8 +72,8 @@ class GroupCall:
 class Roles:
     """``RolesContract`` on Ray: the calls here, the decisions in ``self.core``."""
 
-    def __init__(self, cfg: Any, pool: Any, pool_dir: Path, run_dir: Path, model_path: str,
-                 eval_pools: Sequence[Any] = ()):
+    def __init__(self, cfg: TrainConfig, pool: Pool, pool_dir: Path, run_dir: Path,
+                 model_path: str, eval_pools: Sequence[EvalPool] = ()):
         from actors.learner.learner_actor import LearnerGroup
         from actors.learner.weight_sync import make_weight_sync
         from actors.replay_port import identifier_check_builder
@@ -108,7 +114,7 @@ class Roles:
 
     # ---- rollout -----------------------------------------------------------------------------
     @staticmethod
-    def _start_user_sims(cfg: Any, pool: Any) -> Optional[list]:
+    def _start_user_sims(cfg: TrainConfig, pool: Pool) -> Optional[list]:
         """The user-simulator actors, or None when no task of the pool is conversational."""
         from actors.user_sim_actor import start_user_sims
 
@@ -262,7 +268,7 @@ class Roles:
         self.journal.handed_out(n, out)
         return out
 
-    def absorb(self, group: Any) -> None:
+    def absorb(self, group: Group) -> None:
         self.journal.absorbing(group)
         self._sched(lambda: self.scheduler.absorb.remote(group), f"absorb({group.task_id})",
                     retry=False)
