@@ -34,7 +34,8 @@ from pathlib import Path
 from typing import Any, Literal, Optional, Sequence
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator,
+                      model_validator)
 
 from actors.executor_config import ExecutorConfig
 from actors.learner.config import LearnerConfig
@@ -94,6 +95,7 @@ class SchedulerConfig(_Section):
                                    "params model, e.g. EnvSchedParams for envsched)")
     mode: Literal["batch", "stream"] = Field(
         "stream", description="stream: hand out tasks as capacity frees; batch: a whole step")
+    _typed: Optional[BaseModel] = PrivateAttr(None)
 
     @field_validator("name")
     @classmethod
@@ -107,20 +109,22 @@ class SchedulerConfig(_Section):
 
     @model_validator(mode="after")
     def _typed_params(self) -> "SchedulerConfig":
-        self.typed_params()
-        return self
-
-    def typed_params(self) -> BaseModel:
-        """``params`` as the registry's model; its errors are located at ``params.<field>``."""
+        """``params`` validated as the registry's model, once (again only when a field is
+        assigned); its errors are located at ``params.<field>``."""
         from scheduling.registry import validate_params
 
         try:
-            return validate_params(self.name, self.params)
+            self._typed = validate_params(self.name, self.params)
+            return self
         except ValidationError as e:
             keep = ("type", "loc", "input", "ctx")
             raise ValidationError.from_exception_data(e.title, [
                 {k: v for k, v in dict(err, loc=("params", *err["loc"])).items() if k in keep}
                 for err in e.errors()]) from None
+
+    def typed_params(self) -> BaseModel:
+        """``params`` as the registry's params model (validated when this section was)."""
+        return self._typed
 
 
 class ControllerConfig(_Section):
