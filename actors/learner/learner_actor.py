@@ -76,8 +76,8 @@ class LearnerActor:
     """One DeepSpeed rank. Methods mirror ``LearnerEngine``; the class is wrapped by ``ray.remote``
     in ``LearnerGroup`` so that resources are chosen per group."""
 
-    def __init__(self, cfg: dict, rank: int, world_size: int):
-        self.cfg = LearnerConfig.model_validate(cfg)
+    def __init__(self, cfg: LearnerConfig, rank: int, world_size: int):
+        self.cfg = cfg   # validated once, by the driver's config: a model pickles through Ray
         self.rank, self.world = rank, world_size
         self.engine = None
         # also set by the actor's runtime env (``learner_actor_options``); set here too so that a
@@ -171,8 +171,7 @@ class LearnerGroup:
                                f"cache, got {cfg.model_path!r}: {e}") from None
         self.cfg = cfg
         remote = ray.remote(LearnerActor).options(**learner_actor_options(cfg))
-        data = cfg.model_dump()
-        self.actors = [remote.remote(data, r, cfg.ranks) for r in range(cfg.ranks)]
+        self.actors = [remote.remote(cfg, r, cfg.ranks) for r in range(cfg.ranks)]
         addr, port = self._get([self.actors[0].address.remote()], "address")[0]
         self.master = (addr, port)
         self.step = self._get([a.setup.remote(addr, port) for a in self.actors], "setup")[0]

@@ -14,7 +14,8 @@ import textwrap
 
 import pytest
 
-from actors.executor_pool import ExecutorConfig, ExecutorPool
+from actors.executor_config import ExecutorConfig
+from actors.executor_pool import ExecutorPool
 from actors.policy import build_tiny_policy, load_tokenizer
 from actors.rollout.agent_loop import AgentLoop, turn_seed
 from actors.rollout.config import RolloutConfig
