@@ -3,7 +3,7 @@
 
 ``Roles(cfg, pool, pool_dir, run_dir, model_path, eval_pools)`` creates, on the connected Ray
 cluster: the executor pool (``actors.executor_pool.ExecutorPool``, sized by
-``cluster.executors.num``, resizable while the run goes on), the single scheduler actor
+``executors.num_executors`` per rollout worker, resizable while the run goes on), the single scheduler actor
 (``actors.scheduler_actor``), the rollout workers (``actors.rollout_worker``,
 ``cluster.rollout.num`` of them; each serves the training pool and the evaluation pools,
 ``launch.eval_pools.worker_pools``, in its executors' sandboxes), the learner group
@@ -89,7 +89,7 @@ class Roles:
         self.core = RolesCore()
         scheduler = build_scheduler(cfg, pool, run_dir)
         builder = identifier_check_builder(self.pool_dir, cfg.scheduler.name,
-                                           cfg.scheduler.params)
+                                           cfg.scheduler.typed_params())
         self._start_scheduler = lambda: scheduler_actor_class().options(  # noqa: E731
             **role_options(cfg.cluster.scheduler)).remote(
                 scheduler, filter_builder=builder, replay_port=self._replay_port())
@@ -125,7 +125,7 @@ class Roles:
             raise RoleError("the pool has conversational tasks but cluster.user_sim.num is 0; "
                             "fix: set cluster.user_sim.num to 1 or more")
         opts = role_options(res)
-        return start_user_sims(cfg.user_sim.model_dump(), res.num, opts["num_cpus"],
+        return start_user_sims(cfg.user_sim, res.num, opts["num_cpus"],
                                opts["runtime_env"], opts.get("resources"))
 
     def _new_worker(self, i: int):
@@ -139,11 +139,11 @@ class Roles:
             resources=opts.get("resources"),
             engine_kwargs=lora_engine_kwargs(self.cfg.policy.engine, self.cfg.rollout.engine_kwargs,
                                               self.cfg.learner.lora),
-            model_path=self.model_path, config=self.cfg.rollout.model_dump(),
+            model_path=self.model_path, config=self.cfg.rollout,
             executors="pool", name=f"rollout-{i}", eval_pools=self.eval_pools,
             users=self.users,
-            executor_config={**self.cfg.executors.model_dump(),
-                             "num_executors": self.executors_per_worker})
+            executor_config=self.cfg.executors.model_copy(
+                update={"num_executors": self.executors_per_worker}))
 
     def resize_executors(self, n: int) -> int:
         """Resize every rollout worker's executor pool to ``n`` executors while the run goes on
