@@ -42,12 +42,12 @@ from sandbox.worker import SandboxWorker
 class EnvExecutor:
     """``num_workers`` sandbox workers serving sticky episode sessions and replays."""
 
-    def __init__(self, pool: Pool, sandbox: Union[SandboxConfig, dict, None] = None,
+    def __init__(self, pool: Pool, sandbox: Optional[SandboxConfig] = None,
                  num_workers: int = 2, name: str = "executor-0", prestart: bool = True):
         if num_workers < 1:
             raise ValueError(f"{name}: num_workers must be >= 1, got {num_workers}")
         self.pool, self.name = pool, name
-        config = sandbox if isinstance(sandbox, SandboxConfig) else SandboxConfig(**(sandbox or {}))
+        config = sandbox or SandboxConfig()
         require_pool_packages(pool, config.python)  # a missing declared package: one line
         self.workers = [SandboxWorker(config) for _ in range(num_workers)]
         self._free = list(range(num_workers))

@@ -2,6 +2,7 @@
 style: a plain object owning private actors, the library's own exceptions, sync and async calls).
 
     executors = ExecutorPool(pool, ExecutorConfig(num_executors=4, workers_per_executor=2))
+    # ExecutorConfig: actors.executor_config (no Ray), the ``executors:`` section of a run
     session = executors.open_session(task, seed=7)      # sticky to one sandbox until close()
     step = session.step("find_customer", {"name": "Ann"})   # or: await session.astep(...)
     result = session.verify(); session.close()
@@ -35,8 +36,8 @@ capacity, release on failure, the placement fallback); ``actors.executor_session
 is one session (an async core with thin blocking wrappers); ``ExecutorPool`` implements the
 ``actors.executors.Executors`` protocol shared with the local ``SandboxSessions``.
 
-May import: ray, actors.env_executor, actors.executor_session, actors.executor_slots,
-actors.executors, envs.*, sandbox.*, pydantic, the standard library.
+May import: ray, actors.env_executor, actors.executor_config, actors.executor_session,
+actors.executor_slots, actors.executors, envs.*, sandbox.*, the standard library.
 """
 
 from __future__ import annotations
@@ -49,41 +50,21 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Optional, Union
 
 import ray
-from pydantic import BaseModel, ConfigDict, Field
 from ray.exceptions import ActorDiedError, ActorUnavailableError
 
 from actors.env_executor import EnvExecutor
+from actors.executor_config import ExecutorConfig
 from actors.executor_session import RAY_ERRORS, ExecutorSession, to_sandbox_error
 from actors.executor_slots import Slots, short_resources
 from actors.executors import Actions
 from envs.pool import Pool
 from envs.spec import TaskSpec
 from envs.trajectory import VerifyResult
-from sandbox.config import SandboxConfig
 from sandbox.errors import SandboxError
 
 log = logging.getLogger(__name__)
 _CLAIM_S = 10.0  # how long Ray's available_resources() may not yet show an actor we started
 _OPEN_THREADS = 256  # blocking opens and replays in flight at once (see ExecutorPool._in_thread)
-
-
-class ExecutorConfig(BaseModel):
-    """Size and placement of the executor pool (``executors:`` in the YAML configs)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    num_executors: int = Field(2, ge=0, description="EnvExecutor actors")
-    workers_per_executor: int = Field(2, ge=1, description="sandbox workers per actor")
-    num_cpus_per_executor: float = Field(0.25, gt=0, description="Ray CPUs per actor")
-    max_restarts: int = Field(3, ge=0, description="Ray restarts of a dead executor")
-    acquire_timeout_s: float = Field(120.0, gt=0, description="wait for a free sandbox")
-    rpc_margin_s: float = Field(15.0, gt=0, description="added to sandbox limits per ray.get")
-    prestart: bool = Field(True, description="start every sandbox when an executor starts")
-    sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
-    name_prefix: str = "env-executor"
-    resources: dict[str, float] = Field(
-        default_factory=dict, description="Ray custom resources per actor, e.g. "
-        "{envsched_executor: 1}: executors go only to nodes offering them (see 'Placement')")
 
 
 def _get_through_restart(method: Any, args: tuple, timeout: float) -> Any:

@@ -13,13 +13,15 @@ called there with the port, it loads the pool and returns the group check of
 filter or its params switch it off: ``envsched``'s ``identifier_filter``, ``envsched-bayes``'s
 ``envsched.identifier_filter``). No training config is rebuilt.
 
-May import: ray (inside calls), scheduling, envs, the standard library. Never launch.
+May import: ray (inside calls), scheduling, envs, pydantic, the standard library. Never launch.
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence, Union
+
+from pydantic import BaseModel
 
 from scheduling.replay import GroupCheck, ReplayPort
 
@@ -50,8 +52,8 @@ class WorkerReplay:
                                 f"({len(self.workers)} tried): {errors}")
 
 
-def _build_check(pool_dir: str, name: str, params: dict[str, Any], port: ReplayPort
-                 ) -> Optional[GroupCheck]:
+def _build_check(pool_dir: str, name: str, params: Union[BaseModel, dict[str, Any]],
+                 port: ReplayPort) -> Optional[GroupCheck]:
     from envs.pool import load_pool
     from scheduling.registry import identifier_filter_settings
     from scheduling.replay import group_check
@@ -62,6 +64,10 @@ def _build_check(pool_dir: str, name: str, params: dict[str, Any], port: ReplayP
     return group_check(load_pool(pool_dir), settings, port)
 
 
-def identifier_check_builder(pool_dir: str, name: str, params: Mapping[str, Any]
+def identifier_check_builder(pool_dir: str, name: str, params: Union[BaseModel, Mapping[str, Any]]
                              ) -> Callable[[ReplayPort], Optional[GroupCheck]]:
-    return functools.partial(_build_check, str(pool_dir), name, dict(params))
+    """``params``: the scheduler's params model as the run's config validated it (handed to the
+    scheduler actor as it is), or a plain mapping (validated there)."""
+    if not isinstance(params, BaseModel):
+        params = dict(params)
+    return functools.partial(_build_check, str(pool_dir), name, params)

@@ -24,7 +24,8 @@ serves:
 ``make_weight_sync("auto")`` picks NCCL exactly when the engine is vLLM.
 
 Sessions: ``executors="pool"`` (default) opens sticky sessions on the sandboxed executor pool
-(``actors.executor_pool.ExecutorPool``, built here from ``executor_config``), or on any object
+(``actors.executor_pool.ExecutorPool``, built here from ``executor_config``, an
+``actors.executor_config.ExecutorConfig``), or on any object
 implementing ``actors.executors.Executors`` passed in (``SandboxSessions`` too). Pool code never
 runs in this process: no command passes in-process executors (``actors.rollout.session``, which
 only tests of the loop and the controller use, with ``GroupRunner`` directly). Live episodes are
@@ -33,8 +34,12 @@ timeouts; callers bound their ``ray.get`` on this actor themselves.
 
 Conversational tasks (``envs.spec.UserSpec``) need a simulated user: ``users`` is a list of
 user-simulator actor handles (``actors.user_sim_actor``, the run's simulator pool, used through
-``RemoteUsers``), or a ``UserSimConfig`` dict for a simulator inside this worker (``envsched
+``RemoteUsers``), or a ``UserSimConfig`` for a simulator inside this worker (``envsched
 rollout``, tests), or None (no conversational task can run: ``ValueError`` naming the task).
+
+Configs arrive as the driver validated them (``RolloutConfig``, ``ExecutorConfig``,
+``UserSimConfig``: pydantic models pickle through Ray) and are not validated again here; a plain
+dict is still accepted, and validated, from a caller that has no model.
 
 May import: ray, actors.*, envs.*, the standard library; torch/transformers/vllm via the engines.
 """
@@ -48,7 +53,8 @@ from typing import Any, Optional, Union
 
 import ray
 
-from actors.executor_pool import ExecutorConfig, ExecutorPool
+from actors.executor_config import ExecutorConfig
+from actors.executor_pool import ExecutorPool
 from actors.executors import Executors
 from actors.rollout.agent_loop import AgentLoop
 from actors.rollout.config import RolloutConfig
@@ -63,22 +69,23 @@ from envs.pool_union import with_eval_pools
 from envs.trajectory import Group
 
 
-def _executors(pool, executors: Union[str, Executors], executor_config: Optional[dict]
-               ) -> Executors:
+def _executors(pool, executors: Union[str, Executors],
+               executor_config: Union[ExecutorConfig, dict, None]) -> Executors:
     """The worker's session source: a new ``ExecutorPool`` for ``"pool"``, else the given one."""
     if isinstance(executors, str):
         if executors != "pool":
             raise ValueError(f"executors must be 'pool' or an executor pool object, got "
                              f"{executors!r} (environments run only in the sandbox)")
-        return ExecutorPool(pool, ExecutorConfig(**(executor_config or {})))
+        return ExecutorPool(pool, ExecutorConfig.model_validate(executor_config or {}))
     return executors
 
 
-def _users(users: Union[None, list, dict], name: str) -> Optional[UserSimulator]:
+def _users(users: Union[None, list, UserSimConfig, dict], name: str
+           ) -> Optional[UserSimulator]:
     if users is None:
         return None
-    if isinstance(users, dict):
-        return make_user_simulator(UserSimConfig(**users), f"{name}/user-sim")
+    if isinstance(users, (UserSimConfig, dict)):
+        return make_user_simulator(UserSimConfig.model_validate(users), f"{name}/user-sim")
     return RemoteUsers(users)
 
 
@@ -86,15 +93,14 @@ class RolloutWorker:
     def __init__(self, pool_dir: str, engine: str = "hf", model_path: Optional[str] = None,
                  config: Union[RolloutConfig, dict, None] = None,
                  executors: Union[str, Executors] = "pool",
-                 executor_config: Optional[dict] = None,
+                 executor_config: Union[ExecutorConfig, dict, None] = None,
                  engine_kwargs: Optional[dict] = None, name: str = "rollout-0",
                  eval_pools: Optional[dict[str, str]] = None,
-                 users: Union[None, list, dict] = None):
+                 users: Union[None, list, UserSimConfig, dict] = None):
         from actors.policy import build_tiny_policy, load_tokenizer
 
         self.name = name
-        self.config = config if isinstance(config, RolloutConfig) else \
-            RolloutConfig(**(config or {}))
+        self.config = RolloutConfig.model_validate(config or {})   # a model: as it is
         self.pool = with_eval_pools(load_pool(pool_dir), {
             n: load_pool(d) for n, d in (eval_pools or {}).items()})
         path = model_path or (str(build_tiny_policy()) if engine != "vllm" else None)

@@ -19,7 +19,7 @@ May import: ray, actors.user_sim, the standard library.
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from typing import Any, Optional, Sequence, Union
 
 import ray
 
@@ -30,9 +30,9 @@ RESTARTS = 3
 
 
 class UserSimActor:
-    def __init__(self, config: dict, name: str = "user-sim-0"):
+    def __init__(self, config: UserSimConfig, name: str = "user-sim-0"):
         self.name = name
-        self.sim = make_user_simulator(UserSimConfig(**config), name)
+        self.sim = make_user_simulator(config, name)
 
     async def reply(self, turn: UserTurn) -> str:
         return await self.sim.reply(turn)
@@ -47,18 +47,20 @@ class UserSimActor:
 UserSimActorClass = ray.remote(UserSimActor)
 
 
-def start_user_sims(config: dict, num: int, num_cpus: float = 0.1,
+def start_user_sims(config: Union[UserSimConfig, dict], num: int, num_cpus: float = 0.1,
                     runtime_env: Optional[dict] = None, resources: Optional[dict] = None
                     ) -> list:
-    """``num`` simulator actors for ``config`` (a ``UserSimConfig`` as a dict); their handles."""
-    cfg = UserSimConfig(**config)   # a bad config fails here, in the driver, naming the field
+    """``num`` simulator actors for ``config`` (the run's validated ``user_sim`` section, handed
+    to each actor as it is; a dict is validated here, in the driver, naming a bad field); their
+    handles."""
+    cfg = UserSimConfig.model_validate(config)
     if cfg.kind == "openai" and cfg.endpoint is None:
         raise ValueError("the pool has conversational tasks but user_sim.endpoint is unset; fix: "
                          "set user_sim.endpoint=http://HOST:PORT/v1 (any OpenAI-compatible "
                          "server) or user_sim.kind=scripted with user_sim.scripts")
     return [UserSimActorClass.options(num_cpus=num_cpus, runtime_env=runtime_env,
                                       resources=resources, max_restarts=RESTARTS,
-                                      max_concurrency=1000).remote(config, f"user-sim-{i}")
+                                      max_concurrency=1000).remote(cfg, f"user-sim-{i}")
             for i in range(num)]
 
 

@@ -345,10 +345,10 @@ class SandboxRunner:
     """Validation's runner: one isolated ``sandbox.worker.SandboxWorker`` (replaced by the worker
     itself when a call crashes or hangs). Shared states are sent to the worker once per ref."""
 
-    def __init__(self, config: Any = None):
+    def __init__(self):
         from sandbox.worker import SandboxWorker
 
-        self.worker = SandboxWorker(config)
+        self.worker = SandboxWorker()   # the default sandbox: validation's, not a run's
 
     def load(self, env: Environment) -> None:
         self.worker.load(env)

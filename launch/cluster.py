@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from actors.learner.config import ds_accelerator
-from launch.config import ClusterConfig, RoleResources
+from launch.config import ClusterConfig, RoleResources, TrainConfig
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 # Every actor of the run; DeepSpeed's accelerator is per role (``accelerator_env``).
@@ -85,8 +85,8 @@ def role_options(res: RoleResources) -> dict[str, Any]:
     return opts
 
 
-def role_plan(cfg: Any) -> dict[str, dict[str, Any]]:
-    """Ray options of one actor of each role started by ``launch.roles`` (``cfg``: TrainConfig):
+def role_plan(cfg: TrainConfig) -> dict[str, dict[str, Any]]:
+    """Ray options of one actor of each role started by ``launch.roles``:
     rollout workers, the scheduler and learner ranks. Executors are started by each rollout
     worker's ``ExecutorPool`` on CPUs (``executors.*``) and use no accelerator."""
     from actors.learner.learner_actor import learner_actor_options

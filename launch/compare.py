@@ -56,7 +56,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 import numpy as np
 import yaml
@@ -67,6 +67,9 @@ from launch.metrics import read_jsonl
 from launch.split import SPLITS
 from scheduling.variance import group_variance
 from scheduling.simulate.metrics import mean_ci, paired_summary
+
+if TYPE_CHECKING:
+    from launch.config import TrainConfig
 
 # (key, header, decimals): the simulator's Table 2 columns, then what only real training has.
 COLUMNS = (("mean_reward_variance", "Mean reward var.", 5),
@@ -97,7 +100,7 @@ def plan(schedulers: Sequence[str], seeds: Sequence[int], out: Path) -> list[Run
             for seed in seeds for s in schedulers]
 
 
-def run_config(cfg: Any, spec: RunSpec, pool_dir: Path, policy_dir: str) -> dict[str, Any]:
+def run_config(cfg: TrainConfig, spec: RunSpec, pool_dir: Path, policy_dir: str) -> dict[str, Any]:
     """The YAML dict of one run: the shared config with only scheduler and seed changed."""
     d = cfg.to_yaml_dict()
     d["run"]["seed"] = spec.seed
@@ -183,7 +186,7 @@ def _share_step0(out: Path, spec: RunSpec, specs: Sequence[RunSpec], config: dic
     return source
 
 
-def compare(cfg: Any, schedulers: Sequence[str], seeds: Sequence[int], out: Path,
+def compare(cfg: TrainConfig, schedulers: Sequence[str], seeds: Sequence[int], out: Path,
             timeout_s: Optional[float] = None, log=None, share_step0: bool = True
             ) -> dict[str, Any]:
     from launch.trainer import prepare_policy, prepare_pool
@@ -192,7 +195,7 @@ def compare(cfg: Any, schedulers: Sequence[str], seeds: Sequence[int], out: Path
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    pool_dir = prepare_pool(cfg, out)
+    pool_dir = prepare_pool(cfg.pool, out)
     policy_dir = prepare_policy(cfg, pool_dir, out)
     log(f"[compare] shared pool {pool_dir}, warm start {policy_dir} "
         f"({time.perf_counter() - t0:.0f} s)")
@@ -269,7 +272,7 @@ def _rollout_k(run_dir: Path) -> int:
     return 1
 
 
-def build_metrics(specs: Sequence[RunSpec], cfg: Any) -> dict[str, Any]:
+def build_metrics(specs: Sequence[RunSpec], cfg: TrainConfig) -> dict[str, Any]:
     by: dict[str, dict[int, dict[str, float]]] = {}
     runs = []
     for spec in specs:

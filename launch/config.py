@@ -5,14 +5,16 @@ pool), ``scheduler`` (which ``scheduling/`` scheduler and its parameters), ``con
 (staleness, concurrency, timeouts, retries, checkpoints), ``cluster`` (Ray address and per-role
 resources), ``policy`` (model path and rollout engine), ``sft`` (the demo's warm start, run when
 ``policy.path`` is unset), ``eval`` (the fixed-set evaluation, defined in
-``launch.eval_config``). Sections owned by the role modules are composed, not redefined:
-``executors`` (``actors.executor_pool.ExecutorConfig``), ``rollout``
+``launch.eval_config``). Sections owned by the role modules are declared here with their owners'
+classes, not redefined: ``executors`` (``actors.executor_config.ExecutorConfig``), ``rollout``
 (``actors.rollout.config.RolloutConfig``), ``learner`` (``actors.learner.config.LearnerConfig``),
 ``logging`` (``launch.loggers.LoggingConfig``) and ``user_sim``
-(``actors.user_sim.config.UserSimConfig``) are
-validated by those classes, imported when the config is built, so every default lives in exactly
-one place. A value that follows another is derived when the config is built, not repeated:
-``learner.total_steps`` unset = ``run.steps``; the scheduler's B is always ``run.batch_size``.
+(``actors.user_sim.config.UserSimConfig``), so every default lives in exactly one place and a
+function that needs one section takes that section's class. None of them imports Ray: loading a
+config never does. A value that follows another is derived when the config is built, not
+repeated: ``learner.total_steps`` unset = ``run.steps``; the scheduler's B is always
+``run.batch_size``. A section is validated once, here, and handed on as that object (through
+Ray too: pydantic models pickle).
 
 Loading: ``load_config(path, overrides)`` reads YAML (none = ``configs/cpu_demo.yaml``), applies
 dotted overrides ``key.sub=value`` (values parsed as YAML scalars: ``3``, ``1e-6``, ``true``,
@@ -20,24 +22,28 @@ dotted overrides ``key.sub=value`` (values parsed as YAML scalars: ``3``, ``1e-6
 field, the value given and the fix (the closest known key, the expected type).
 
 May import: pydantic, yaml, the standard library, envs.text (strict UTF-8 reading),
-launch.eval_config, and the role config modules named above.
+launch.eval_config, the role config modules named above, actors.rollout.engine_args and
+scheduling.registry (no Ray, no torch).
 """
 
 from __future__ import annotations
 
 import difflib
-import functools
-import importlib
 import os
 from pathlib import Path
 from typing import Any, Literal, Optional, Sequence
 
 import yaml
-from pydantic import (BaseModel, ConfigDict, Field, ValidationError, create_model,
-                      field_validator, model_validator)
+from pydantic import (BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator,
+                      model_validator)
 
+from actors.executor_config import ExecutorConfig
+from actors.learner.config import LearnerConfig
+from actors.rollout.config import RolloutConfig
+from actors.user_sim.config import UserSimConfig
 from envs.text import NotUtf8Error, read_utf8
 from launch.eval_config import EvalConfig
+from launch.loggers import LoggingConfig
 
 REPO = Path(__file__).resolve().parents[1]
 # The shipped configs: package data of ``launch`` (``launch/configs`` links to the checkout's
@@ -45,14 +51,7 @@ REPO = Path(__file__).resolve().parents[1]
 PACKAGED_CONFIGS = Path(__file__).resolve().parent / "configs"
 DEFAULT_CONFIG = PACKAGED_CONFIGS / "cpu_demo.yaml"
 
-# Section name -> (module, class) of the role-owned config it is validated by.
-ROLE_CONFIGS = {
-    "executors": ("actors.executor_pool", "ExecutorConfig"),
-    "rollout": ("actors.rollout.config", "RolloutConfig"),
-    "learner": ("actors.learner.config", "LearnerConfig"),
-    "logging": ("launch.loggers", "LoggingConfig"),
-    "user_sim": ("actors.user_sim.config", "UserSimConfig"),
-}
+
 class ConfigError(ValueError):
     """A configuration mistake; the message names the field, the value and the fix."""
 
@@ -96,6 +95,7 @@ class SchedulerConfig(_Section):
                                    "params model, e.g. EnvSchedParams for envsched)")
     mode: Literal["batch", "stream"] = Field(
         "stream", description="stream: hand out tasks as capacity frees; batch: a whole step")
+    _typed: Optional[BaseModel] = PrivateAttr(None)
 
     @field_validator("name")
     @classmethod
@@ -109,20 +109,22 @@ class SchedulerConfig(_Section):
 
     @model_validator(mode="after")
     def _typed_params(self) -> "SchedulerConfig":
-        self.typed_params()
-        return self
-
-    def typed_params(self) -> BaseModel:
-        """``params`` as the registry's model; its errors are located at ``params.<field>``."""
+        """``params`` validated as the registry's model, once (again only when a field is
+        assigned); its errors are located at ``params.<field>``."""
         from scheduling.registry import validate_params
 
         try:
-            return validate_params(self.name, self.params)
+            self._typed = validate_params(self.name, self.params)
+            return self
         except ValidationError as e:
             keep = ("type", "loc", "input", "ctx")
             raise ValidationError.from_exception_data(e.title, [
                 {k: v for k, v in dict(err, loc=("params", *err["loc"])).items() if k in keep}
                 for err in e.errors()]) from None
+
+    def typed_params(self) -> BaseModel:
+        """``params`` as the registry's params model (validated when this section was)."""
+        return self._typed
 
 
 class ControllerConfig(_Section):
@@ -199,7 +201,8 @@ class SftConfig(_Section):
 
 
 class TrainConfig(_Section):
-    """The sections owned here; ``train_config_model()`` adds the role-owned ones."""
+    """The whole run: the sections owned here and the role-owned ones (see the module
+    docstring)."""
 
     run: RunConfig = RunConfig()
     pool: PoolConfig = PoolConfig()
@@ -209,6 +212,11 @@ class TrainConfig(_Section):
     policy: PolicyConfig = PolicyConfig()
     sft: SftConfig = SftConfig()
     eval: EvalConfig = EvalConfig()
+    executors: ExecutorConfig = Field(default_factory=ExecutorConfig)
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    learner: LearnerConfig = Field(default_factory=LearnerConfig)
+    logging: LoggingConfig = Field(default_factory=LoggingConfig)
+    user_sim: UserSimConfig = Field(default_factory=UserSimConfig)
 
     def to_yaml_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
@@ -217,13 +225,10 @@ class TrainConfig(_Section):
     def _rollout_engine_fits(self) -> "TrainConfig":
         """``rollout.engine_kwargs`` are arguments of ``policy.engine``, and a vLLM rollout actor
         holds the GPUs its engine shards over (tensor x pipeline parallel)."""
-        rollout = getattr(self, "rollout", None)
-        if rollout is None:
-            return self
         from actors.rollout.engine_args import check_engine_kwargs, gpus_per_engine
 
-        check_engine_kwargs(self.policy.engine, rollout.engine_kwargs)
-        need, have = gpus_per_engine(rollout.engine_kwargs), self.cluster.rollout.num_gpus
+        check_engine_kwargs(self.policy.engine, self.rollout.engine_kwargs)
+        need, have = gpus_per_engine(self.rollout.engine_kwargs), self.cluster.rollout.num_gpus
         if self.policy.engine == "vllm" and have > 0 and have != need:
             raise ValueError(
                 f"cluster.rollout.num_gpus is {have:g} but each vLLM engine shards over {need} "
@@ -237,8 +242,8 @@ class TrainConfig(_Section):
         so the run length has one source. A run no longer than its warm-up never reaches the
         cosine; ``warmup_steps + 1`` then keeps the schedule valid without changing any step's
         rate."""
-        learner = getattr(self, "learner", None)
-        if learner is None or "total_steps" in learner.model_fields_set:
+        learner = self.learner
+        if "total_steps" in learner.model_fields_set:
             return self
         total = max(self.run.steps, learner.warmup_steps + 1)
         derived = learner.model_copy(update={"total_steps": total})
@@ -249,28 +254,12 @@ class TrainConfig(_Section):
     @model_validator(mode="after")
     def _executors_can_run(self) -> "TrainConfig":
         """With no executor no episode can start: the run would wait forever, not fail."""
-        executors = getattr(self, "executors", None)
-        if executors is not None and executors.num_executors < 1:
-            raise ValueError(f"executors.num_executors is {executors.num_executors}: no sandbox "
+        num = self.executors.num_executors
+        if num < 1:
+            raise ValueError(f"executors.num_executors is {num}: no sandbox "
                              f"could run an episode and the run would wait forever; fix: set "
                              f"executors.num_executors to 1 or more")
         return self
-
-
-def _role_model(section: str) -> type[BaseModel]:
-    module, name = ROLE_CONFIGS[section]
-    return getattr(importlib.import_module(module), name)
-
-
-@functools.lru_cache(maxsize=1)
-def train_config_model() -> type[TrainConfig]:
-    """``TrainConfig`` with the role sections typed by their owners' classes (imported lazily so
-    this module stays importable while a role module is being edited)."""
-    fields = {}
-    for section in ROLE_CONFIGS:
-        role = _role_model(section)
-        fields[section] = (role, Field(default_factory=role))
-    return create_model("TrainConfig", __base__=TrainConfig, **fields)
 
 
 def _suggest(key: str, known: Sequence[str]) -> str:
@@ -311,7 +300,7 @@ def _explain(err: ValidationError, source: str, tree: Optional[dict[str, Any]] =
             lines.append(f"{source}: {e['msg'].removeprefix('Value error, ')}")
         elif e["type"] == "extra_forbidden":
             known = (_scheduler_param_keys(tree) if loc[:2] == ["scheduler", "params"]
-                     else _known_keys(train_config_model(), loc[:-1]))
+                     else _known_keys(TrainConfig, loc[:-1]))
             hint = (f"set {RUN_LEVEL[loc[-1]]} instead (B, K and the seed are the run's)"
                     if loc[:2] == ["scheduler", "params"] and loc[-1] in RUN_LEVEL
                     else _suggest(str(loc[-1]), known))
@@ -348,7 +337,7 @@ def set_dotted(tree: dict[str, Any], override: str) -> None:
 
 def build_config(tree: dict[str, Any], source: str = "config") -> TrainConfig:
     try:
-        return train_config_model().model_validate(tree)
+        return TrainConfig.model_validate(tree)
     except ValidationError as e:
         raise _explain(e, source, tree) from None
 

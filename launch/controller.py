@@ -1,58 +1,41 @@
 """The training driver: scheduler -> rollout -> learner -> weights, overlapped with bounded
-staleness. The whole loop is ``Controller.run`` (one screen); the parts below it are small.
+staleness. ``Controller.run`` is the whole loop; every decision in it is the ledger's
+(``launch/ledger.py:Ledger``: tickets, the staleness law, retries, the policy version), every
+action a call on ``roles`` (``launch/roles_contract.py:RolesContract``; on Ray
+``launch/roles.py:Roles``).
 
-One iteration: (1) admit as many new groups as ``Admission.capacity()`` allows (tickets,
-``actors/ticket.py``, come from the scheduler actor, one per group; the controller issues each
-with its id and a fixed episode seed); (2) wait for any group to finish; an accepted group goes
-to the buffer and to the scheduler actor (``absorb``); a failed one (actor died, timeout, under 2
-trajectories left by infrastructure faults) gives its slot back, is re-issued with the same id and
-seed, up to ``controller.retries`` times, then dropped and logged (``launch/tracker.py``, one
-retry path for training and evaluation tickets); (3) when a batch is ready and no step is
-pending, the learner trains on it at once (checked before the loop blocks collecting) while
-rollout workers keep generating the groups already admitted; weights are published as v+1.
+One iteration: (1) admit: the ledger says which tickets wait to go again and how many new ones
+to ask the scheduler for (``Ledger.wanted``); new ones get their id and episode seed
+(``Ledger.issue``), each goes to the least-busy rollout worker (``Ledger.place``,
+``roles.submit``); (2) collect: the groups finished, and those past ``controller.call_timeout_s``
+(cancelled, settled as a ``TimeoutError``), are settled in the ledger: an accepted training group
+is buffered and absorbed by the scheduler; a failed one (worker died, timeout, under two valid
+trajectories) gives its slot back and goes again with the same id and seed, up to
+``controller.retries`` times, then is dropped (``dropped.jsonl``); (3) when no step is pending and
+the ledger has a batch ready, the learner starts on it at once (``roles.train`` returns a handle)
+while the loop keeps admitting and collecting; when the step resolves: log its groups, publish
+v+1 to every worker, then ``Ledger.published(v+1)``, log, evaluate, checkpoint.
 
-The learner step is a future (``roles.train`` returns a handle at once): while it trains, the loop
-keeps admitting, collecting and absorbing, so groups that finish meanwhile are credited to the
-scheduler and their slots re-issued. The staleness law holds unchanged because the admission
-version moves only on publish (``launch/admission.py``): while step s+1 trains, workers still
-sample with version s and admission counts version s, so a group issued then trains at a step
-``<= s + max_staleness + 1``, on weights ``<= s + max_staleness``. With ``max_staleness: 0`` that
-leaves no capacity during a step (synchronous, as before). One learner step is pending at a time;
-when it resolves: publish, bump the version, log, evaluate, checkpoint. Checkpoints are taken only
-between learner steps (nothing popped from the buffer is then untrained), so they stay consistent.
-
-Selections are made just in time: the loop absorbs every group already back before it admits,
-and asks the scheduler for tasks only when a slot can be issued (``scheduler.mode: stream`` per
-slot, ``batch`` per B slots); the scheduler picks a whole step of B when the first slot of that
-step is asked for. ``selection_unseen_groups`` records, per trained group, how many issued groups
-were not yet absorbed when its step was selected (history the selection could not see).
-``rollout_idle_share`` is the share of wall time rollout workers had no group in flight (from the
-in-flight count over time, with the least-busy placement of ``Roles.submit``), next to
-``learner_idle_share``: 1 - learner time / the step's wall time less any evaluation run in it
-(an evaluation is waiting by design, not the learner starved of groups).
-
-Bounded staleness is by admission control (``launch/admission.py``), never by discarding groups;
-it bounds a group's oldest token (partial rollouts): the learner takes the oldest groups first
-and waits rather than strand a long episode beyond ``max_staleness`` (``Admission.batch_ready``).
-``roles`` is anything that implements ``launch/roles_contract.py:RolesContract``; on Ray,
-``launch/roles.py:Roles``, where every remote call has a timeout; a dead RolloutWorker (found by
-a group or by a weight publish) is replaced and re-synced to the latest weights, and its
-in-flight groups are re-issued: a group is either accepted exactly once or logged as dropped. A
-dead scheduler actor is rebuilt by ``Roles`` from its last snapshot plus the calls made since
-(see ``launch/scheduler_journal.py``), so the controller never sees it.
+Admission counts the published version, which moves only after every worker has it, so the law
+of the ledger's docstring holds while a step trains; with ``max_staleness: 0`` nothing is
+admitted during a step (synchronous). Selections are made just in time: the loop absorbs every
+group back before it admits, and asks for tasks only when a slot can be issued
+(``scheduler.mode: stream`` per slot, ``batch`` per B slots). ``selection_unseen_groups``: per
+trained group, how many issued groups were not yet absorbed when its step was selected.
+``learner_idle_share`` is 1 - learner time / the step's wall time less any evaluation run in it;
+``rollout_idle_share`` comes from ``launch.metrics.Occupancy``. A dead rollout worker or scheduler
+actor is replaced by ``Roles`` (launch/roles.py), so the controller sees only failed groups.
 
 Evaluation (``eval.enabled``; ``launch/evaluation.py``): at step 0, every ``eval.every`` steps and
-after the last step, the fixed evaluation tasks run on the current weights as tickets of kind
-``EVAL`` through the same submit/wait/retry path (a failed one is re-issued at once: it holds no
-slot); they never reach the admission counters, the scheduler or the learner. Training groups
-already admitted keep running and are collected meanwhile; no weights are published during an
-evaluation, so all of it samples one version. The sets: the training pool's and each of
-``eval.pools`` (``eval_pools``, reported apart: ``eval_reward@NAME``). Results go to
-``RUN_DIR/eval.jsonl`` and that step's metrics record (step 0's to the metric backends only).
+after the last, the fixed evaluation tasks run on the current weights as ``EVAL`` tickets through
+the same submit/collect/retry path (a failed one goes again at once: it holds no slot); they never
+reach the admission counters, the scheduler or the learner, and no weights are published during
+an evaluation. The sets: the training pool's and each of ``eval.pools`` (``eval_reward@NAME``);
+results go to ``RUN_DIR/eval.jsonl`` and that step's record.
 
-Checkpoints (``launch/checkpoint.py``) hold the counters, RNG, buffered groups and the tickets in
-flight, which are re-issued first on resume; resuming cuts metrics.jsonl and eval.jsonl back to
-the checkpoint's step.
+Checkpoints (``launch/checkpoint.py``) are taken only between learner steps and hold the ledger's
+state (``Ledger.state_dict``: tickets open are issued again first on resume); resuming cuts
+metrics.jsonl and eval.jsonl back to the checkpoint's step.
 
 May import: numpy, the standard library, launch.*, envs.*, actors.ticket (no Ray: Ray lives in
 ``launch/roles.py``).
@@ -61,23 +44,24 @@ May import: numpy, the standard library, launch.*, envs.*, actors.ticket (no Ray
 from __future__ import annotations
 
 import time
-from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 import numpy as np
 
 from envs import strict_json
 from actors.ticket import EVAL, TRAIN, Ticket
-from launch.admission import Admission
 from launch.checkpoint import Checkpoint, save_checkpoint, truncate_logs
 from launch.control import ControlWatcher
 from launch.evaluation import (EvalSet, append_eval, eval_line, eval_records, eval_tickets,
                                 read_eval, warn_changed_sets)
-from launch.metrics import MetricsLogger, step_metrics
+from launch.ledger import Buffered, Ledger
+from launch.metrics import MetricsLogger, Occupancy, step_metrics
 from launch.roles_contract import RolesContract
-from launch.tracker import TicketTracker
+
+if TYPE_CHECKING:
+    from launch.config import TrainConfig
 
 POLL_S = 0.1    # the collect slice while a learner step is pending: how late its end is noticed
 
@@ -87,7 +71,7 @@ class _LearnerStep:
     """The learner step in flight: its handle, the batch it trains, the record so far."""
 
     handle: Any
-    batch: list
+    batch: list[Buffered]
     record: dict[str, Any]
     t0: float
 
@@ -99,41 +83,10 @@ def learner_idle_share(learner_s: float, step_s: float, eval_s: float = 0.0) -> 
     return max(0.0, 1.0 - learner_s / window)
 
 
-class Occupancy:
-    """Rollout-worker occupancy over wall time, from the number of groups in flight.
-
-    ``update(n)`` says n groups are in flight from now on; the previous count is charged for the
-    time since the last update. With ``workers`` W and least-busy placement, min(n, W) workers
-    have an episode to run; ``take()`` returns, since the previous ``take``, the share of
-    worker-time without one (``rollout_idle_share``) and the mean in-flight groups over
-    ``max_groups`` (``rollout_occupancy``). A group finished on a worker but not yet collected
-    counts as running (an under-estimate of idleness by at most the driver's collect latency)."""
-
-    def __init__(self, workers: int, max_groups: int):
-        self.workers, self.max_groups = max(1, workers), max(1, max_groups)
-        self.n, self.t = 0, time.perf_counter()
-        self.idle = self.busy = self.span = 0.0
-
-    def update(self, n: int) -> None:
-        now = time.perf_counter()
-        dt, self.t = now - self.t, now
-        self.idle += dt * (self.workers - min(self.n, self.workers)) / self.workers
-        self.busy += dt * min(self.n, self.max_groups) / self.max_groups
-        self.span += dt
-        self.n = n
-
-    def take(self) -> dict[str, float]:
-        self.update(self.n)
-        span = self.span or 1.0
-        out = {"rollout_idle_share": self.idle / span, "rollout_occupancy": self.busy / span}
-        self.idle = self.busy = self.span = 0.0
-        return out
-
-
 class Controller:
     """The driver loop of the module docstring over ``roles``, a ``RolesContract``."""
 
-    def __init__(self, cfg: Any, roles: RolesContract, run_dir: Path,
+    def __init__(self, cfg: TrainConfig, roles: RolesContract, run_dir: Path,
                  total_steps: Optional[int] = None, eval_task_ids: Optional[list[str]] = None,
                  eval_split_of: Optional[dict[str, str]] = None,
                  eval_pools: Sequence[EvalSet] = ()):
@@ -143,29 +96,29 @@ class Controller:
         self.eval_groups: dict[int, Any] = {}   # evaluation index -> group, during one evaluation
         self.total_steps = total_steps or cfg.run.steps
         c = cfg.controller
-        self.adm = Admission(batch=cfg.run.batch_size, max_staleness=c.max_staleness,
-                             max_concurrent=c.max_concurrent_groups)
-        self.rng = np.random.default_rng(cfg.run.seed)
-        self.step = 0            # learner steps done == published policy version
-        self.next_ticket = 0     # the id of the next training ticket
-        self.tickets = TicketTracker(c.retries)   # in flight and waiting to be issued again
-        self.buffer: dict[int, tuple[Ticket, Any]] = {}   # ticket id -> accepted (ticket, group)
+        self.ledger = Ledger(cfg.run.batch_size, c.max_staleness, c.max_concurrent_groups,
+                             retries=c.retries, timeout_s=c.call_timeout_s,
+                             workers=cfg.cluster.rollout.num, seed=cfg.run.seed,
+                             batch_mode=cfg.scheduler.mode == "batch")
         self.timer = {"rollout_wait": 0.0, "learner": 0.0, "sync": 0.0, "scheduler": 0.0}
-        self.selections_log: list[tuple[int, str]] = []  # (selection step, task id) as issued
         self.control = ControlWatcher(self.run_dir)
         self.learning: Optional[_LearnerStep] = None   # the pending learner step
-        self.selection_unseen: dict[int, int] = {}      # selection step -> unseen groups then
         self.occupancy = Occupancy(cfg.cluster.rollout.num, c.max_concurrent_groups)
+
+    @property
+    def step(self) -> int:
+        """Learner steps done: the ledger's policy version."""
+        return self.ledger.version
 
     @property
     def dropped(self) -> list[dict[str, Any]]:
         """Training tickets that failed every attempt (``dropped.jsonl``)."""
-        return self.tickets.dropped[TRAIN]
+        return self.ledger.dropped[TRAIN]
 
     def unfinished(self) -> list[dict[str, Any]]:
         """Training tickets neither accepted nor dropped: in flight or waiting to go again."""
         return [{"ticket": t.id, "task_id": t.task_id, "step": t.step, "attempts": t.attempt}
-                for t in sorted(self.tickets.open(TRAIN), key=lambda t: t.id)]
+                for t in sorted(self.ledger.open(TRAIN), key=lambda t: t.id)]
 
     def run(self) -> dict[str, Any]:
         log = MetricsLogger(self.run_dir, self.total_steps, self.step,
@@ -219,34 +172,18 @@ class Controller:
 
     # ---- (1) admission -----------------------------------------------------------------------
     def _admit(self) -> None:
-        n = self.adm.capacity()
-        if n <= 0:
-            return
-        tickets = self.tickets.take(TRAIN, n)
-        fresh = n - len(tickets)
-        if self.cfg.scheduler.mode == "batch" and self.tickets.inflight:
-            # whole selections only; with nothing in flight take what is left, so a dropped
-            # group can never leave capacity stuck below B
-            fresh -= fresh % self.adm.batch
+        tickets, fresh = self.ledger.wanted()
         if fresh > 0:
             t0 = time.perf_counter()
-            unseen = len(self.adm.running) + len(self.tickets.waiting[TRAIN]) + len(tickets)
-            for i, t in enumerate(self.roles.next_tasks(fresh)):
-                if t.step not in self.selection_unseen:   # first seen: selected now, after the
-                    # i hand-outs before it in this call (issued, not absorbed); only the latest
-                    self.selection_unseen = {t.step: unseen + i}   # selection counts
-                tickets.append(t.issued(self.next_ticket, int(self.rng.integers(2**31 - 1)),
-                                        self.selection_unseen[t.step]))
-                self.selections_log.append((t.step, t.task_id))
-                self.next_ticket += 1
+            tickets += self.ledger.issue(self.roles.next_tasks(fresh), unseen_before=len(tickets))
             self.timer["scheduler"] += time.perf_counter() - t0
         for t in tickets:
-            self.adm.issue(t.id)
             self._submit(t)
-        self.occupancy.update(len(self.tickets.inflight))
+        self.occupancy.update(len(self.ledger.flights))
 
     def _submit(self, t: Ticket) -> None:
-        self.tickets.flying(self.roles.submit(t), t)
+        worker = self.ledger.place()
+        self.ledger.launched(self.roles.submit(t, worker), t, worker)
 
     # ---- evaluation --------------------------------------------------------------------------
     def _eval_due(self) -> bool:
@@ -261,16 +198,16 @@ class Controller:
         """The fixed evaluation set on policy version ``self.step``; returns its record."""
         t0 = time.perf_counter()
         self.eval_groups = {}
-        self.tickets.dropped[EVAL].clear()
+        self.ledger.dropped[EVAL].clear()
         for t in eval_tickets(self.eval_sets, self.cfg.eval):
             self._submit(t)
-        self.occupancy.update(len(self.tickets.inflight))
-        while self.tickets.open(EVAL):
+        self.occupancy.update(len(self.ledger.flights))
+        while self.ledger.open(EVAL):
             if self.step < self.total_steps:
                 self._admit()
             self._collect(timeout=1.0)
         record = eval_records(self.step, self.eval_sets, self.eval_groups,
-                              self.tickets.dropped[EVAL], time.perf_counter() - t0)
+                              self.ledger.dropped[EVAL], time.perf_counter() - t0)
         append_eval(self.run_dir, record, self.eval_groups)
         print(eval_line(record, self.cfg.eval.k), flush=True)
         self.eval_groups = {}
@@ -278,44 +215,42 @@ class Controller:
 
     # ---- (2) completion ----------------------------------------------------------------------
     def _collect(self, timeout: float) -> None:
-        """Settle every finished group: a failure goes to the tracker's one retry path (a
-        training ticket gives its slot back first); an accepted training group is buffered and
-        absorbed, an evaluation group kept for its record."""
-        if not self.tickets.inflight:
+        """Settle every finished or overdue group in the ledger (a failure waits to go again
+        or is dropped; an accepted training group is buffered); absorb the accepted training
+        groups, keep the evaluation groups for their record."""
+        if not self.ledger.flights:
             return
         t0 = time.perf_counter()
-        finished = self.roles.wait(list(self.tickets.inflight), timeout=timeout)
+        finished = self.roles.wait(list(self.ledger.flights), timeout=timeout)
+        late = self.ledger.overdue([h for h, _ in finished])
+        if late:
+            self.roles.cancel(late)
+            finished += [(h, TimeoutError(f"group timed out after {self.ledger.timeout_s} s"))
+                         for h in late]
         self.timer["rollout_wait"] += time.perf_counter() - t0
         for handle, result in finished:
-            t = self.tickets.land(handle)
-            why = self.tickets.settle(result)
-            if why is not None:
-                if t.kind == TRAIN:
-                    self.adm.release(t.id)
-                self.tickets.fail(t, why)
-            elif t.kind == EVAL:
+            t, why = self.ledger.settle(handle, result)
+            if why is None and t.kind == EVAL:
                 self.eval_groups[t.id] = result
-            else:
-                self.adm.accept(t.id, result.oldest_version)
-                self.buffer[t.id] = (t, result)
+            elif why is None:
                 self.roles.absorb(result)
-        for t in self.tickets.take(EVAL):   # outside admission: issued again at once
+        for t in self.ledger.take(EVAL):   # outside admission: issued again at once
             self._submit(t)
-        self.occupancy.update(len(self.tickets.inflight))
+        self.occupancy.update(len(self.ledger.flights))
 
     # ---- (3) learning ------------------------------------------------------------------------
     def _start_step_if_ready(self) -> None:
         """Start the next learner step as soon as none is pending and a batch is ready (not
         after the loop's blocking collect: that cost up to a second of learner idle per step)."""
-        if self.learning is None and self.adm.batch_ready():
+        if self.learning is None and self.ledger.batch_ready():
             self._start_step()
 
     def _start_step(self) -> None:
-        """Hand the next batch (``Admission.consume``) to the learner; returns at once."""
-        batch = [self.buffer.pop(i) for i in self.adm.consume()]   # earliest deadlines first
-        groups = [g for _, g in batch]
-        record = step_metrics(groups, [t.selection for t, _ in batch], self.step)
-        unseen = [t.unseen for t, _ in batch]
+        """Hand the next batch (``Ledger.take_batch``) to the learner; returns at once."""
+        batch = self.ledger.take_batch()   # earliest deadlines first
+        groups = [b.group for b in batch]
+        record = step_metrics(groups, [b.ticket.selection for b in batch], self.step)
+        unseen = [b.ticket.unseen for b in batch]
         record.update({"selection_unseen_groups": float(np.mean(unseen)),
                        "selection_unseen_groups_max": float(max(unseen))})
         self.learning = _LearnerStep(self.roles.train(groups), batch, record, time.perf_counter())
@@ -324,30 +259,30 @@ class Controller:
         """If the pending learner step is done: log its groups, publish version v+1 and return
         the step's record; else None. With nothing in flight it waits one slice for the step."""
         pending = self.learning
-        metrics = self.roles.train_result(pending.handle, timeout=0.0 if self.tickets.inflight
+        metrics = self.roles.train_result(pending.handle, timeout=0.0 if self.ledger.flights
                                           else POLL_S)
         if metrics is None:
             return None
         t1 = time.perf_counter()
         self.learning, record = None, pending.record
         with (self.run_dir / "groups.jsonl").open("a") as f:  # what was trained, group by group
-            f.writelines(strict_json.dumps({"step": self.step + 1, "ticket": t.id,
-                                     "task_id": g.task_id, "env_id": g.env_id, "phase": t.phase,
-                                     "selection_step": t.step, "unseen": t.unseen,
-                                     "rewards": [float(r) for r in g.rewards]}) + "\n"
-                         for t, g in pending.batch)
+            f.writelines(strict_json.dumps({"step": self.step + 1, "ticket": b.ticket.id,
+                                     "task_id": b.group.task_id, "env_id": b.group.env_id,
+                                     "phase": b.ticket.phase, "selection_step": b.ticket.step,
+                                     "unseen": b.ticket.unseen,
+                                     "rewards": [float(r) for r in b.group.rewards]}) + "\n"
+                         for b in pending.batch)
         record.update({f"learner_{k}": v for k, v in metrics.items()})
         self.roles.publish(self.step + 1)
         t2 = time.perf_counter()
-        self.step += 1
-        self.adm.publish(self.step)
+        self.ledger.published(self.step + 1)
         record.update(self.roles.step_extras())
         record.update({"time_learner_s": t1 - pending.t0, "time_sync_s": t2 - t1,
                        "time_rollout_wait_s": self.timer["rollout_wait"],
                        "time_scheduler_s": self.timer["scheduler"],
                        "groups_dropped": float(len(self.dropped)),
-                       "groups_released": float(self.adm.released), **self.tickets.take_counts(),
-                       "inflight": float(len(self.tickets.inflight))})
+                       "groups_released": float(self.ledger.released),
+                       **self.ledger.take_counts(), "inflight": float(len(self.ledger.flights))})
         self.timer = dict.fromkeys(self.timer, 0.0)
         return record
 
@@ -356,30 +291,11 @@ class Controller:
         if self.learning is not None:
             raise RuntimeError("controller state taken while a learner step is pending: its "
                                "batch is neither buffered nor trained; checkpoint between steps")
-        pending = self.tickets.open(TRAIN)   # not accepted yet: waiting to be issued, in flight
-        return {"step": self.step, "next_ticket": self.next_ticket,
-                "admission": self.adm.state_dict(), "rng": self.rng.bit_generator.state,
-                "inflight": [t.to_dict() for t in sorted(pending, key=lambda t: t.id)],
-                "buffer": [(t.to_dict(), g.to_dict()) for t, g in self.buffer.values()],
-                "dropped": list(self.dropped), "selections": list(self.selections_log),
-                "selection_unseen": dict(self.selection_unseen),
+        return {**self.ledger.state_dict(),
                 "eval_sets": {s.name: list(s.task_ids) for s in self.eval_sets}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        from envs.trajectory import Group
-
-        self.step = int(state["step"])
-        self.next_ticket = int(state["next_ticket"])
-        self.rng.bit_generator.state = state["rng"]
-        self.tickets.waiting[TRAIN] = deque(Ticket.from_dict(t) for t in state["inflight"])
-        self.buffer = {t["id"]: (Ticket.from_dict(t), Group.from_dict(g))
-                       for t, g in state["buffer"]}
-        self.adm.load_state_dict(state["admission"], [(i, g.oldest_version)
-                                                      for i, (_, g) in self.buffer.items()])
-        self.tickets.dropped[TRAIN] = list(state["dropped"])
-        self.selections_log = [tuple(s) for s in state["selections"]]
-        self.selection_unseen = {int(k): int(v)
-                                 for k, v in state.get("selection_unseen", {}).items()}
+        self.ledger.load_state_dict(state)
         warn_changed_sets(state.get("eval_sets"), self.eval_sets)
 
     def checkpoint(self) -> Path:

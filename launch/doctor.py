@@ -38,10 +38,13 @@ import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Optional, Sequence
+from typing import Iterable, Optional, Sequence
 
+from actors.executor_config import ExecutorConfig
 from launch.cluster import role_plan
+from launch.config import ClusterConfig, PoolConfig, TrainConfig
 from launch.errors import UserError
+from launch.loggers import LoggingConfig
 from scheduling import registry
 
 MIN_PYTHON = (3, 10)
@@ -73,11 +76,11 @@ def _tuple(version: str) -> tuple[int, ...]:
     return tuple(int(p) for p in version.split("+")[0].split(".")[:2] if p.isdigit())
 
 
-def needs_gpus(cfg: Any) -> bool:
+def needs_gpus(cfg: TrainConfig) -> bool:
     return cfg.learner.num_gpus_per_rank > 0 or cfg.cluster.rollout.num_gpus > 0
 
 
-def check_versions(cfg: Any, local: bool) -> list[Check]:
+def check_versions(cfg: TrainConfig, local: bool) -> list[Check]:
     py = sys.version_info
     out = [Check("python", "ok" if py[:2] >= MIN_PYTHON else "fail", sys.version.split()[0],
                  "use Python 3.10 or newer")]
@@ -149,7 +152,7 @@ def _check_vllm(local: bool) -> Check:
     return Check("vllm", "ok", f"{vllm} (torch {torch})")
 
 
-def check_cuda(cfg: Any, local: bool) -> list[Check]:
+def check_cuda(cfg: TrainConfig, local: bool) -> list[Check]:
     if not needs_gpus(cfg):
         return [Check("cuda", "ok", "not needed (no role asks for GPUs)")]
     import torch
@@ -168,14 +171,14 @@ def check_cuda(cfg: Any, local: bool) -> list[Check]:
     return out
 
 
-def check_accelerators(cfg: Any) -> list[Check]:
+def check_accelerators(cfg: TrainConfig) -> list[Check]:
     plan = role_plan(cfg)
     roles = ", ".join(f"{role} {opts['runtime_env']['env_vars']['DS_ACCELERATOR']}"
                       for role, opts in plan.items())
     return [Check("accelerator", "ok", f"DeepSpeed per role: {roles}")]
 
 
-def check_sandbox(cfg: Any, local: bool) -> list[Check]:
+def check_sandbox(cfg: ExecutorConfig, local: bool) -> list[Check]:
     from sandbox.backends import backend_problem, resolve_backend
     from sandbox.errors import SandboxError
 
@@ -188,7 +191,7 @@ def check_sandbox(cfg: Any, local: bool) -> list[Check]:
     docker = shutil.which("docker")
     out.append(Check("docker", "ok" if docker else "warn", docker or "not on PATH",
                      "install docker to use sandbox.backend=docker"))
-    backend = cfg.executors.sandbox.backend
+    backend = cfg.sandbox.backend
     try:
         chosen = resolve_backend(backend)
         out.append(Check("sandbox", "ok", f"backend {backend} -> {chosen}"))
@@ -198,16 +201,16 @@ def check_sandbox(cfg: Any, local: bool) -> list[Check]:
     return out
 
 
-def check_logging(cfg: Any) -> list[Check]:
+def check_logging(cfg: LoggingConfig) -> list[Check]:
     from launch.loggers import check_extras
 
-    missing = check_extras(cfg.logging)
-    backends = ", ".join(["jsonl", *cfg.logging.backends])
+    missing = check_extras(cfg)
+    backends = ", ".join(["jsonl", *cfg.backends])
     return [Check("logging", "fail" if missing else "ok", f"backends {backends}"
                   + (" (packages missing)" if missing else ""), "; ".join(missing))]
 
 
-def check_policy(cfg: Any) -> list[Check]:
+def check_policy(cfg: TrainConfig) -> list[Check]:
     from actors.checkpoints import PolicyPathError
     from actors.policy import resolve_model
 
@@ -227,22 +230,21 @@ def check_policy(cfg: Any) -> list[Check]:
                       "download ID)")]
 
 
-def check_pool(cfg: Any) -> list[Check]:
-    if not cfg.pool.path:
-        p = cfg.pool
-        return [Check("pool", "ok", f"generated into RUN_DIR/pool ({p.generate_envs} envs x "
-                      f"{p.generate_tasks_per_env} tasks)")]
+def check_pool(cfg: PoolConfig) -> list[Check]:
+    if not cfg.path:
+        return [Check("pool", "ok", f"generated into RUN_DIR/pool ({cfg.generate_envs} envs x "
+                      f"{cfg.generate_tasks_per_env} tasks)")]
     from envs.pool import PoolError, load_pool
 
     try:
-        pool = load_pool(cfg.pool.path)
+        pool = load_pool(cfg.path)
     except (PoolError, OSError) as e:
-        return [Check("pool", "fail", f"{cfg.pool.path}: {e}",
+        return [Check("pool", "fail", f"{cfg.path}: {e}",
                       "set pool.path to a pool directory (envsched pool import/generate)")]
-    return [Check("pool", "ok", f"{cfg.pool.path}: {len(pool.tasks)} tasks")]
+    return [Check("pool", "ok", f"{cfg.path}: {len(pool.tasks)} tasks")]
 
 
-def check_eval_pools(cfg: Any) -> list[Check]:
+def check_eval_pools(cfg: TrainConfig) -> list[Check]:
     """Each evaluation pool of ``eval.pools`` loads and fits (``launch.eval_pools``)."""
     from launch.eval_pools import load_eval_pools
 
@@ -254,7 +256,7 @@ def check_eval_pools(cfg: Any) -> list[Check]:
                   f"{len(p.pool.tasks)} tasks ({p.path})") for p in pools]
 
 
-def check_run_dir(cfg: Any, run_dir: Optional[Path]) -> list[Check]:
+def check_run_dir(cfg: TrainConfig, run_dir: Optional[Path]) -> list[Check]:
     target = Path(run_dir).resolve() if run_dir else Path.cwd()
     existing = next(p for p in (target, *target.parents) if p.exists())
     out = []
@@ -273,7 +275,7 @@ def check_run_dir(cfg: Any, run_dir: Optional[Path]) -> list[Check]:
     return out
 
 
-def checkpoint_bytes(cfg: Any) -> int:
+def checkpoint_bytes(cfg: TrainConfig) -> int:
     """~Size of one checkpoint: bf16/fp32 weights + fp32 master copy + Adam's two moments."""
     from actors.policy import resolve_model
 
@@ -291,7 +293,7 @@ def checkpoint_bytes(cfg: Any) -> int:
     return int(params * (bytes_per_param + 12))
 
 
-def _demands(cfg: Any) -> list[tuple[str, int, dict[str, tuple[str, float]]]]:
+def _demands(cfg: TrainConfig) -> list[tuple[str, int, dict[str, tuple[str, float]]]]:
     """(role, actors, {Ray resource: (config key, amount per actor)})."""
     c, ex, ln = cfg.cluster, cfg.executors, cfg.learner
     rows = [("rollout", c.rollout.num, {"CPU": ("cluster.rollout.num_cpus", c.rollout.num_cpus),
@@ -316,7 +318,7 @@ def _how(name: str) -> str:
     return {"CPU": "--num-cpus", "GPU": "--num-gpus"}.get(name, f"--resources '{{\"{name}\": N}}'")
 
 
-def resource_checks(cfg: Any, nodes: Sequence[dict[str, float]]) -> list[Check]:
+def resource_checks(cfg: TrainConfig, nodes: Sequence[dict[str, float]]) -> list[Check]:
     """Each role's actor against the largest node, then every actor against the cluster."""
     total: dict[str, float] = {}
     for node in nodes:
@@ -360,12 +362,12 @@ def resource_checks(cfg: Any, nodes: Sequence[dict[str, float]]) -> list[Check]:
     return out
 
 
-def local_nodes(cfg: Any) -> list[dict[str, float]]:
+def local_nodes(cfg: ClusterConfig) -> list[dict[str, float]]:
     """The one node an embedded Ray would have (its CPUs: cluster.num_cpus or all; GPUs seen)."""
     import torch
 
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    return [{"CPU": float(cfg.cluster.num_cpus or os.cpu_count() or 1), "GPU": float(gpus)}]
+    return [{"CPU": float(cfg.num_cpus or os.cpu_count() or 1), "GPU": float(gpus)}]
 
 
 def ray_nodes() -> list[dict[str, float]]:
@@ -375,21 +377,22 @@ def ray_nodes() -> list[dict[str, float]]:
     return [dict(n["Resources"]) for n in ray.nodes() if n.get("Alive")]
 
 
-def static_checks(cfg: Any, run_dir: Optional[Path], local: bool) -> list[Check]:
+def static_checks(cfg: TrainConfig, run_dir: Optional[Path], local: bool) -> list[Check]:
     """Everything but the cluster's resources (no Ray needed)."""
     return [*check_versions(cfg, local), *check_cuda(cfg, local), *check_accelerators(cfg),
-            *check_sandbox(cfg, local), *check_logging(cfg), *check_policy(cfg),
-            *check_pool(cfg), *check_eval_pools(cfg), *check_run_dir(cfg, run_dir)]
+            *check_sandbox(cfg.executors, local), *check_logging(cfg.logging),
+            *check_policy(cfg), *check_pool(cfg.pool), *check_eval_pools(cfg),
+            *check_run_dir(cfg, run_dir)]
 
 
 def blockers(checks: Iterable[Check]) -> list[Check]:
     return [c for c in checks if c.status == "fail"]
 
 
-def check_fits(cfg: Any) -> None:
+def check_fits(cfg: TrainConfig) -> None:
     """Fail fast, naming the config key, when an actor of a role fits on no node of the connected
     Ray cluster, or all roles together ask for more than it has (otherwise Ray leaves actors
-    pending until a call times out); ``cfg`` is the TrainConfig. The checks are
+    pending until a call times out). The checks are
     ``resource_checks`` (also printed by ``envsched doctor``)."""
     failed = blockers(resource_checks(cfg, ray_nodes()))
     if failed:

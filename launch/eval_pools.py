@@ -27,12 +27,16 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Optional
 
 from envs.pool import Pool, PoolError, load_pool
 from envs.pool_union import eval_task_id
 from launch.errors import UserError
 from launch.evaluation import EvalSet, eval_tasks
+
+if TYPE_CHECKING:
+    from launch.config import TrainConfig
+    from launch.eval_config import EvalPoolConfig
 
 
 @dataclass(frozen=True)
@@ -47,7 +51,8 @@ def _same_dir(a: str | Path, b: Optional[str | Path]) -> bool:
     return b is not None and os.path.realpath(a) == os.path.realpath(b)
 
 
-def _load(i: int, entry: Any, cfg: Any, train_dir: Optional[str | Path]) -> EvalPool:
+def _load(i: int, entry: EvalPoolConfig, cfg: TrainConfig, train_dir: Optional[str | Path]
+          ) -> EvalPool:
     name = entry.label
     where = f"eval.pools[{i}] ({name})"
     if _same_dir(entry.path, train_dir):
@@ -73,31 +78,24 @@ def _load(i: int, entry: Any, cfg: Any, train_dir: Optional[str | Path]) -> Eval
         if not keep:
             raise UserError(f"{where}: no task of {entry.path} is in envs {entry.envs}")
         part = pool.subset(keep)
-    _check_packages(where, pool, cfg)
-    chosen = eval_tasks(part, _Choice(cfg.eval.pool_tasks(entry), cfg.eval.seed))
+    _check_packages(where, pool, cfg.executors.sandbox.python)
+    chosen = eval_tasks(part, cfg.eval.model_copy(update={"tasks": cfg.eval.pool_tasks(entry)}))
     ids = tuple(eval_task_id(name, t) for t in chosen)
     return EvalPool(name, Path(entry.path), pool, EvalSet(name, ids, cfg.eval.pool_k(entry)))
 
 
-@dataclass(frozen=True)
-class _Choice:
-    """What ``eval_tasks`` reads of a config: how many tasks, the seed."""
-
-    tasks: int
-    seed: int
-
-
-def _check_packages(where: str, pool: Pool, cfg: Any) -> None:
+def _check_packages(where: str, pool: Pool, python: Optional[str]) -> None:
+    """Every package the pool declares imports in the sandbox's interpreter (``python``)."""
     from sandbox.packages import missing_packages
 
-    missing = missing_packages(pool.meta.packages, cfg.executors.sandbox.python)
+    missing = missing_packages(pool.meta.packages, python)
     if missing:
         name, why = missing[0]
         raise UserError(f"{where}: {pool.root}/pool.yaml declares package {name!r}, which the "
                         f"sandbox cannot import: {why}")
 
 
-def load_eval_pools(cfg: Any, train_dir: Optional[str | Path]) -> list[EvalPool]:
+def load_eval_pools(cfg: TrainConfig, train_dir: Optional[str | Path]) -> list[EvalPool]:
     """Every entry of ``eval.pools`` loaded and checked (module docstring); ``[]`` when
     evaluation is off. ``train_dir``: the training pool's directory (None when not known yet)."""
     if not cfg.eval.enabled:

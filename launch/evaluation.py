@@ -42,7 +42,7 @@ from __future__ import annotations
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 import numpy as np
 
@@ -50,6 +50,9 @@ from actors.ticket import Ticket
 from envs import strict_json
 from launch.metrics import read_jsonl
 from scheduling.variance import group_variance
+
+if TYPE_CHECKING:
+    from launch.eval_config import EvalConfig
 
 
 @dataclass(frozen=True)
@@ -66,7 +69,7 @@ class EvalSet:
         return f"@{self.name}" if self.name else ""
 
 
-def eval_tasks(pool: Any, cfg: Any) -> list[str]:
+def eval_tasks(pool: Any, cfg: EvalConfig) -> list[str]:
     if cfg.tasks == 0:
         return [t.task_id for t in pool.tasks]
     by_env: dict[str, list[str]] = {}
@@ -85,12 +88,12 @@ def eval_tasks(pool: Any, cfg: Any) -> list[str]:
     return out
 
 
-def eval_seed(cfg: Any, index: int, name: str = "") -> int:
+def eval_seed(cfg: EvalConfig, index: int, name: str = "") -> int:
     key = [cfg.seed, index] + ([zlib.crc32(name.encode())] if name else [])
     return int(np.random.default_rng(key).integers(2**31 - 1))
 
 
-def eval_tickets(sets: Sequence[EvalSet], cfg: Any) -> list[Ticket]:
+def eval_tickets(sets: Sequence[EvalSet], cfg: EvalConfig) -> list[Ticket]:
     out: list[Ticket] = []
     for s in sets:
         for i, t in enumerate(s.task_ids):

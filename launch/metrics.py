@@ -24,9 +24,11 @@ issue is silent):
   step's trajectories of the first and third, ``version_lag_max`` the largest oldest-token lag
   (= ``staleness_max``), ``version_spread_mean`` / ``_max`` the oldest minus the newest lag, and
   ``mixed_version_share`` the share of trajectories sampled by more than one version.
-- timings ``time_<phase>_s`` and ``learner_idle_share`` are filled in by the controller.
+- timings ``time_<phase>_s`` and ``learner_idle_share`` are filled in by the controller;
+  ``rollout_idle_share`` and ``rollout_occupancy`` by ``Occupancy``, from the groups in flight
+  over wall time.
 - faults (docs/architecture.md, "Faults"), over every group that came back since the previous row,
-  trained or failed (``launch.tracker``): ``task_errors`` (valid trajectories the task's code
+  trained or failed (``launch.ledger.Ledger.take_counts``): ``task_errors`` (valid trajectories the task's code
   failed: kept with their reward), ``infra_errors`` (episode attempts the infrastructure lost:
   retried, or dropped), ``trajectories_dropped``; from the scheduler actor, ``quarantined_tasks``
   (tasks removed for repeated task faults, ``scheduling.quarantine``).
@@ -39,6 +41,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from pathlib import Path
 from typing import Any, Iterable, Optional, Sequence
 
@@ -255,3 +258,34 @@ def format_summary(summary: dict[str, Any]) -> str:
     if parts:
         lines.append("eval by part: " + "; ".join(parts))
     return "\n".join(lines)
+
+
+class Occupancy:
+    """Rollout-worker occupancy over wall time, from the number of groups in flight.
+
+    ``update(n)`` says n groups are in flight from now on; the previous count is charged for the
+    time since the last update. With ``workers`` W and least-busy placement, min(n, W) workers
+    have an episode to run; ``take()`` returns, since the previous ``take``, the share of
+    worker-time without one (``rollout_idle_share``) and the mean in-flight groups over
+    ``max_groups`` (``rollout_occupancy``). A group finished on a worker but not yet collected
+    counts as running (an under-estimate of idleness by at most the driver's collect latency)."""
+
+    def __init__(self, workers: int, max_groups: int):
+        self.workers, self.max_groups = max(1, workers), max(1, max_groups)
+        self.n, self.t = 0, time.perf_counter()
+        self.idle = self.busy = self.span = 0.0
+
+    def update(self, n: int) -> None:
+        now = time.perf_counter()
+        dt, self.t = now - self.t, now
+        self.idle += dt * (self.workers - min(self.n, self.workers)) / self.workers
+        self.busy += dt * min(self.n, self.max_groups) / self.max_groups
+        self.span += dt
+        self.n = n
+
+    def take(self) -> dict[str, float]:
+        self.update(self.n)
+        span = self.span or 1.0
+        out = {"rollout_idle_share": self.idle / span, "rollout_occupancy": self.busy / span}
+        self.idle = self.busy = self.span = 0.0
+        return out

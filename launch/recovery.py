@@ -7,8 +7,8 @@ policy. A ``LearnerDied`` from any learner call on the way (a step, a weight pub
 save, the export) is caught here, in this one place: the newest intact checkpoint is loaded; if
 there is none, or ``controller.learner_restarts`` rebuilds were done already, or the new group
 cannot start, the run stops with ``LearnerLost`` (one line; ``launch.trainer`` adds the command
-that continues or restarts the run). Otherwise ``Roles.rebuild_learner`` cancels every group in
-flight and starts a fresh learner group (with its weight sync) and scheduler actor, and a fresh
+that continues or restarts the run). Otherwise every group in flight is taken from the ledger
+and cancelled, ``Roles.rebuild_learner`` starts a fresh learner group (with its weight sync) and scheduler actor, and a fresh
 controller restores the checkpoint into them, which loads the learner and publishes its weights
 to the rollout workers as version s.
 
@@ -42,11 +42,16 @@ import shlex
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from actors.learner.learner_actor import LearnerDied, LearnerError
 from launch.checkpoint import Checkpoint, CheckpointError, CheckpointWarning, latest_checkpoint
 from launch.errors import LearnerLost
+
+if TYPE_CHECKING:
+    from launch.config import TrainConfig
+    from launch.controller import Controller
+    from launch.roles import Roles
 
 
 def has_checkpoint(run_dir: Path) -> bool:
@@ -73,10 +78,11 @@ def next_command(run_dir: Path, address: Optional[str] = None) -> str:
 class Recovery:
     """The controller's run and the policy export, with learner rebuilds (module docstring)."""
 
-    def __init__(self, cfg: Any, roles: Any, run_dir: Path, make_controller: Callable[[], Any]):
+    def __init__(self, cfg: TrainConfig, roles: Roles, run_dir: Path,
+                 make_controller: Callable[[], Controller]):
         self.cfg, self.roles, self.run_dir = cfg, roles, Path(run_dir)
         self.make_controller = make_controller
-        self.ctl: Any = None      # the current controller (a new one after each rebuild)
+        self.ctl: Optional[Controller] = None   # the current one (a new one after each rebuild)
         self.restarts = 0
 
     def start(self, ckpt: Optional[Checkpoint]) -> None:
@@ -92,7 +98,7 @@ class Recovery:
             except LearnerDied as e:
                 self._rebuild(e, time.monotonic())
 
-    def _controller(self, ckpt: Optional[Checkpoint]) -> Any:
+    def _controller(self, ckpt: Optional[Checkpoint]) -> Controller:
         ctl = self.make_controller()
         if ckpt is not None:
             ctl.restore(ckpt)
@@ -122,6 +128,7 @@ class Recovery:
                   f"{ckpt.path} (rebuild {self.restarts} of {budget}); steps {ckpt.step + 1}.."
                   f"{step} are trained again", flush=True)
             try:
+                self.roles.cancel(self.ctl.ledger.abandon())
                 self.roles.rebuild_learner(lost_at)
                 self.ctl = self._controller(ckpt)
                 return

@@ -25,11 +25,14 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import yaml
 
 from launch.checkpoint import Checkpoint, CheckpointError, latest_checkpoint
+
+if TYPE_CHECKING:
+    from launch.config import TrainConfig
 
 RESUMABLE = frozenset({"run.steps", "cluster.address", "controller.progress_bar"})
 _ABSENT = "<absent>"
@@ -64,7 +67,7 @@ def _stored_tree(path: Path, force: bool) -> dict[str, Any]:
                         f"with the new config anyway, or choose another --out") from None
 
 
-def open_run(cfg: Any, run_dir: Path, resume: bool = False, resume_changed: bool = False
+def open_run(cfg: TrainConfig, run_dir: Path, resume: bool = False, resume_changed: bool = False
              ) -> Optional[Checkpoint]:
     from launch.errors import UserError
 

@@ -3,7 +3,7 @@
 
 ``Roles(cfg, pool, pool_dir, run_dir, model_path, eval_pools)`` creates, on the connected Ray
 cluster: the executor pool (``actors.executor_pool.ExecutorPool``, sized by
-``cluster.executors.num``, resizable while the run goes on), the single scheduler actor
+``executors.num_executors`` per rollout worker, resizable while the run goes on), the single scheduler actor
 (``actors.scheduler_actor``), the rollout workers (``actors.rollout_worker``,
 ``cluster.rollout.num`` of them; each serves the training pool and the evaluation pools,
 ``launch.eval_pools.worker_pools``, in its executors' sandboxes), the learner group
@@ -11,11 +11,13 @@ cluster: the executor pool (``actors.executor_pool.ExecutorPool``, sized by
 conversational tasks (``envs.spec.UserSpec``), the user simulators (``actors.user_sim_actor``,
 ``cluster.user_sim.num`` of them, configured by ``user_sim``; every worker gets every handle).
 
-Fault policy (the controller decides on re-issue, this module on restarts):
-- every ``ray.get`` has a timeout (``controller.call_timeout_s``); a group not finished within it
-  is cancelled and reported as a ``TimeoutError`` (the controller re-issues it);
+Fault policy (the ledger decides on re-issue and deadlines, this module on restarts):
+- every ``ray.get`` has a timeout (``controller.call_timeout_s``); a group the ledger finds
+  overdue is cancelled here (``cancel``);
 - a group whose worker died reports the ``RayActorError``; the worker is replaced by a fresh
-  actor, which gets the latest published weights before it serves anything; a weight publish (or
+  actor, which gets the learner's weights (those of the published version: a group finds a
+  death only between a step's publish and the next step's end) before it serves anything; a
+  weight publish (or
   a metrics or resize call) that finds a dead or unresponsive worker replaces it the same way and
   publishes again, so the run goes on;
 - a dead scheduler actor is replaced by a fresh one rebuilt from the last snapshot (the state
@@ -24,20 +26,22 @@ Fault policy (the controller decides on re-issue, this module on restarts):
   absorbed twice; after ``REBUILDS`` failed rebuilds in one call the run ends with ``RoleError``;
 - a dead learner rank surfaces as ``LearnerDied`` from the learner call that found it (a step,
   a publish, a checkpoint save, the export); ``launch/recovery.py`` decides what follows and, to
-  go on, calls ``rebuild_learner``: every group in flight is cancelled, the learner group and
-  its weight sync are replaced by fresh ones and the scheduler actor by a fresh one, for the
-  restore of a checkpoint into them (which loads the learner and publishes its weights).
+  go on, cancels every group in flight and calls ``rebuild_learner``: the learner group and its
+  weight sync are replaced by fresh ones and the scheduler actor by a fresh one, for the restore
+  of a checkpoint into them (which loads the learner and publishes its weights).
 
-The decisions (least-busy placement, deadlines, replace-once, when to give up, the step's role
-metrics) are the plain ``launch/roles_core.py:RolesCore``; this module makes the Ray calls.
+The decisions (replace-once, when to give up, the step's role metrics) are the plain
+``launch/roles_core.py:RolesCore``; placement and deadlines are the ledger's. This module holds
+no run state but the actors' handles: it makes the Ray calls.
 
 May import: ray, actors.*, launch.*, envs.*, the standard library.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 import ray
 
@@ -46,14 +50,30 @@ from launch.cluster import role_options
 from launch.roles_core import PUBLISHES, RoleError, RolesCore
 from launch.scheduler_journal import SchedulerJournal
 
-__all__ = ["RoleError", "Roles"]
+if TYPE_CHECKING:
+    from envs.pool import Pool
+    from envs.trajectory import Group
+    from launch.config import TrainConfig
+    from launch.eval_pools import EvalPool
+
+__all__ = ["GroupCall", "RoleError", "Roles"]
+
+
+@dataclass(frozen=True, eq=False)
+class GroupCall:
+    """A group submitted to a rollout worker: the call's ObjectRef, the worker's index and the
+    actor handle it went to (a replaced worker has a new one). Opaque to the driver."""
+
+    ref: Any
+    worker: int
+    actor: Any
 
 
 class Roles:
     """``RolesContract`` on Ray: the calls here, the decisions in ``self.core``."""
 
-    def __init__(self, cfg: Any, pool: Any, pool_dir: Path, run_dir: Path, model_path: str,
-                 eval_pools: Sequence[Any] = ()):
+    def __init__(self, cfg: TrainConfig, pool: Pool, pool_dir: Path, run_dir: Path,
+                 model_path: str, eval_pools: Sequence[EvalPool] = ()):
         from actors.learner.learner_actor import LearnerGroup
         from actors.learner.weight_sync import make_weight_sync
         from actors.replay_port import identifier_check_builder
@@ -66,10 +86,10 @@ class Roles:
         self.eval_pools = worker_pools(list(eval_pools))   # {name: directory}
         self.executors_per_worker = cfg.executors.num_executors
         self.timeout = cfg.controller.call_timeout_s
-        self.core = RolesCore(self.timeout)
+        self.core = RolesCore()
         scheduler = build_scheduler(cfg, pool, run_dir)
         builder = identifier_check_builder(self.pool_dir, cfg.scheduler.name,
-                                           cfg.scheduler.params)
+                                           cfg.scheduler.typed_params())
         self._start_scheduler = lambda: scheduler_actor_class().options(  # noqa: E731
             **role_options(cfg.cluster.scheduler)).remote(
                 scheduler, filter_builder=builder, replay_port=self._replay_port())
@@ -78,7 +98,6 @@ class Roles:
         self.users = self._start_user_sims(cfg, pool)
         self.core.workers.extend(self._new_worker(i) for i in range(cfg.cluster.rollout.num))
         self.scheduler.set_replay_port.remote(self._replay_port())
-        self.version = 0
         self._start_learner = lambda: LearnerGroup(  # noqa: E731
             cfg.learner.model_copy(update={"model_path": model_path}))
         self.learner = self._start_learner()
@@ -95,7 +114,7 @@ class Roles:
 
     # ---- rollout -----------------------------------------------------------------------------
     @staticmethod
-    def _start_user_sims(cfg: Any, pool: Any) -> Optional[list]:
+    def _start_user_sims(cfg: TrainConfig, pool: Pool) -> Optional[list]:
         """The user-simulator actors, or None when no task of the pool is conversational."""
         from actors.user_sim_actor import start_user_sims
 
@@ -106,7 +125,7 @@ class Roles:
             raise RoleError("the pool has conversational tasks but cluster.user_sim.num is 0; "
                             "fix: set cluster.user_sim.num to 1 or more")
         opts = role_options(res)
-        return start_user_sims(cfg.user_sim.model_dump(), res.num, opts["num_cpus"],
+        return start_user_sims(cfg.user_sim, res.num, opts["num_cpus"],
                                opts["runtime_env"], opts.get("resources"))
 
     def _new_worker(self, i: int):
@@ -120,11 +139,11 @@ class Roles:
             resources=opts.get("resources"),
             engine_kwargs=lora_engine_kwargs(self.cfg.policy.engine, self.cfg.rollout.engine_kwargs,
                                               self.cfg.learner.lora),
-            model_path=self.model_path, config=self.cfg.rollout.model_dump(),
+            model_path=self.model_path, config=self.cfg.rollout,
             executors="pool", name=f"rollout-{i}", eval_pools=self.eval_pools,
             users=self.users,
-            executor_config={**self.cfg.executors.model_dump(),
-                             "num_executors": self.executors_per_worker})
+            executor_config=self.cfg.executors.model_copy(
+                update={"num_executors": self.executors_per_worker}))
 
     def resize_executors(self, n: int) -> int:
         """Resize every rollout worker's executor pool to ``n`` executors while the run goes on
@@ -135,30 +154,29 @@ class Roles:
         sizes = self._each_worker(lambda w: w.resize_executors.remote(n))
         return int(sum(s if s is not None else n for s in sizes))  # a replacement starts with n
 
-    def submit(self, ticket: Ticket) -> Any:
-        w = self.core.choose_worker()
-        ref = self.workers[w].run_group.remote(ticket)
-        self.core.launched(ref, w)
-        return ref
+    def submit(self, ticket: Ticket, worker: int) -> GroupCall:
+        actor = self.workers[worker]
+        return GroupCall(actor.run_group.remote(ticket), worker, actor)
 
     def wait(self, handles: list, timeout: float) -> list[tuple[Any, Any]]:
         """Every group finished once the first one is (or ``timeout`` passed), so the controller
-        absorbs and re-admits as soon as a slot frees. ``handles``: ObjectRefs from ``submit``."""
-        ready, _ = ray.wait(handles, num_returns=1, timeout=timeout, fetch_local=False)
+        absorbs and re-admits as soon as a slot frees. ``handles``: from ``submit``."""
+        by_ref = {h.ref: h for h in handles}
+        refs = list(by_ref)
+        ready, _ = ray.wait(refs, num_returns=1, timeout=timeout, fetch_local=False)
         if ready:
-            ready, _ = ray.wait(handles, num_returns=len(handles), timeout=0, fetch_local=False)
-        out = [(ref, self._result(ref)) for ref in ready]
-        for ref in self.core.overdue(handles, ready):
-            ray.cancel(ref)
-            out.append((ref, TimeoutError(f"group timed out after {self.timeout} s")))
-        return out
+            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0, fetch_local=False)
+        return [(by_ref[ref], self._result(by_ref[ref])) for ref in ready]
 
-    def _result(self, ref: Any) -> Any:
-        flight = self.core.land(ref)
+    def cancel(self, handles: list) -> None:
+        for h in handles:
+            ray.cancel(h.ref)
+
+    def _result(self, call: GroupCall) -> Any:
         try:
-            return ray.get(ref, timeout=self.timeout)
+            return ray.get(call.ref, timeout=self.timeout)
         except ray.exceptions.RayActorError as e:
-            self._restart(flight.worker, flight.actor)
+            self._restart(call.worker, call.actor)
             return e
         except (ray.exceptions.RayTaskError, ray.exceptions.GetTimeoutError) as e:
             return e
@@ -184,8 +202,8 @@ class Roles:
         if not self.core.first_report(w, actor):
             return
         self._replace(w)
-        if self.version:
-            self.publish(self.version)
+        if self.learner.step:   # the published version whenever a group can find a death
+            self.publish(self.learner.step)
 
     def _replace(self, w: int) -> None:
         ray.kill(self.workers[w], no_restart=True)
@@ -250,7 +268,7 @@ class Roles:
         self.journal.handed_out(n, out)
         return out
 
-    def absorb(self, group: Any) -> None:
+    def absorb(self, group: Group) -> None:
         self.journal.absorbing(group)
         self._sched(lambda: self.scheduler.absorb.remote(group), f"absorb({group.task_id})",
                     retry=False)
@@ -298,7 +316,6 @@ class Roles:
                 for w in dead:
                     self._replace(w)
                 self.sync = make_weight_sync(self.workers, timeout_s=self.timeout)
-        self.version = version
 
     def save_learner(self, directory: Path) -> None:
         self.learner.save(str(directory))
@@ -314,14 +331,12 @@ class Roles:
         self.publish(step)
 
     def rebuild_learner(self, lost_at: float) -> None:
-        """Fresh learner group, weight sync and scheduler actor, no group in flight: what a
-        checkpoint is restored into after the learner died (``lost_at``: when it was found dead,
-        ``time.monotonic()``). The old scheduler actor goes too: its state and pending filter
-        checks are from after the checkpoint."""
+        """Fresh learner group, weight sync and scheduler actor: what a checkpoint is restored
+        into after the learner died (``lost_at``: when it was found dead, ``time.monotonic()``;
+        the caller cancels the groups in flight first). The old scheduler actor goes too: its
+        state and pending filter checks are from after the checkpoint."""
         from actors.learner.weight_sync import make_weight_sync
 
-        for ref in self.core.abandon():
-            ray.cancel(ref)
         self.learner.shutdown()
         self.learner = self._start_learner()
         self.sync = make_weight_sync(self.workers, timeout_s=self.timeout)

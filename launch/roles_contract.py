@@ -7,11 +7,13 @@ both. Handles are opaque to the driver: hashable, used only as dict keys and pas
 
 - ``next_tasks(n)``: exactly ``n`` training tickets (``actors.ticket.Ticket``, not issued yet:
   id -1) from the scheduler, in hand-out order; a dead scheduler is rebuilt behind the call.
-- ``submit(ticket) -> handle``: start the ticket's group (``ticket.k`` samples, ``rollout.k`` when
-  None, with ``ticket.seed``) and return at once.
+- ``submit(ticket, worker) -> handle``: start the ticket's group (``ticket.k`` samples,
+  ``rollout.k`` when None, with ``ticket.seed``) on rollout worker ``worker`` (an index below
+  ``cluster.rollout.num``, the ledger's choice) and return at once.
 - ``wait(handles, timeout) -> [(handle, Group | Exception)]``: the groups finished within
-  ``timeout`` seconds (every one finished once the first is), plus those past the call timeout
-  as a ``TimeoutError``; each handle is answered once.
+  ``timeout`` seconds (every one finished once the first is); each handle is answered once.
+- ``cancel(handles)``: give up on groups in flight (overdue, or taken back for a learner
+  rebuild); they are never answered.
 - ``absorb(group)``: credit an accepted training group to the scheduler.
 - ``train(groups) -> handle`` (at once) and ``train_result(handle, timeout)``: the learner step's
   metrics, or None while it still trains.
@@ -37,10 +39,12 @@ from envs.trajectory import Group
 class RolesContract(Protocol):
     def next_tasks(self, n: int) -> list[Ticket]: ...
 
-    def submit(self, ticket: Ticket) -> Hashable: ...
+    def submit(self, ticket: Ticket, worker: int) -> Hashable: ...
 
     def wait(self, handles: list, timeout: float
              ) -> list[tuple[Hashable, Union[Group, Exception]]]: ...
+
+    def cancel(self, handles: list) -> None: ...
 
     def absorb(self, group: Group) -> None: ...
 

@@ -1,23 +1,16 @@
-"""What ``launch/roles.py:Roles`` decides, without Ray: which worker, which deadline, whom to
-restart, when to give up, and the step's role metrics.
+"""What ``launch/roles.py:Roles`` decides, without Ray: whom to restart, when to give up, and
+the step's role metrics (placement and deadlines of groups are ``launch.ledger.Ledger``'s).
 
-``RolesCore(timeout_s, clock)`` holds the rollout workers' current handles (opaque here: Ray
-actor handles in ``Roles``, anything in a test), the groups in flight and the restart counters.
+``RolesCore(clock)`` holds the rollout workers' current handles (opaque here: Ray actor handles
+in ``Roles``, anything in a test) and the restart counters.
 
-- Placement: ``choose_worker()`` is the least-busy worker (fewest groups in flight; the lowest
-  index on a tie), so a group never waits behind another while a worker is free.
-- Deadlines: ``launched(handle, w)`` records a group sent to worker w, due ``timeout_s`` from now;
-  ``land(handle)`` takes it back; ``overdue(handles, ready)`` takes back every one not ready and
-  past its deadline (``Roles`` cancels them and reports a ``TimeoutError``).
 - Restarts: a worker is replaced once per death, however many of its groups report it:
   ``first_report(w, handle)`` is true only while the dead handle is still worker w's current one;
   ``replaced(w, handle)`` installs the new handle and counts the restart. A weight publish that
   fails is repeated after replacing the dead workers, ``PUBLISHES`` attempts in all, and gives up
   at once when no worker is dead (``check_publish``); a dead scheduler actor is rebuilt at most
   ``REBUILDS`` times within one call (``check_rebuild``). Giving up raises ``RoleError``.
-- Learner rebuilds (``launch/recovery.py`` decides them): ``abandon()`` takes back every group in
-  flight (``Roles`` cancels them: the checkpoint being restored re-issues its own), and
-  ``learner_rebuilt(lost_at)`` counts the rebuild and remembers when the learner was found dead,
+- Learner rebuilds (``launch/recovery.py`` decides them): ``learner_rebuilt(lost_at)`` counts the rebuild and remembers when the learner was found dead,
   so the next step's record has ``learner_recovery_s`` (found dead -> that step done).
 - Metrics: ``step_extras(scheduler, per_worker)`` merges the scheduler actor's metrics with the
   sums over workers (cumulative seconds generating, inside executors, whole episodes; executor
@@ -38,8 +31,7 @@ May import: the standard library (no Ray: tests/launch/test_roles_core.py runs i
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 REBUILDS = 3      # scheduler rebuilds tried within one call before giving up
 PUBLISHES = 3     # publish attempts, each after replacing the workers found dead
@@ -52,47 +44,17 @@ class RoleError(RuntimeError):
     """A role failed in a way the run cannot recover from; names the role and the call."""
 
 
-@dataclass
-class Flight:
-    """One group in flight: the worker index, the handle it went to (a replaced worker has a new
-    one), and when it is overdue."""
-
-    worker: int
-    actor: Any
-    deadline: float
-
-
 class RolesCore:
-    def __init__(self, timeout_s: float, clock: Callable[[], float] = time.monotonic) -> None:
-        self.timeout_s, self.clock = timeout_s, clock
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
         self.workers: list[Any] = []
-        self.flights: dict[Any, Flight] = {}
         self.restarts = 0
         self.scheduler_restarts = 0
         self.learner_restarts = 0
         self.learner_lost_at: Optional[float] = None
         self._engine_clock: dict[int, tuple[float, ...]] = {}   # worker -> clocks last step
 
-    # ---- placement and deadlines -------------------------------------------------------------
-    def choose_worker(self) -> int:
-        busy = [0] * len(self.workers)
-        for f in self.flights.values():
-            busy[f.worker] += 1
-        return min(range(len(self.workers)), key=busy.__getitem__)
-
-    def launched(self, handle: Any, w: int) -> None:
-        self.flights[handle] = Flight(w, self.workers[w], self.clock() + self.timeout_s)
-
-    def land(self, handle: Any) -> Flight:
-        return self.flights.pop(handle)
-
-    def overdue(self, handles: Iterable[Any], ready: Sequence[Any]) -> list[Any]:
-        now = self.clock()
-        late = [h for h in handles if h not in ready and self.flights[h].deadline < now]
-        for h in late:
-            self.flights.pop(h)
-        return late
-
+    # ---- metrics of the engines ------------------------------------------------------------
     def _engine_idle(self, workers: Sequence[dict[str, Any]]) -> dict[str, float]:
         busy = slots = up = cap_up = 0.0
         for w, m in enumerate(workers):
@@ -134,12 +96,6 @@ class RolesCore:
         if rebuilds >= REBUILDS:
             raise RoleError(f"scheduler actor: {what} failed after {rebuilds} rebuilds: "
                             f"{error}") from error
-
-    def abandon(self) -> list[Any]:
-        """Every group in flight, taken back (none is waited for any more)."""
-        handles = list(self.flights)
-        self.flights.clear()
-        return handles
 
     def learner_rebuilt(self, lost_at: float) -> None:
         """Count a learner rebuild; ``lost_at`` (``clock()`` time) is when it was found dead."""

@@ -5,24 +5,31 @@
 runs one group per task id on them (a ``Ticket.direct`` each: selection step 0, the given seed),
 their episodes on the sandboxed executor pool, and stops them;
 ``rollout_config`` / ``executor_config`` / ``user_sim_config`` validate the ``--set`` /
-``--executor-set`` / ``--user-set`` overrides
-(``override_tree``) into the role configs, a mistake raised as one ``UserError`` line, as is an
-unusable chat template or tool parser (``check_chat_format``, before any actor starts).
+``--executor-set`` / ``--user-set`` overrides (``override_tree``) into the role configs, once:
+the models themselves go to the workers. A mistake is one ``UserError`` line, as is an unusable
+chat template or tool parser (``check_chat_format``, before any actor starts) or a
+conversational pool without a user simulator (``check_users``, a run's ``user_sim`` too).
 
 May import: the standard library, pydantic, launch.config, launch.errors, launch.cluster, and
 the rollout role modules (``actors.rollout``, ``actors.rollout_worker``,
-``actors.executor_pool``, ``actors.ticket``, ``actors.user_sim``); Ray and the role modules inside the functions that
-need them.
+``actors.executor_config``, ``actors.ticket``, ``actors.user_sim``); Ray and the role modules
+inside the functions that need them.
 """
 
 from __future__ import annotations
 
 import sys
 import time
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from launch.config import ConfigError, set_dotted
 from launch.errors import UserError
+
+if TYPE_CHECKING:
+    from actors.executor_config import ExecutorConfig
+    from actors.rollout.config import RolloutConfig
+    from actors.user_sim.config import UserSimConfig
+    from envs.pool import Pool
 
 
 def override_tree(items: list[str]) -> dict[str, Any]:
@@ -37,56 +44,50 @@ def override_tree(items: list[str]) -> dict[str, Any]:
     return tree
 
 
-def rollout_config(overrides: dict[str, Any], k: Optional[int]):
-    from pydantic import ValidationError
-
-    from actors.rollout.config import RolloutConfig
-
-    if k is not None:
-        overrides = {**overrides, "k": k}
-    try:
-        return RolloutConfig(**overrides)
-    except ValidationError as e:
-        msgs = "; ".join(f"rollout.{'.'.join(map(str, x['loc']))}: {x['msg']} (got "
-                         f"{x.get('input')!r})" for x in e.errors())
-        raise UserError(msgs) from None
-
-
-def _role_config(section: str, cls: type, overrides: dict[str, Any]) -> dict[str, Any]:
+def _role_config(section: str, cls: type, overrides: dict[str, Any]) -> Any:
     """Validated here so a mistake is one line at exit 2, not an actor's traceback."""
     from pydantic import ValidationError
 
     try:
-        return cls(**overrides).model_dump()
+        return cls(**overrides)
     except ValidationError as e:
         raise UserError("; ".join(f"{section}.{'.'.join(map(str, x['loc']))}: {x['msg']} (got "
                                   f"{x.get('input')!r})" for x in e.errors())) from None
 
 
-def executor_config(overrides: dict[str, Any]) -> dict[str, Any]:
-    from actors.executor_pool import ExecutorConfig
+def rollout_config(overrides: dict[str, Any], k: Optional[int]) -> RolloutConfig:
+    from actors.rollout.config import RolloutConfig
+
+    return _role_config("rollout", RolloutConfig, {**overrides, **({} if k is None else {"k": k})})
+
+
+def executor_config(overrides: dict[str, Any]) -> ExecutorConfig:
+    from actors.executor_config import ExecutorConfig
 
     return _role_config("executors", ExecutorConfig, overrides)
 
 
-def user_sim_config(overrides: dict[str, Any], pool: Any, key: str = "--user-set "
-                    ) -> Optional[dict[str, Any]]:
+def user_sim_config(overrides: dict[str, Any], pool: Pool) -> Optional[UserSimConfig]:
+    """``envsched rollout``'s ``--user-set`` simulator (``check_users``)."""
+    from actors.user_sim.config import UserSimConfig
+
+    return check_users(_role_config("user_sim", UserSimConfig, overrides), pool, "--user-set ")
+
+
+def check_users(cfg: UserSimConfig, pool: Pool, key: str = "user_sim.") -> Optional[UserSimConfig]:
     """The user simulator of the pool's conversational tasks (None: the pool has none); ``key``:
     how the fix names a field (``--user-set `` for ``envsched rollout``, ``user_sim.`` for a
     run's config)."""
-    from actors.user_sim.config import UserSimConfig
-
-    cfg = _role_config("user_sim", UserSimConfig, overrides)
     if not any(t.user is not None for t in pool.tasks):
         return None
-    if cfg["kind"] == "openai" and cfg["endpoint"] is None:
+    if cfg.kind == "openai" and cfg.endpoint is None:
         raise UserError(f"the pool has conversational tasks but no user simulator endpoint; "
                         f"fix: {key}endpoint=http://HOST:PORT/v1 (any OpenAI-compatible server) "
                         f"or {key}kind=scripted with {key}scripts")
     return cfg
 
 
-def check_chat_format(engine: str, model: Optional[str], config,
+def check_chat_format(engine: str, model: Optional[str], config: RolloutConfig,
                       conversational: bool = False) -> None:
     """Build the workers' ``ChatFormat`` on the driver (the tokenizer only): an unusable chat
     template or ``tool_parser`` (or, for a pool with ``conversational`` tasks, a template that
@@ -128,15 +129,16 @@ def _wait_showing_progress(refs: list, timeout: float, k: int, t0: float) -> lis
     return pending
 
 
-def run_groups(pool_dir: str, task_ids: list[str], engine: str, model: Optional[str], config,
-               workers: int, seed: int, timeout: float, executor_cfg: Optional[dict] = None,
-               num_cpus: float = 0.5, users: Optional[dict] = None) -> tuple[list, float, float]:
+def run_groups(pool_dir: str, task_ids: list[str], engine: str, model: Optional[str],
+               config: RolloutConfig, workers: int, seed: int, timeout: float,
+               executor_cfg: Optional[ExecutorConfig] = None, num_cpus: float = 0.5,
+               users: Optional[UserSimConfig] = None) -> tuple[list, float, float]:
     """Run one group per task on ``workers`` actors, their episodes on the sandboxed executor
     pool; returns (groups in task order, wall seconds, seconds the workers' executors took to
     start). The wall clock starts once every worker and its executors are up: a worker answers
     its ping when its engine is loaded, but its executors start their sandboxes in the background
     after that, and that one-off start is not
-    episodes/s. ``users``: a ``UserSimConfig`` dict, the simulated user of conversational tasks
+    episodes/s. ``users``: a ``UserSimConfig``, the simulated user of conversational tasks
     (one inside each worker). Raises TimeoutError naming the unfinished tasks when ``timeout``
     passes."""
     import ray
@@ -151,7 +153,7 @@ def run_groups(pool_dir: str, task_ids: list[str], engine: str, model: Optional[
     handles = [start_rollout_worker(pool_dir, engine, num_cpus=num_cpus, num_gpus=gpus,
                                     runtime_env=accelerator_env(gpus), model_path=model,
                                     engine_kwargs=config.engine_kwargs,
-                                    config=config.model_dump(), executor_config=executor_cfg,
+                                    config=config, executor_config=executor_cfg,
                                     name=f"rollout-{i}", users=users)
                for i in range(workers)]
     _say(f"starting {workers} {engine} rollout worker(s) and their sandboxes for "

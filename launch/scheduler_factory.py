@@ -16,10 +16,13 @@ May import: scheduling, envs, the standard library; launch.split inside a functi
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from scheduling import registry
 from scheduling.base import Scheduler, SchedulerError
+
+if TYPE_CHECKING:
+    from launch.config import TrainConfig
 
 
 class SchedulerBuildError(ValueError):
@@ -37,7 +40,7 @@ def load_or_build_graph(pool: Any, run_dir: Optional[Path]) -> Any:
     return DualGraph.from_pool(pool, cache=path)
 
 
-def build_scheduler(cfg: Any, pool: Any, run_dir: Optional[Path] = None) -> Scheduler:
+def build_scheduler(cfg: TrainConfig, pool: Any, run_dir: Optional[Path] = None) -> Scheduler:
     """The configured scheduler over the pool's training split (``launch/split.py``): held-out
     tasks are never given to it, so it cannot select them."""
     from launch.split import pool_split

@@ -18,12 +18,16 @@ May import: numpy, envs.pool, scheduling.split, launch.evaluation, the standard 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from launch.evaluation import eval_tasks
 from scheduling.split import heldout_split
+
+if TYPE_CHECKING:
+    from launch.config import PoolConfig
+    from launch.eval_config import EvalConfig
 
 SPLITS = ("train", "heldout_task", "heldout_env")
 
@@ -35,7 +39,7 @@ class PoolSplit:
     heldout_env: tuple[str, ...]
 
 
-def pool_split(pool: Any, cfg: Any) -> PoolSplit:
+def pool_split(pool: Any, cfg: PoolConfig) -> PoolSplit:
     env_ids = sorted({t.env_id for t in pool.tasks})
     env_of = np.array([env_ids.index(t.env_id) for t in pool.tasks], dtype=np.int64)
     out_env, out_task = heldout_split(env_of, len(env_ids), cfg.heldout_env_frac,
@@ -47,7 +51,7 @@ def pool_split(pool: Any, cfg: Any) -> PoolSplit:
         heldout_env=tuple(i for i, a in zip(ids, out_env) if a))
 
 
-def eval_sets(pool: Any, split: PoolSplit, cfg: Any) -> dict[str, list[str]]:
+def eval_sets(pool: Any, split: PoolSplit, cfg: EvalConfig) -> dict[str, list[str]]:
     out = {}
     for name in SPLITS:
         ids = getattr(split, name)

@@ -29,20 +29,22 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from envs import strict_json
 
+if TYPE_CHECKING:
+    from launch.config import PoolConfig, TrainConfig
 
-def prepare_pool(cfg: Any, run_dir: Path) -> Path:
-    if cfg.pool.path:
-        return Path(cfg.pool.path)
+
+def prepare_pool(cfg: PoolConfig, run_dir: Path) -> Path:
+    if cfg.path:
+        return Path(cfg.path)
     out = run_dir / "pool"
     if not (out / "tasks.jsonl").is_file():
         from envs.generator import generate_pool
 
-        generate_pool(out, cfg.pool.generate_envs, cfg.pool.generate_tasks_per_env,
-                      cfg.pool.generate_seed)
+        generate_pool(out, cfg.generate_envs, cfg.generate_tasks_per_env, cfg.generate_seed)
     return out
 
 
@@ -50,14 +52,14 @@ def _progress(line: str) -> None:
     print(f"envsched train: {line}", flush=True)
 
 
-def warm_starts(cfg: Any) -> bool:
+def warm_starts(cfg: TrainConfig) -> bool:
     """Whether ``prepare_policy`` runs the supervised warm start (``SftConfig.enabled``)."""
     if cfg.policy.engine == "scripted":
         return False
     return cfg.sft.enabled if cfg.sft.enabled is not None else not cfg.policy.path
 
 
-def prepare_policy(cfg: Any, pool_dir: Path, run_dir: Path) -> str:
+def prepare_policy(cfg: TrainConfig, pool_dir: Path, run_dir: Path) -> str:
     base = None
     if cfg.policy.path:  # a directory, or a hub id in the local cache: resolved once, here
         from actors.policy import resolve_model
@@ -90,7 +92,7 @@ def _write_jsonl(path: Path, rows: list) -> None:
     path.write_text("".join(strict_json.dumps(r, sort_keys=True, default=str) + "\n" for r in rows))
 
 
-def train(cfg: Any, run_dir: Path, address: Optional[str] = None, resume: bool = False,
+def train(cfg: TrainConfig, run_dir: Path, address: Optional[str] = None, resume: bool = False,
           resume_changed: bool = False) -> dict[str, Any]:
     from envs.pool import load_pool
     from launch.cluster import connect, shutdown
@@ -102,7 +104,7 @@ def train(cfg: Any, run_dir: Path, address: Optional[str] = None, resume: bool =
     from launch.metrics import read_metrics, summarize
     from launch.recovery import Recovery, next_command
     from launch.resume import open_run
-    from launch.rollout import check_chat_format, user_sim_config
+    from launch.rollout import check_chat_format, check_users
     from launch.roles import Roles
     from launch.split import eval_sets, pool_split
 
@@ -111,7 +113,7 @@ def train(cfg: Any, run_dir: Path, address: Optional[str] = None, resume: bool =
     # config is the one it began with (or resume_changed says so)
     ckpt = open_run(cfg, run_dir, resume=resume, resume_changed=resume_changed)
     t0 = time.perf_counter()
-    pool_dir = prepare_pool(cfg, run_dir)
+    pool_dir = prepare_pool(cfg.pool, run_dir)
     pool = load_pool(pool_dir)
     if len(pool.tasks) < cfg.run.batch_size:
         raise UserError(f"pool {pool_dir} has {len(pool.tasks)} tasks, fewer than "
@@ -122,7 +124,7 @@ def train(cfg: Any, run_dir: Path, address: Optional[str] = None, resume: bool =
     _progress(f"pool {pool_dir}: {len(pool.tasks)} tasks ({t_pool - t0:.0f} s)"
               + "".join(f"; eval pool {p.name}: {len(p.eval_set.task_ids)} of "
                         f"{len(p.pool.tasks)} tasks" for p in eval_pools))
-    users = user_sim_config(cfg.user_sim.model_dump(), pool, "user_sim.")   # who is the user
+    users = check_users(cfg.user_sim, pool)   # who is the user
     model_path = prepare_policy(cfg, pool_dir, run_dir)
     check_chat_format(cfg.policy.engine, model_path, cfg.rollout, users is not None)
     t_sft = time.perf_counter()

@@ -14,7 +14,7 @@
   sessions, the GRPO loss and the learner's step, the executors' slot policy, protocol and plain
   executor, and the ticket.
 - The driver and the plain side of its roles (``launch/controller.py``, the ticket
-  ``actors/ticket.py``, the tracker ``launch/tracker.py``, the contract
+  ``actors/ticket.py``, the ledger ``launch/ledger.py``, the contract
   ``launch/roles_contract.py``, the decisions of ``Roles`` in ``launch/roles_core.py``) import no
   Ray: only ``launch/roles.py`` does.
 - Nothing below ``launch/`` (``actors``, ``envs``, ``sandbox``, ``scheduling``) imports ``launch``.
@@ -54,7 +54,7 @@ PLAIN_ACTOR_FILES = ("actors/rollout/agent_loop.py", "actors/rollout/runner.py",
                      "actors/user_sim/simulator.py", "actors/user_sim/config.py")
 SOURCE_PACKAGES = ("actors", "launch", "scheduling", "envs", "sandbox")
 MAX_LINES = 400
-PLAIN_DRIVER_FILES = ("launch/controller.py", "actors/ticket.py", "launch/tracker.py",
+PLAIN_DRIVER_FILES = ("launch/controller.py", "actors/ticket.py", "launch/ledger.py",
                       "launch/roles_contract.py", "launch/roles_core.py")
 
 

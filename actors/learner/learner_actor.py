@@ -76,8 +76,8 @@ class LearnerActor:
     """One DeepSpeed rank. Methods mirror ``LearnerEngine``; the class is wrapped by ``ray.remote``
     in ``LearnerGroup`` so that resources are chosen per group."""
 
-    def __init__(self, cfg: dict, rank: int, world_size: int):
-        self.cfg = LearnerConfig.model_validate(cfg)
+    def __init__(self, cfg: LearnerConfig, rank: int, world_size: int):
+        self.cfg = cfg   # validated once, by the driver's config: a model pickles through Ray
         self.rank, self.world = rank, world_size
         self.engine = None
         # also set by the actor's runtime env (``learner_actor_options``); set here too so that a
@@ -171,12 +171,10 @@ class LearnerGroup:
                                f"cache, got {cfg.model_path!r}: {e}") from None
         self.cfg = cfg
         remote = ray.remote(LearnerActor).options(**learner_actor_options(cfg))
-        data = cfg.model_dump()
-        self.actors = [remote.remote(data, r, cfg.ranks) for r in range(cfg.ranks)]
+        self.actors = [remote.remote(cfg, r, cfg.ranks) for r in range(cfg.ranks)]
         addr, port = self._get([self.actors[0].address.remote()], "address")[0]
         self.master = (addr, port)
         self.step = self._get([a.setup.remote(addr, port) for a in self.actors], "setup")[0]
-        self.version = self.step
         self.last_publish_bytes = 0
 
     def _get(self, refs: list, what: str) -> list:
@@ -228,7 +226,7 @@ class LearnerGroup:
     def finish_train_step(self, refs: list) -> dict[str, Any]:
         """The metrics of the step ``refs`` (from ``start_train_step``) ran."""
         per_rank = self._get(refs, f"train_step {self.step + 1}")
-        self.step = self.version = int(per_rank[0]["step"])
+        self.step = int(per_rank[0]["step"])
         metrics = dict(per_rank[0])
         metrics["loss_per_rank"] = [m["loss"] for m in per_rank]
         metrics["checksum_per_rank"] = [m["param_checksum"] for m in per_rank]
@@ -267,7 +265,7 @@ class LearnerGroup:
 
     def load(self, directory: str, tag: Optional[str] = None) -> int:
         steps = self._get([a.load.remote(directory, tag) for a in self.actors], "load")
-        self.step = self.version = steps[0]
+        self.step = steps[0]
         return self.step
 
     def export(self, directory: str) -> str:

@@ -13,7 +13,7 @@ engine's busy clock that measures what they cost.
   the next turn of every episode in flight with the new weights. Each sampled token keeps the
   version and log-prob it was sampled with (``envs.trajectory.Trajectory.token_versions``), the
   learner's importance correction is per token (``actors.learner.grpo``), and the staleness law
-  bounds the oldest token (``launch.admission``).
+  bounds the oldest token (``launch.ledger.Ledger``).
 
 ``BusyClock`` counts the wall time during which at least one generation was in flight on the
 engine (``AgentLoop`` enters it around every ``generate``); a worker reports it with its own

@@ -95,7 +95,7 @@ def _measure(args, learner, engine, groups) -> dict:
         m = learner.train_step(groups)
         steps.append(time.perf_counter() - t0)
         tokens = m["tokens"]
-        syncs.append(sync.publish(learner, learner.version).seconds)
+        syncs.append(sync.publish(learner, learner.step).seconds)
     after = _mean_logprobs(learner, trajs)
     up = [a - b for a, b, x in zip(after, before, adv) if x > 0]
     down = [a - b for a, b, x in zip(after, before, adv) if x < 0]

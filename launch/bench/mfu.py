@@ -35,6 +35,10 @@ import argparse
 import json
 import statistics
 import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
 
@@ -71,7 +75,8 @@ def matmul_peak(torch, dtype, n: int, reps: int) -> tuple[float, float]:
     return 2 * n ** 3 / best, 2 * n ** 3 / best_cpu
 
 
-def work_flops(config, params: int, batch: int, seq: int, scored: int) -> tuple[float, float]:
+def work_flops(config: PretrainedConfig, params: int, batch: int, seq: int, scored: int
+               ) -> tuple[float, float]:
     """(6 P N, the FLOPs actually run) of one fwd+bwd step; see the module docstring."""
     d, vocab, layers = config.hidden_size, config.vocab_size, config.num_hidden_layers
     d_attn = config.num_attention_heads * getattr(config, "head_dim", d // config.num_attention_heads)

@@ -164,8 +164,7 @@ def run(args: argparse.Namespace) -> int:
     s = summarize(groups, wall, ready_s)
     s["tokens_per_s"] = s["generated_tokens"] / wall if wall > 0 else 0.0
     s["setup"] = {"engine": args.engine, "k": config.k, "workers": args.workers,
-                  "tasks": len(pool.tasks), **ex_cfg}
-    s["setup"].pop("sandbox", None)
+                  "tasks": len(pool.tasks), **ex_cfg.model_dump(exclude={"sandbox"})}
     if args.json:
         print(json.dumps(s, indent=1))
     else:

@@ -48,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
         finally:
             ray.shutdown()
     else:
-        nodes = doctor.local_nodes(cfg)
+        nodes = doctor.local_nodes(cfg.cluster)
     checks += doctor.resource_checks(cfg, nodes)
     for check in checks:
         print(check.line(), flush=True)

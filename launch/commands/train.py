@@ -26,6 +26,10 @@ import os
 import signal
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, Optional
+
+if TYPE_CHECKING:
+    from launch.config import TrainConfig
 
 
 def _terminate(signum, frame):
@@ -44,7 +48,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="dotted config overrides, e.g. run.steps=5 controller.max_staleness=0")
 
 
-def preflight(cfg, run_dir: Path, address) -> None:
+def preflight(cfg: TrainConfig, run_dir: Path, address: Optional[str]) -> None:
     """``envsched doctor``'s checks but the cluster's resources (checked once Ray is up):
     blockers stop here, before a pool is generated or Ray started; warnings are printed."""
     from launch.errors import UserError

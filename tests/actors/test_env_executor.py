@@ -8,7 +8,8 @@ import threading
 
 import pytest
 
-from actors.executor_pool import ExecutorConfig, ExecutorPool
+from actors.executor_config import ExecutorConfig
+from actors.executor_pool import ExecutorPool
 from envs.pool import load_pool, write_pool
 from envs.spec import PoolMeta
 from sandbox.config import SandboxConfig

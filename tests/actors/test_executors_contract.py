@@ -8,7 +8,8 @@ import asyncio
 
 import pytest
 
-from actors.executor_pool import ExecutorConfig, ExecutorPool
+from actors.executor_config import ExecutorConfig
+from actors.executor_pool import ExecutorPool
 from actors.executors import Executors, Session
 from actors.rollout.sandbox_session import SandboxSessions
 from actors.rollout.session import InProcessSessions

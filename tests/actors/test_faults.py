@@ -14,7 +14,8 @@ import textwrap
 
 import pytest
 
-from actors.executor_pool import ExecutorConfig, ExecutorPool
+from actors.executor_config import ExecutorConfig
+from actors.executor_pool import ExecutorPool
 from actors.policy import build_tiny_policy, load_tokenizer
 from actors.rollout.agent_loop import AgentLoop, turn_seed
 from actors.rollout.config import RolloutConfig
@@ -26,7 +27,7 @@ from actors.scheduler_actor import SchedulerService
 from actors.ticket import Ticket
 from envs.pool import load_pool, write_pool
 from envs.spec import Check, Environment, PoolMeta, TaskSpec, ToolCall
-from launch.tracker import TicketTracker
+from launch.ledger import Ledger
 from rollout_pool import make_notes_and_fragile_pool, make_notes_pool
 from sandbox.errors import EnvLoadError, SandboxError
 from scheduling.base import TaskInfo
@@ -94,9 +95,10 @@ def test_an_executor_killed_mid_episode_is_retried_then_dropped_never_trained_or
     assert [(t.status, t.reward) for t in group.trajectories] == [("ok", 1.0), ("ok", 1.0)]
     assert runner.metrics()["fault_infra"] == 1 and runner.metrics()["retries"] == 1
 
-    tracker = TicketTracker(retries=1)
-    assert tracker.settle(group) is None              # K' = 2: trained on the two left
-    assert tracker.take_counts() == {"task_errors": 0.0, "infra_errors": 2.0,
+    ledger = Ledger(4, 0, 4, retries=1)
+    ledger.launched("g", Ticket.direct(group.task_id), 0)
+    assert ledger.settle("g", group)[1] is None       # K' = 2: trained on the two left
+    assert ledger.take_counts() == {"task_errors": 0.0, "infra_errors": 2.0,
                                      "trajectories_dropped": 1.0}
     svc = _service(pool)
     svc.absorb(group)
@@ -139,17 +141,19 @@ def test_a_tool_that_crashes_every_time_is_the_tasks_counted_and_quarantines_the
     loop = AgentLoop(ScriptedEngine.from_pool(tokenizer, pool), tokenizer,
                      RolloutConfig(k=2, episode_retries=1, max_concurrent_episodes=2))
     svc = _service(pool, batch_size=3)
-    tracker = TicketTracker(retries=1)
+    ledger = Ledger(QUARANTINE_GROUPS, 0, QUARANTINE_GROUPS, retries=1)
     with SandboxSessions(pool, workers=2) as sessions:
         runner = GroupRunner(loop, pool, sessions)
 
         async def crash_then_select():
             for step in range(QUARANTINE_GROUPS):
                 assert svc.scheduler.eligible("fragile-1")
-                group = await runner.run_group(Ticket.direct("fragile-1", step=step, seed=step))
+                ticket = Ticket.direct("fragile-1", step=step, seed=step, ticket_id=step)
+                group = await runner.run_group(ticket)
                 assert [(t.status, t.fault, t.reward, t.info["attempts"])
                         for t in group.trajectories] == [("env_error", "task", 0.0, 1)] * 2
-                assert tracker.settle(group) is None   # kept: rewards, not a failed group
+                ledger.launched(step, ticket, 0)
+                assert ledger.settle(step, group)[1] is None   # kept: rewards, not a failure
                 svc.absorb(group)
             handed = []
             for _ in range(2):   # later steps: three eligible tasks, B = 3
@@ -166,7 +170,7 @@ def test_a_tool_that_crashes_every_time_is_the_tasks_counted_and_quarantines_the
     assert (faults["crashed_groups"], faults["task_faults"], faults["quarantined"]) == (3, 6, True)
     assert svc.explain("notes-1")["faults"]["crashed_groups"] == 0
     assert [g.rewards.tolist() for g in svc.scheduler.absorbed[:3]] == [[0.0, 0.0]] * 3
-    assert tracker.take_counts() == {"task_errors": 6.0, "infra_errors": 0.0,
+    assert ledger.take_counts() == {"task_errors": 6.0, "infra_errors": 0.0,
                                      "trajectories_dropped": 0.0}
     assert svc.metrics()["quarantined_tasks"] == 1.0
     restored = _service(pool, batch_size=3)

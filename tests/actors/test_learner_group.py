@@ -71,7 +71,7 @@ def _mean_model_logprob(learner, trajs):
 
 def test_two_zero2_ranks_report_identical_loss_and_keep_identical_weights(learner, groups):
     metrics = learner.train_step(groups)
-    assert metrics["step"] == 1 and learner.version == 1
+    assert metrics["step"] == 1 and learner.step == 1
     a, b = metrics["loss_per_rank"]
     assert a == pytest.approx(b, abs=1e-9)
     c0, c1 = metrics["checksum_per_rank"]
@@ -135,8 +135,8 @@ def test_object_store_sync_makes_engine_logprobs_match_learner(learner, groups, 
     learner_lp = learner.logprobs([fixed])[0][1:]
     stale = ray.get(engine.score.remote(fixed.token_ids), timeout=120)
     assert max(abs(x - y) for x, y in zip(stale, learner_lp)) > 1e-3  # training moved the weights
-    report = ObjectStoreSync([engine]).publish(learner, learner.version)
-    assert report.version == learner.version == ray.get(engine.version.remote(), timeout=60)
+    report = ObjectStoreSync([engine]).publish(learner, learner.step)
+    assert report.version == learner.step == ray.get(engine.version.remote(), timeout=60)
     synced = ray.get(engine.score.remote(fixed.token_ids), timeout=120)
     assert max(abs(x - y) for x, y in zip(synced, learner_lp)) < LOGPROB_TOL
     ray.kill(engine)

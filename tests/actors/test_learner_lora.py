@@ -133,9 +133,9 @@ def test_adapter_publish_brings_the_hf_engine_to_the_learners_logprobs(learner, 
     learner.train_step(groups)
     fixed = groups[0].trajectories[1]
     want = learner.logprobs([fixed])[0][1:]
-    report = ObjectStoreSync([engine]).publish(learner, learner.version)
-    assert report.method == "adapter" and report.version == learner.version
-    assert ray.get(engine.version.remote(), timeout=60) == learner.version
+    report = ObjectStoreSync([engine]).publish(learner, learner.step)
+    assert report.method == "adapter" and report.version == learner.step
+    assert ray.get(engine.version.remote(), timeout=60) == learner.step
     synced = ray.get(engine.score.remote(fixed.token_ids), timeout=120)
     assert _max_gap(synced, want) < LOGPROB_TOL
     off = _max_gap(ray.get(stale.score.remote(fixed.token_ids), timeout=120), want)

@@ -9,7 +9,9 @@ import json
 import pytest
 import torch
 
+from actors.executor_config import ExecutorConfig
 from actors.policy import build_tiny_policy, load_policy
+from actors.rollout.config import RolloutConfig
 from actors.rollout.summary import tokens_sha
 from actors.rollout_worker import start_rollout_worker
 from actors.ticket import Ticket
@@ -20,7 +22,9 @@ from launch.cli import main
 from rollout_pool import make_fragile_pool, make_notes_pool
 
 EXECUTORS = "pool"  # the sandboxed ExecutorPool, owned by each worker
-EXECUTOR_CONFIG = {"num_executors": 1, "workers_per_executor": 2, "num_cpus_per_executor": 0.25}
+# validated here, handed to the actor as the model (pickled by Ray, not dumped and re-validated)
+EXECUTOR_CONFIG = ExecutorConfig(num_executors=1, workers_per_executor=2,
+                                 num_cpus_per_executor=0.25)
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +35,7 @@ def gen_pool(tmp_path_factory):
 def test_scripted_worker_returns_complete_groups_with_reward_one(ray_local, gen_pool):
     worker = start_rollout_worker(str(gen_pool.root), "scripted", num_cpus=0.5,
                                   executors=EXECUTORS, executor_config=EXECUTOR_CONFIG,
-                                  config={"k": 3})
+                                  config=RolloutConfig(k=3))
     ids = [t.task_id for t in gen_pool.tasks]
     tickets = [Ticket.direct(t, step=4, seed=9, ticket_id=i) for i, t in enumerate(ids)]
     groups = ray_local.get([worker.run_group.remote(t) for t in tickets], timeout=300)
@@ -51,7 +55,7 @@ def test_hf_worker_groups_are_complete_aligned_and_follow_weight_updates(ray_loc
     # the small notes pool keeps prompts short: a CPU forward over a generated pool's 2.7k-token
     # prompt costs ~1 s per turn here
     pool = make_notes_pool(tmp_path)
-    cfg = {"k": 2, "max_turns": 2, "max_tokens_per_turn": 12, "max_tokens_per_sequence": 600}
+    cfg = RolloutConfig(k=2, max_turns=2, max_tokens_per_turn=12, max_tokens_per_sequence=600)
     worker = start_rollout_worker(str(pool.root), "hf", num_cpus=0.5, executors=EXECUTORS,
                                   executor_config=EXECUTOR_CONFIG, config=cfg)
     ids = [t.task_id for t in pool.tasks[:2]]

@@ -17,6 +17,7 @@ from actors.replay_port import WorkerReplay, identifier_check_builder
 from actors.rollout_worker import start_rollout_worker
 from actors.scheduler_actor import scheduler_actor_class
 from actors.ticket import Ticket
+from actors.user_sim.config import UserSimConfig
 from actors.user_sim_actor import start_user_sims
 from envs.adapters.taubench import import_taubench
 from envs.pool import load_pool
@@ -57,13 +58,16 @@ def _user_config(endpoint, **kw):
 
 def test_conversational_groups_over_http_through_the_worker_and_the_scheduler(ray_local, pool,
                                                                                server, tmp_path):
-    users = start_user_sims(_user_config(server), num=2, num_cpus=0.1)
-    worker = start_rollout_worker(str(pool.root), "scripted", num_cpus=0.5, executors="pool",
-                                  executor_config=EXECUTOR_CONFIG, config={"k": 2}, users=users)
+    # the sections go to the actors as the config validated them (models, through Ray)
     cfg = load_config(None, ["run.batch_size=2", "rollout.k=2", f"pool.path={pool.root}"])
+    users = start_user_sims(UserSimConfig(**_user_config(server)), num=2, num_cpus=0.1)
+    worker = start_rollout_worker(str(pool.root), "scripted", num_cpus=0.5, executors="pool",
+                                  executor_config=EXECUTOR_CONFIG, config=cfg.rollout,
+                                  users=users)
     scheduler = scheduler_actor_class().remote(
         build_scheduler(cfg, pool, tmp_path / "run"),
-        filter_builder=identifier_check_builder(str(pool.root), "envsched", {}),
+        filter_builder=identifier_check_builder(str(pool.root), "envsched",
+                                                cfg.scheduler.typed_params()),
         replay_port=WorkerReplay([worker], 300))
     tickets = ray_local.get(scheduler.next_tasks.remote(2), timeout=120)
     assert sorted(t.task_id for t in tickets) == sorted(t.task_id for t in pool.tasks)

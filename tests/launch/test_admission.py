@@ -1,4 +1,7 @@
-"""Admission control: the staleness bound, no double counting, no deadlock (property tests)."""
+"""The ledger's staleness law (``launch.ledger.Ledger``): the bound, no double counting, no
+deadlock (property tests). ``_Law`` drives the ledger the way the controller does: a ticket is
+issued (``launched``, its handle = its id), comes back as a group whose oldest token is of a
+given version (``settle``; accepted), or fails (released), and batches are taken and published."""
 
 from __future__ import annotations
 
@@ -6,11 +9,47 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from launch.admission import Admission, AdmissionError
+from actors.ticket import Ticket
+from envs.trajectory import Group, Trajectory
+from launch.ledger import Ledger, LedgerError
+from scheduling.base import Selection
 
+
+class _Law:
+    """The old admission protocol's verbs over a ``Ledger`` (tickets are ints)."""
+
+    def __init__(self, batch: int, max_staleness: int, max_concurrent: int):
+        self.ledger = Ledger(batch, max_staleness, max_concurrent)
+
+    def __getattr__(self, name):
+        return getattr(self.ledger, name)
+
+    @property
+    def running(self) -> dict[int, int]:
+        return {h: f.issued_at for h, f in self.ledger.flights.items()}
+
+    def issue(self, ticket: int) -> None:
+        t = Ticket(Selection(f"t{ticket}", "coverage", 0), 0).issued(ticket, seed=0, unseen=0)
+        self.ledger.launched(ticket, t, 0)
+
+    def accept(self, ticket: int, oldest=None) -> int:
+        issued_at = self.ledger.flights[ticket].issued_at if ticket in self.ledger.flights else 0
+        v = issued_at if oldest is None else oldest
+        group = Group(f"t{ticket}", 0, [Trajectory(f"t{ticket}", 0.0, policy_version=v)] * 2)
+        self.ledger.settle(ticket, group)
+        return issued_at
+
+    def release(self, ticket: int) -> None:
+        self.ledger.settle(ticket, RuntimeError("injected"))
+
+    def consume(self) -> list[int]:
+        return [b.ticket.id for b in self.ledger.take_batch()]
+
+    def publish(self, version: int) -> None:
+        self.ledger.published(version)
 
 def test_synchronous_mode_issues_one_batch_per_version():
-    adm = Admission(batch=4, max_staleness=0, max_concurrent=100)
+    adm = _Law(batch=4, max_staleness=0, max_concurrent=100)
     assert adm.capacity() == 4
     for t in range(4):
         adm.issue(t)
@@ -24,7 +63,7 @@ def test_synchronous_mode_issues_one_batch_per_version():
 
 
 def test_hand_worked_capacity_with_staleness_and_concurrency_cap():
-    adm = Admission(batch=3, max_staleness=2, max_concurrent=5)
+    adm = _Law(batch=3, max_staleness=2, max_concurrent=5)
     # (2 + 0 + 1) * 3 - 0 = 9, capped by 5 - 0
     assert adm.capacity() == 5
     for t in range(5):
@@ -38,7 +77,7 @@ def test_hand_worked_capacity_with_staleness_and_concurrency_cap():
 def test_while_a_step_trains_admission_counts_the_published_version():
     """max_staleness 1, B 2: the learner consumes a batch and trains (version still 0); a group
     issued now may train at step 2 at the latest (one version behind), never at step 3."""
-    adm = Admission(batch=2, max_staleness=1, max_concurrent=3)
+    adm = _Law(batch=2, max_staleness=1, max_concurrent=3)
     for t in range(3):
         adm.issue(t)                 # (1 + 0 + 1) * 2 = 4 allowed, capped at 3 running
     adm.accept(0)
@@ -53,43 +92,47 @@ def test_while_a_step_trains_admission_counts_the_published_version():
 
 
 def test_filtered_group_gives_its_slot_back():
-    adm = Admission(batch=2, max_staleness=0, max_concurrent=10)
-    adm.issue("a")
-    adm.issue("b")
+    adm = _Law(batch=2, max_staleness=0, max_concurrent=10)
+    adm.issue(0)
+    adm.issue(1)
     assert adm.capacity() == 0
-    adm.release("a")
+    adm.release(0)
     assert adm.capacity() == 1
-    adm.issue("c")
-    adm.accept("b")
-    adm.accept("c")
+    adm.issue(2)
+    adm.accept(1)
+    adm.accept(2)
     assert adm.buffered == 2 and adm.released == 1
 
 
 def test_double_counting_is_refused():
-    adm = Admission(batch=2, max_staleness=1, max_concurrent=10)
-    adm.issue("a")
-    with pytest.raises(AdmissionError, match="already running"):
-        adm.issue("a")
-    adm.accept("a")
-    with pytest.raises(AdmissionError, match="not running"):
-        adm.accept("a")
-    with pytest.raises(AdmissionError, match="not running"):
-        adm.release("a")
+    adm = _Law(batch=2, max_staleness=1, max_concurrent=10)
+    adm.issue(0)
+    t = adm.flights[0].ticket
+    with pytest.raises(LedgerError, match="already in flight"):
+        adm.issue(0)
+    with pytest.raises(LedgerError, match="already running"):
+        adm.ledger.launched("another handle", t, 0)
+    adm.accept(0)
+    with pytest.raises(LedgerError, match="not in flight"):
+        adm.accept(0)
+    with pytest.raises(LedgerError, match="not in flight"):
+        adm.release(0)
 
 
 def test_bad_parameters_name_the_field():
-    with pytest.raises(AdmissionError, match="max_staleness"):
-        Admission(batch=2, max_staleness=-1, max_concurrent=4)
+    with pytest.raises(LedgerError, match="max_staleness"):
+        _Law(batch=2, max_staleness=-1, max_concurrent=4)
 
 
 def test_state_dict_drops_running_tickets_for_reissue():
-    adm = Admission(batch=2, max_staleness=1, max_concurrent=10)
+    adm = _Law(batch=2, max_staleness=1, max_concurrent=10)
     adm.issue(1)
     adm.issue(2)
     adm.accept(1)
-    fresh = Admission(batch=2, max_staleness=1, max_concurrent=10)
+    fresh = _Law(batch=2, max_staleness=1, max_concurrent=10)
     fresh.load_state_dict(adm.state_dict())
-    assert fresh.running == {} and fresh.accepted == 1
+    assert fresh.running == {} and fresh.accepted == 1 and fresh.buffered == 1
+    assert [t.id for t in fresh.waiting["train"]] == [2]   # issued again first
     assert fresh.capacity() == 3  # (1 + 0 + 1) * 2 - 1: the lost group's slot is free again
 
 
@@ -106,7 +149,7 @@ _LONG_TAIL = [("issue", 0), ("issue", 0), ("newest", 0), ("train", 0)] + [
 def test_invariants_under_random_protocol(batch, staleness, max_conc, ops):
     """Any legal sequence keeps the bounds, never deadlocks, and trains only fresh-enough groups
     (groups finish in any order: a group overtaken by later ones still trains in time)."""
-    adm = Admission(batch=batch, max_staleness=staleness, max_concurrent=max_conc)
+    adm = _Law(batch=batch, max_staleness=staleness, max_concurrent=max_conc)
     buffer: dict[int, int] = {}  # accepted, unconsumed ticket -> issue version
     next_ticket = 0
     for op, pick in ops:
@@ -150,7 +193,7 @@ def test_the_oldest_token_of_every_trained_group_is_within_max_staleness(
     episodes is running (not partial). Whatever the interleaving, every group the learner takes
     has its oldest token within max_staleness of the weights it trains (consume's own check
     never fires). The hand-worked test below has a group straddling two versions."""
-    adm = Admission(batch=batch, max_staleness=staleness, max_concurrent=max_conc)
+    adm = _Law(batch=batch, max_staleness=staleness, max_concurrent=max_conc)
     engine = 0                           # the version the rollout engine samples with
     pending: list[int] = []              # published by the learner, not yet in the engine
     turns: dict[int, list[int]] = {}     # running ticket -> version of each turn so far
@@ -194,7 +237,7 @@ def test_partial_rollouts_mix_versions_within_a_group_and_stay_bounded():
     """Hand-worked: B 1, max_staleness 1. Ticket 0 samples turn 1 at version 0; the learner
     trains ticket 1 and publishes version 1 between ticket 0's turns; its turn 2 is at version 1.
     Trained at version 1, its oldest token is 1 behind: allowed."""
-    adm = Admission(batch=1, max_staleness=1, max_concurrent=4)
+    adm = _Law(batch=1, max_staleness=1, max_concurrent=4)
     adm.issue(0)
     adm.issue(1)
     adm.accept(1, 0)
@@ -210,7 +253,7 @@ def test_a_long_episode_overtaken_by_later_groups_holds_the_learner_back():
     Ticket 1 trains at 0 and version 1 is out; training ticket 2 now would publish 2 and leave
     ticket 0 (deadline 0 + 1 = 1) stranded, so the step waits for ticket 0, which then trains
     first (oldest token first), and ticket 2 after it."""
-    adm = Admission(batch=1, max_staleness=1, max_concurrent=4)
+    adm = _Law(batch=1, max_staleness=1, max_concurrent=4)
     adm.issue(0)
     adm.issue(1)
     adm.accept(1, 0)
@@ -226,11 +269,11 @@ def test_a_long_episode_overtaken_by_later_groups_holds_the_learner_back():
 
 
 def test_a_group_older_than_max_staleness_is_refused_naming_it():
-    adm = Admission(batch=1, max_staleness=1, max_concurrent=4)
-    adm.issue("a")
-    adm.accept("a", 1)
+    adm = _Law(batch=1, max_staleness=1, max_concurrent=4)
+    adm.issue(7)
+    adm.accept(7, 1)
     adm.publish(3)                    # a broken protocol: no batch was trained
     assert not adm.batch_ready() or not adm.trainable(1)
-    with pytest.raises(AdmissionError, match=r"\('a', 1\).*max_staleness=1"):
+    with pytest.raises(LedgerError, match=r"\(7, 1\).*max_staleness=1"):
         adm.consume()
     assert adm.consumed == 0

@@ -94,17 +94,17 @@ def _chaos_roles(killed: dict[str, int], absorbed: Counter):
             _until_dead(pid)
             return pid
 
-        def submit(self, ticket):    # the worker dies while generating
-            handle = super().submit(ticket)
+        def submit(self, ticket, worker):    # the worker dies while generating
+            handle = super().submit(ticket, worker)
             self.submitted += 1
             if self.submitted == 2:
                 killed["worker_generating"] = self._sigkill_worker()
-            elif self.version >= 1 and "executor" not in killed:
+            elif self.learner.step >= 1 and "executor" not in killed:
                 killed["executor"] = _sigkill_actor_process("EnvExecutor")
             return handle
 
         def absorb(self, group):
-            self.late_absorbs += self.version >= 1
+            self.late_absorbs += self.learner.step >= 1
             if self.late_absorbs == 2 and "scheduler" not in killed:
                 killed["scheduler"] = _sigkill_actor_process("SchedulerService")
                 _until_dead(killed["scheduler"])

@@ -147,7 +147,7 @@ def test_a_run_whose_checkpoint_disk_fills_stops_with_one_line_and_resumes_from_
 
     class FillingRoles(Roles):
         def save_learner(self, directory):
-            if self.version == 2 and not filled:
+            if self.learner.step == 2 and not filled:
                 filled.append(_fill(disk, leave=64 * 1024))
             super().save_learner(directory)
 

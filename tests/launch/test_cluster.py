@@ -101,7 +101,8 @@ def resize_driver(address: str, pool_dir: str) -> None:
 
     import ray
 
-    from actors.executor_pool import ExecutorConfig, ExecutorPool
+    from actors.executor_config import ExecutorConfig
+    from actors.executor_pool import ExecutorPool
     from envs.pool import load_pool
 
     ray.init(address=address, log_to_driver=False)

@@ -38,9 +38,9 @@ def test_no_accelerator_is_set_job_wide():
 
 def test_a_gpu_learner_rank_clears_a_cpu_accelerator_it_inherited(tmp_path, monkeypatch):
     monkeypatch.setenv("DS_ACCELERATOR", "cpu")
-    LearnerActor(LearnerConfig(model_path=str(tmp_path), num_gpus_per_rank=1).model_dump(), 0, 1)
+    LearnerActor(LearnerConfig(model_path=str(tmp_path), num_gpus_per_rank=1), 0, 1)
     assert os.environ["DS_ACCELERATOR"] == "cuda"
-    LearnerActor(LearnerConfig(model_path=str(tmp_path)).model_dump(), 0, 1)
+    LearnerActor(LearnerConfig(model_path=str(tmp_path)), 0, 1)
     assert os.environ["DS_ACCELERATOR"] == "cpu"
 
 

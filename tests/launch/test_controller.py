@@ -56,7 +56,7 @@ class LocalRoles:
     def next_tasks(self, n):
         return self.service.next_tasks(n)
 
-    def submit(self, ticket):
+    def submit(self, ticket, worker):
         handle = (*ticket.key, ticket.attempt)
         if ticket.key in self.fail_first and ticket.attempt == 0:
             self.done[handle] = RuntimeError("injected: rollout worker died")
@@ -66,6 +66,10 @@ class LocalRoles:
 
     def wait(self, handles, timeout):
         return [(h, self.done.pop(h)) for h in handles]
+
+    def cancel(self, handles):
+        for h in handles:
+            self.done.pop(h)
 
     def absorb(self, group):
         self.absorbed[(group.task_id, group.step)] += 1
@@ -123,11 +127,11 @@ def test_failed_groups_are_reissued_once_and_never_double_counted(small_pool, tm
     ctl = Controller(cfg, roles, tmp_path)
     out = ctl.run()
     assert out["steps"] == 4 and ctl.dropped == []
-    assert ctl.adm.released == 2                      # the two injected failures gave slots back
+    assert ctl.ledger.released == 2                      # the two injected failures gave slots back
     assert set(roles.absorbed.values()) == {1}        # every (task, step) absorbed exactly once
-    issued = Counter((s, t) for s, t in ctl.selections_log)
-    assert sum(roles.absorbed.values()) == ctl.adm.accepted == sum(issued.values())
-    assert ctl.adm.consumed == 4 * 3 and not ctl.tickets.inflight
+    issued = Counter((s, t) for s, t in ctl.ledger.selections)
+    assert sum(roles.absorbed.values()) == ctl.ledger.accepted == sum(issued.values())
+    assert ctl.ledger.consumed == 4 * 3 and not ctl.ledger.flights
 
 
 def test_metrics_jsonl_has_the_required_fields(small_pool, tmp_path):
@@ -156,7 +160,7 @@ def test_resume_selects_exactly_what_an_uninterrupted_run_selects(small_pool, tm
     resumed = Controller(cfg, LocalRoles(cfg, small_pool, part_dir), part_dir)
     resumed.restore(ckpt)
     resumed.run()
-    assert resumed.selections_log == full.selections_log
+    assert resumed.ledger.selections == full.ledger.selections
     assert resumed.roles.learner_state["version"] == full.roles.learner_state["version"] == 3
 
 
@@ -173,8 +177,8 @@ def test_evaluation_runs_the_fixed_set_beside_training_and_never_reaches_the_sch
     roles = LocalRoles(cfg, small_pool, tmp_path, fail_first={("eval", 1)})
     submitted = []
     submit = roles.submit
-    roles.submit = lambda t: (submitted.append((t.kind, t.task_id, t.seed, t.k, t.step)),
-                              submit(t))[1]
+    roles.submit = lambda t, w: (submitted.append((t.kind, t.task_id, t.seed, t.k, t.step)),
+                                 submit(t, w))[1]
     ctl = Controller(cfg, roles, tmp_path, eval_task_ids=task_ids)
     assert ctl.run()["steps"] == 4
 
@@ -192,8 +196,8 @@ def test_evaluation_runs_the_fixed_set_beside_training_and_never_reaches_the_sch
     assert Counter(evals) == {("eval", t, eval_seed(cfg.eval, i), 2, -1): 6 if i == 1 else 3
                               for i, t in enumerate(task_ids)}
     # evaluation groups never reach the scheduler or the admission counters
-    assert sum(roles.absorbed.values()) == ctl.adm.accepted == len(ctl.selections_log)
-    assert ctl.adm.consumed == 4 * 3 and ctl.adm.released == 0
+    assert sum(roles.absorbed.values()) == ctl.ledger.accepted == len(ctl.ledger.selections)
+    assert ctl.ledger.consumed == 4 * 3 and ctl.ledger.released == 0
     metrics = read_metrics(tmp_path)
     e = rows[0]["eval_reward"]
     assert [r.get("eval_reward") for r in metrics] == [None, e, None, e]
@@ -300,9 +304,9 @@ class SlowLearnerRoles(LocalRoles):
         super().__init__(*args, **kwargs)
         self.polls, self.issued_at, self.during = polls, {}, []
 
-    def submit(self, ticket):
+    def submit(self, ticket, worker):
         self.issued_at.setdefault(ticket.id, self.learner_state["version"])
-        return super().submit(ticket)
+        return super().submit(ticket, worker)
 
     def wait(self, handles, timeout):
         return [(h, self.done.pop(h)) for h in handles[:1]]
@@ -373,7 +377,7 @@ class RecordingRoles(SlowLearnerRoles):
     def train_result(self, handle, timeout):
         out = super().train_result(handle, timeout)
         if out is not None:
-            self.log.append(("done", self.ctl.adm.buffered))
+            self.log.append(("done", self.ctl.ledger.buffered))
         return out
 
 

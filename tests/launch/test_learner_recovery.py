@@ -42,7 +42,7 @@ def _killing_roles(at_version: int, seen: dict):
 
     class KillingRoles(Roles):
         def train(self, groups):
-            kill = self.version == at_version and "killed_at" not in seen
+            kill = self.learner.step == at_version and "killed_at" not in seen
             if kill:   # asked now: the rank serves one call at a time, and no step is pending
                 seen["pid"] = ray.get(self.learner.actors[0].pid.remote(), timeout=60)
             handle = super().train(groups)

@@ -68,7 +68,7 @@ def _issue(tickets: list[Ticket], first_id: int) -> list[Ticket]:
 def _roll(roles, tickets: list[Ticket]) -> list:
     """Submit each ticket, wait until every handle has answered (each exactly once); the
     results in ticket order."""
-    handles = [roles.submit(t) for t in tickets]
+    handles = [roles.submit(t, 0) for t in tickets]
     assert len(set(handles)) == len(tickets)              # one distinct handle per ticket
     out: dict = {}
     deadline = time.monotonic() + DEADLINE_S
@@ -93,7 +93,7 @@ def test_implements_every_method_of_the_contract_with_its_parameters(impl):
     cls = getattr(importlib.import_module(module), name)
     members = [m for m in vars(RolesContract) if not m.startswith("_") and callable(
         getattr(RolesContract, m))]
-    assert len(members) == 13
+    assert len(members) == 14
     for m in members:
         want = list(inspect.signature(getattr(RolesContract, m)).parameters)
         got = list(inspect.signature(getattr(cls, m)).parameters)
@@ -122,6 +122,15 @@ def test_each_group_comes_back_once_with_its_ticket_task_step_and_sample_count(r
         assert len(group.trajectories) == (1 if t.kind == EVAL else K)
     for group in results[:-1]:
         roles.absorb(group)
+
+
+def test_a_cancelled_group_leaves_the_others_answered(roles):
+    first, second = _issue(roles.next_tasks(2), first_id=300)
+    gone = roles.submit(Ticket.evaluation(first.task_id, 9, seed=9, k=1), 0)
+    roles.cancel([gone])
+    (group,) = _roll(roles, [second])
+    assert isinstance(group, Group) and group.ticket_id == second.id
+    roles.absorb(group)
 
 
 def test_a_learner_step_starts_at_once_and_its_published_version_reaches_the_rollouts(roles):

@@ -1,5 +1,5 @@
 """``launch.roles_core.RolesCore``: the decisions of ``Roles`` without Ray (opaque worker handles,
-a hand-driven clock)."""
+a hand-driven clock); placement and deadlines are the ledger's (tests/launch/test_ledger.py)."""
 
 from __future__ import annotations
 
@@ -16,50 +16,21 @@ class Clock:
         return self.t
 
 
-def _core(workers: int = 3, timeout_s: float = 10.0) -> tuple[RolesCore, Clock]:
+def _core(workers: int = 3) -> tuple[RolesCore, Clock]:
     clock = Clock()
-    core = RolesCore(timeout_s, clock)
+    core = RolesCore(clock)
     core.workers.extend(f"w{i}" for i in range(workers))
     return core, clock
 
 
-def test_each_group_goes_to_the_least_busy_worker_lowest_index_first():
-    core, _ = _core(3)
-    placed = []
-    for g in range(7):
-        w = core.choose_worker()
-        core.launched(f"g{g}", w)
-        placed.append(w)
-    assert placed == [0, 1, 2, 0, 1, 2, 0]
-    core.land("g1")          # worker 1 now runs one group, the others two or three
-    assert core.choose_worker() == 1
-
-
-def test_a_group_is_overdue_only_past_its_deadline_and_only_if_not_ready():
-    core, clock = _core(2, timeout_s=10.0)
-    core.launched("a", 0)
-    clock.t += 4
-    core.launched("b", 1)
-    clock.t += 6.5                       # a: 10.5 s old, b: 6.5 s
-    assert core.overdue(["a", "b"], ready=[]) == ["a"]
-    assert set(core.flights) == {"b"}    # an overdue group is taken back, once
-    clock.t += 5                         # b is overdue too, but it is ready: it lands instead
-    assert core.overdue(["b"], ready=["b"]) == []
-    flight = core.land("b")
-    assert (flight.worker, flight.actor, flight.deadline) == (1, "w1", 114.0)
-
-
 def test_a_dead_worker_is_replaced_once_however_many_groups_report_it():
     core, _ = _core(2)
-    core.launched("a", 0)
-    core.launched("b", 0)
-    first, second = core.land("a"), core.land("b")
-    assert core.first_report(first.worker, first.actor)
+    first = second = core.workers[0]      # two groups went to worker 0's handle
+    assert core.first_report(0, first)
     core.replaced(0, "w0-new")
-    assert not core.first_report(second.worker, second.actor)   # already replaced
+    assert not core.first_report(0, second)   # already replaced
     assert core.workers == ["w0-new", "w1"] and core.restarts == 1
-    core.launched("c", 0)
-    assert core.land("c").actor == "w0-new"
+    assert core.first_report(0, "w0-new")
 
 
 def test_a_failed_publish_is_retried_only_with_dead_workers_and_at_most_publishes_times():
@@ -120,10 +91,8 @@ def test_a_learner_rebuild_is_counted_and_its_recovery_time_reported_once():
     """Hand-worked clock: found dead at t=10, rebuilt twice (the second before any step), the
     next step's record at t=25: 15 s from the first loss; the step after has no recovery time."""
     now = [0.0]
-    core = RolesCore(60.0, clock=lambda: now[0])
+    core = RolesCore(clock=lambda: now[0])
     core.workers.append("w0")
-    core.launched("g1", 0)
-    assert core.abandon() == ["g1"] and core.flights == {}
     core.learner_rebuilt(10.0)
     core.learner_rebuilt(12.0)
     now[0] = 25.0

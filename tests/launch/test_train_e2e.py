@@ -50,8 +50,8 @@ def test_worker_killed_mid_step_then_resume(ray_local, tmp_path):
     submitted = []
     submit = roles.submit
 
-    def submit_then_kill(ticket):  # fault injection: kill worker 0 right after its 2nd group
-        handle = submit(ticket)
+    def submit_then_kill(ticket, worker):  # fault injection: kill worker 0 after its 2nd group
+        handle = submit(ticket, worker)
         submitted.append(ticket.id)
         if len(submitted) == 2:
             ray.kill(roles.workers[0], no_restart=True)
@@ -64,12 +64,12 @@ def test_worker_killed_mid_step_then_resume(ray_local, tmp_path):
     try:
         ctl = Controller(cfg, roles, run_dir)
         assert ctl.run()["steps"] == 2
-        assert roles.restarts >= 1 and ctl.adm.released >= 1 and ctl.dropped == []
+        assert roles.restarts >= 1 and ctl.ledger.released >= 1 and ctl.dropped == []
         assert set(absorbed.values()) == {1}
-        assert ctl.adm.accepted == sum(absorbed.values())
+        assert ctl.ledger.accepted == sum(absorbed.values())
         # every hand-out accepted once or still in flight at the end (max_staleness 1 admits the
         # next step's groups while the last step trains; the checkpoint carries them on)
-        assert ctl.adm.accepted + len(ctl.unfinished()) == len(ctl.selections_log)
+        assert ctl.ledger.accepted + len(ctl.unfinished()) == len(ctl.ledger.selections)
         rows = read_metrics(run_dir)
         assert [r["step"] for r in rows] == [1, 2]
         assert all(r["staleness_max"] <= 1 for r in rows)

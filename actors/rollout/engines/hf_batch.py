@@ -11,6 +11,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Optional
 
 import torch
+from transformers import PretrainedConfig
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
 from actors.rollout.engines.base import SamplingParams
@@ -82,7 +83,7 @@ class _Batch:
 
     _ROOM = 256   # free columns on each side of the window when the buffer is (re)allocated
 
-    def __init__(self, config):
+    def __init__(self, config: PretrainedConfig):
         self.cache = DynamicCache(config=config)
         self.cache.layers = []
         self.keys: list = []     # per layer, the buffers
