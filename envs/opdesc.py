@@ -36,7 +36,7 @@ import os
 import re
 from pathlib import Path
 from dataclasses import dataclass
-from typing import Any, Callable, Literal, Optional
+from typing import Any, Callable, Literal, Optional, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -44,16 +44,6 @@ from envs import strict_json
 from envs.spec import Check, Environment, TaskSpec
 from envs.untrusted import (UntrustedFileError, atomic_writer, beneath, is_file_beneath, iter_lines,
                             parse_json)
-
-OP_TYPES = ("lookup", "update", "create", "delete", "validate", "authorize")
-GATE_KINDS = ("identifier_resolution", "state_precondition", "authorization")
-PROVENANCES = ("task_literal", "unique_lookup", "broad_lookup", "prior_tool_output",
-               "agent_generated", "unavailable")
-GROUP_RELATIONS = ("shared_operation", "shared_gate", "initially_satisfied", "independent")
-CONFLICT_KINDS = ("order", "mutual_exclusion", "destructive")
-VALUE_CATEGORIES = ("<id>", "<name>", "<string>", "<int>", "<float>", "<bool>", "<date>",
-                    "<datetime>", "<time>", "<email>", "<phone>", "<list>", "<object>", "<null>")
-SOURCES = ("pool", "static", "llm")
 
 OpType = Literal["lookup", "update", "create", "delete", "validate", "authorize"]
 GateKind = Literal["identifier_resolution", "state_precondition", "authorization"]
@@ -65,6 +55,10 @@ ValueCategory = Literal["<id>", "<name>", "<string>", "<int>", "<float>", "<bool
                         "<datetime>", "<time>", "<email>", "<phone>", "<list>", "<object>",
                         "<null>"]
 Source = Literal["pool", "static", "llm"]
+# the same vocabularies as tuples (prompts, messages), defined by the types above
+OP_TYPES, GATE_KINDS, PROVENANCES, GROUP_RELATIONS, CONFLICT_KINDS, VALUE_CATEGORIES, SOURCES = (
+    get_args(t) for t in (OpType, GateKind, Provenance, GroupRelation, ConflictKind,
+                          ValueCategory, Source))
 
 
 class OpDescriptionError(ValueError):

@@ -48,7 +48,7 @@ import numpy as np
 
 from actors.ticket import Ticket
 from envs import strict_json
-from launch.metrics import read_jsonl
+from launch.metrics import is_eval_reward, read_jsonl
 from scheduling.variance import group_variance
 
 if TYPE_CHECKING:
@@ -141,7 +141,7 @@ def eval_line(record: dict[str, Any], k: int) -> str:
             f"{int(record.get('eval_groups', 0))} tasks x {k} (success "
             f"{record.get('eval_success', float('nan')):.0%}, {record['eval_seconds']:.0f} s)")
     parts = [f"{key[len('eval_reward'):].lstrip('_')} {v:.3f}" for key, v in sorted(record.items())
-             if key.startswith(("eval_reward_", "eval_reward@")) and "_var" not in key]
+             if key != "eval_reward" and is_eval_reward(key)]
     return head + "".join(f"; {p}" for p in parts)
 
 
@@ -169,8 +169,7 @@ def eval_curves(rows: Sequence[dict[str, Any]]) -> dict[str, list[tuple[int, flo
     out: dict[str, list[tuple[int, float]]] = {}
     for r in rows:
         for key, v in r.items():
-            if (key == "eval_reward" or key.startswith(("eval_reward_", "eval_reward@"))) \
-                    and not key.startswith("eval_reward_var") and isinstance(v, (int, float)):
+            if is_eval_reward(key) and isinstance(v, (int, float)):
                 out.setdefault(key, []).append((int(r["step"]), float(v)))
     return out
 

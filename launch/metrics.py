@@ -214,12 +214,8 @@ def summarize(rows: Iterable[dict[str, Any]], eval_rows: Sequence[dict[str, Any]
         for key in ("eval_success", *(k for k in sorted(first) if k.startswith("eval_success@"))):
             if _number(first.get(key)) and _number(last.get(key)):
                 out[f"{key}_first"], out[f"{key}_last"] = float(first[key]), float(last[key])
-        # eval_reward: the training pool; eval_reward_<part>: each part of a held-out split;
-        # eval_reward@NAME: each evaluation pool (eval.pools)
         for key in sorted(first):
-            if (key == "eval_reward" or key.startswith(("eval_reward_", "eval_reward@"))) \
-                    and not key.startswith("eval_reward_var") and _number(first[key]) \
-                    and _number(last.get(key)):
+            if is_eval_reward(key) and _number(first[key]) and _number(last.get(key)):
                 out[f"{key}_first"] = float(first[key])
                 out[f"{key}_last"] = float(last[key])
                 out[f"{key}_gain"] = float(last[key]) - float(first[key])
@@ -233,6 +229,14 @@ def summarize(rows: Iterable[dict[str, Any]], eval_rows: Sequence[dict[str, Any]
             "reward_var_mean": mean(rows, "reward_var_mean"),
             "zero_var_share": mean(rows, "zero_var_share"),
             "envs_per_batch": mean(rows, "envs_per_batch")}
+
+
+def is_eval_reward(key: str) -> bool:
+    """An ``eval.jsonl`` reward series: ``eval_reward`` (the training pool),
+    ``eval_reward_<part>`` (a part of a held-out split) or ``eval_reward@NAME`` (an evaluation
+    pool, ``eval.pools``); not their variances (``eval_reward_var...``)."""
+    return ((key == "eval_reward" or key.startswith(("eval_reward_", "eval_reward@")))
+            and not key.startswith("eval_reward_var"))
 
 
 def format_summary(summary: dict[str, Any]) -> str:
@@ -253,8 +257,8 @@ def format_summary(summary: dict[str, Any]) -> str:
                      f"{g('eval_success_first'):.0%} -> {g('eval_success_last'):.0%}")
     parts = [f"{key[len('eval_reward'):-len('_first')].lstrip('_')} {g(key):.3f} -> "
              f"{g(key[:-len('_first')] + '_last'):.3f} ({g(key[:-len('_first')] + '_gain'):+.3f})"
-             for key in summary if key.startswith(("eval_reward_", "eval_reward@"))
-             and key.endswith("_first") and key != "eval_reward_first"]
+             for key in summary if key.endswith("_first") and key != "eval_reward_first"
+             and is_eval_reward(key[:-len("_first")])]
     if parts:
         lines.append("eval by part: " + "; ".join(parts))
     return "\n".join(lines)

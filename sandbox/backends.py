@@ -54,7 +54,7 @@ from typing import Any, Callable, Optional
 from sandbox.config import PROJECT_ROOT, SandboxConfig
 from sandbox.docker_backend import DockerChild, docker_problem
 from sandbox.errors import SandboxError
-from sandbox.importpaths import import_roots
+from sandbox.importpaths import PRIVATE_TMP, import_roots
 
 
 def is_root() -> bool:
@@ -196,7 +196,7 @@ def child_config(cfg: SandboxConfig, backend: str, scratch: str, uid: Optional[i
     out.update(backend=backend, scratch="/tmp" if isolated else scratch, uid=uid,
                scratch_mb=cfg.scratch_mb, mount_tmp=backend == "unshare",
                read_only_root=backend == "unshare", pid_namespace=isolated,
-               wipe_dirs=["/tmp", "/var/tmp", "/dev/shm"] if isolated else [scratch],
+               wipe_dirs=list(PRIVATE_TMP) if isolated else [scratch],
                # SysV IPC in the worker's own IPC namespace: emptied per episode, and bounded by
                # lowering the namespace's limits where the child starts as its root, else refused
                sysv_ipc=_sysv_ipc(backend), wipe_ipc=isolated,

@@ -39,7 +39,7 @@ import sys
 from typing import Any
 
 from sandbox import seccomp
-from sandbox.importpaths import expose, hold, import_roots
+from sandbox.importpaths import PRIVATE_TMP, expose, hold, import_roots
 from sandbox.ipc import limit_sysv_ipc
 from sandbox.spares import SPARES, rearm_parent_death_signal
 
@@ -58,7 +58,6 @@ _FLAG_OPTIONS = {"nosuid": MS_NOSUID, "nodev": MS_NODEV, "noexec": MS_NOEXEC,
                  "noatime": MS_NOATIME, "nodiratime": MS_NODIRATIME, "relatime": MS_RELATIME,
                  "strictatime": MS_STRICTATIME}
 SIOCGIFFLAGS, SIOCSIFFLAGS, SIOCSIFADDR, IFF_UP = 0x8913, 0x8914, 0x8916, 0x1
-PRIVATE_TMP = ("/tmp", "/var/tmp", "/dev/shm")
 MAX_PTYS = 8  # of the unshare backend's private devpts (bwrap and docker: sandbox.backends)
 DEVPTS_OPTIONS = f"newinstance,ptmxmode=0666,mode=0620,max={MAX_PTYS}".encode()
 PROBE_UID = 65534  # owns nothing the roots' paths hold: stands for any worker uid

@@ -39,6 +39,7 @@ from typing import Optional
 
 # The project's source tree: every isolating backend mounts it read-only for the child.
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
+PRIVATE_TMP = ("/tmp", "/var/tmp", "/dev/shm")  # private (and wiped) in an isolated sandbox
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND, MS_REC = 1, 2, 4, 8, 32, 4096, 16384
 MS_NOATIME, MS_NODIRATIME, MS_RELATIME = 1024, 2048, 1 << 21
 # statvfs flags -> mount flags, to keep a bind's locked flags when remounting it read-only
