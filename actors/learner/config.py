@@ -15,7 +15,7 @@ May import: pydantic and the standard library (no torch, so configs load anywher
 
 from __future__ import annotations
 
-from typing import Literal, Optional
+from typing import Literal, Optional, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -25,6 +25,11 @@ def ds_accelerator(num_gpus: float) -> str:
     when it holds a GPU (or a share of one), else 'cpu'. Decided from the request, never from the
     driver's environment: a CPU-only driver must not push its 'cpu' onto GPU ranks."""
     return "cuda" if num_gpus > 0 else "cpu"
+
+
+Dtype = Literal["auto", "bf16", "fp32"]       # the policy's weights (auto: the model's own)
+LoraForm = Literal["adapter", "merged"]       # a LoRA policy as A and B only, or merged in
+DTYPES, LORA_FORMS = get_args(Dtype), get_args(LoraForm)
 
 
 class GRPOConfig(BaseModel):
@@ -79,7 +84,7 @@ class LoraConfig(BaseModel):
                                       description=(
         "module names (peft's matching: a name, or the end of a dotted path) that get an "
         "adapter; the default covers attention and MLP projections of Qwen/Llama models"))
-    sync: Literal["adapter", "merged"] = Field("adapter", description=(
+    sync: LoraForm = Field("adapter", description=(
         "adapter: publish only A and B, the engines keep the base weights and load each "
         "version's adapter (vLLM LoRARequest, the HF engine's injected layers); merged: publish "
         "the merged weights (W + scale B A) like a full-weight learner, for engines without "
@@ -94,7 +99,7 @@ class LearnerConfig(BaseModel):
     model_path: Optional[str] = None
     ranks: int = Field(1, ge=1)
     zero_stage: int = Field(2, ge=0, le=3)
-    dtype: Literal["auto", "bf16", "fp32"] = "auto"
+    dtype: Dtype = "auto"
     lr: float = Field(1e-6, gt=0)
     warmup_steps: int = Field(10, ge=0)
     total_steps: int = Field(200, ge=1)

@@ -18,6 +18,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from actors.learner.config import DTYPES, LORA_FORMS
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run_dir", help="a run directory written by envsched train")
@@ -25,9 +27,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, help="output model directory")
     parser.add_argument("--model", default=None,
                         help="the run's starting model (default: recorded in the checkpoint)")
-    parser.add_argument("--dtype", choices=("auto", "bf16", "fp32"), default="auto",
+    parser.add_argument("--dtype", choices=DTYPES, default="auto",
                         help="weights dtype (auto: the starting model's)")
-    parser.add_argument("--lora", choices=("adapter", "merged"), default=None,
+    parser.add_argument("--lora", choices=LORA_FORMS, default=None,
                         help="a LoRA run's checkpoint: the PEFT adapter directory, or the model "
                              "with the adapter merged in (default: merged)")
 
