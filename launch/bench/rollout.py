@@ -17,6 +17,8 @@ import argparse
 import json
 import tempfile
 
+from actors.rollout.engines.base import ENGINES
+
 # Keep a CPU run with the random tiny policy short: it rarely ends a turn by itself.
 HF_DEFAULTS = {"max_turns": 4, "max_tokens_per_turn": 32, "max_tokens_per_sequence": 8192}
 
@@ -25,7 +27,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pool", help="pool directory (default: generate one)")
     p.add_argument("--envs", type=int, default=2)
     p.add_argument("--tasks-per-env", type=int, default=4)
-    p.add_argument("--engine", choices=("scripted", "hf", "vllm"), default="hf")
+    p.add_argument("--engine", choices=ENGINES, default="hf")
     p.add_argument("--model", help="model directory (default: the tiny local policy)")
     p.add_argument("--k", type=int, default=4)
     p.add_argument("--workers", type=int, default=1)

@@ -22,12 +22,13 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from actors.rollout.engines.base import ENGINES
 from envs import strict_json
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pool", required=True, help="pool directory")
-    p.add_argument("--engine", choices=("scripted", "hf", "vllm"), default="scripted")
+    p.add_argument("--engine", choices=ENGINES, default="scripted")
     p.add_argument("--model", help="HF model directory or a hub id in the local cache (default "
                    "for hf: the tiny local policy)")
     p.add_argument("--tasks", type=int, default=8, help="first N tasks of the pool; 0 = all")

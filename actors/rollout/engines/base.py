@@ -36,6 +36,8 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+ENGINES = ("scripted", "hf", "vllm")   # the engine kinds (``registry.make_engine``)
+
 
 class WeightUpdateError(ValueError):
     """A weight update named a parameter the policy lacks, or had the wrong shape."""

@@ -13,12 +13,10 @@ from __future__ import annotations
 
 from typing import Optional
 
-from actors.rollout.engines.base import Engine
+from actors.rollout.engines.base import ENGINES, Engine
 from actors.rollout.engines.hf_engine import HFEngine
 from actors.rollout.engines.scripted_engine import ScriptedEngine
 from actors.rollout.engines.vllm_engine import VLLMEngine
-
-ENGINES = ("scripted", "hf", "vllm")
 
 
 def make_engine(kind: str, *, model_path: Optional[str] = None, tokenizer=None, pool=None,
