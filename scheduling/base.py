@@ -286,7 +286,7 @@ class PoolScheduler(Scheduler):
 
     def state_dict(self) -> dict[str, Any]:
         return {**self._identity(), "last_step": self.last_step, "excluded": self.excluded(),
-                "pending": sorted(self._pending), "n_obs": self._n_obs.tolist(), **self._state()}
+                "pending": list(self._pending), "n_obs": self._n_obs.tolist(), **self._state()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         differ = [k for k, v in self._identity().items() if state.get(k) != v]
