@@ -294,6 +294,11 @@ class PoolScheduler(Scheduler):
             raise SchedulerError(f"{self.name}.load_state_dict: the state was saved for another "
                                  f"scheduler, pool or seed ({', '.join(differ)} differ: saved "
                                  f"{[state.get(k) for k in differ]})")
+        missing = [k for k in ("last_step", "excluded", "pending", "n_obs") if k not in state]
+        if missing:
+            raise SchedulerError(f"{self.name}.load_state_dict: the state lacks {missing} (saved "
+                                 "before the shared skeleton?); resume with the version that "
+                                 "wrote it")
         self.last_step = int(state["last_step"])
         self._reasons, self._eligible[:] = {}, True
         for tid, reason in state["excluded"].items():

@@ -47,6 +47,8 @@ def test_pending_exclusion_and_restore_are_the_skeletons(name):
         a, b = s.select(step), r.select(step)
         assert a.task_ids == b.task_ids and banned not in a.task_ids
     assert r.explain(b0.task_ids[0])["observations"] == 1
+    with pytest.raises(SchedulerError, match=r"lacks \['n_obs'\]"):
+        _build(name).load_state_dict({k: v for k, v in state.items() if k != "n_obs"})
     with pytest.raises(SchedulerError, match="another"):
         registry.build("random" if name != "random" else "mopps", {}, tasks=TASKS, batch_size=8,
                        k=4, seed=1, graph=G).load_state_dict(state)
