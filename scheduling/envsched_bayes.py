@@ -45,6 +45,9 @@ Batch of B at step t (after the cold start; exploitation picks first, coverage f
 - Ties (equal scores, the cold start's included) go to EnvSched's seeded permutation
   (``batch.tiebreak_rank``), not to pool order.
 
+Skeleton: ``scheduling.base.PoolScheduler``, ``strict`` as EnvSched (steps increase, a group must
+answer a selection); in-flight tasks may be selected again, as in EnvSched.
+
 Randomness: the draws of step t use ``default_rng([seed, t])``, so a restored scheduler draws the
 same numbers and ``state_dict`` holds no generator state. Late groups: evidence is discounted in
 arrival order (as MoPPS); a group must answer a selection (as EnvSched).
@@ -57,12 +60,11 @@ May import: numpy, pydantic, the standard library, scheduling.* (never Ray or to
 
 from __future__ import annotations
 
-import time
 from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from scheduling.base import Batch, GroupResult, Scheduler, SchedulerError, Selection
+from scheduling.base import GroupResult, PoolScheduler, Selection
 from scheduling.batch import (RELAXATIONS, ExposureState, add, pick_one, start_context,
                               tiebreak_rank)
 from scheduling.cold_start import cold_start_batch
@@ -89,10 +91,12 @@ class _NoPenalty:
         pass
 
 
-class EnvSchedBayes(Scheduler):
+class EnvSchedBayes(PoolScheduler):
     """See the module docstring."""
 
     name = "envsched-bayes"
+    strict = True
+    withhold_in_flight = False
 
     def __init__(self, tasks: Sequence[Any], graph: Any,
                  params: Optional[EnvSchedBayesParams] = None, batch_size: int = 64,
@@ -100,29 +104,17 @@ class EnvSchedBayes(Scheduler):
         self.params = params or EnvSchedBayesParams()
         self.cfg = EnvSchedConfig(**self.params.envsched.model_dump(), batch_size=batch_size,
                                   seed=seed)
-        self.graph, self.seed, self.k = graph, int(seed), int(rollouts)
-        self._check_tasks(tasks)
+        super().__init__(tasks, batch_size, seed, graph=graph)
+        self.graph, self.k = graph, int(rollouts)
         n = graph.n
         self.S, self.F, self.N = np.zeros(n), np.zeros(n), np.zeros(n)
         self.Dsum, self.Vsum = np.zeros(n), np.zeros(n)
-        self.obs = np.zeros(n, dtype=np.int64)
         self.exposure = ExposureState(n, len(graph.env_ids))
-        self._pending: dict[tuple[int, int], bool] = {}
         self._tiebreak = tiebreak_rank(n, self.seed)
         self._env_order = np.concatenate(graph.env_members)
         sizes = np.array([m.size for m in graph.env_members])
         self._env_starts = np.cumsum(sizes) - sizes
         self._last: dict[str, Any] = {}
-
-    def _check_tasks(self, tasks: Sequence[Any]) -> None:
-        ids = [t.task_id for t in tasks]
-        if len(set(ids)) != len(ids) or set(ids) != set(self.graph.task_ids):
-            raise SchedulerError(f"{self.name}: the tasks ({len(ids)}) and the graph "
-                                 f"({self.graph.n}) must hold the same distinct task ids; "
-                                 "rebuild the graph for this pool")
-        if len(ids) < self.cfg.batch_size:
-            raise SchedulerError(f"{self.name}: pool has {len(ids)} tasks < batch_size "
-                                 f"{self.cfg.batch_size}")
 
     # -------------------------------------------------------------------------- posterior
     def posterior(self) -> dict[str, np.ndarray]:
@@ -170,30 +162,14 @@ class EnvSchedBayes(Scheduler):
         return np.maximum.reduceat(x, self._env_starts)
 
     # -------------------------------------------------------------------------- selection
-    def _eligible_mask(self) -> np.ndarray:
-        mask = np.ones(self.graph.n, dtype=bool)
-        for tid in self._excluded():
-            mask[self.graph.index[tid]] = False
-        return mask
-
-    def select(self, step: int) -> Batch:
-        if step <= self.exposure.last_step:
-            raise SchedulerError(f"{self.name}.select: step {step} is not after the last "
-                                 f"selected step {self.exposure.last_step}")
-        t0 = time.perf_counter()
-        eligible = self._eligible_mask()
-        if self.exposure.last_step < 0 and not self.obs.any():
-            sels, notes = cold_start_batch(self.graph, eligible, self.cfg, self._tiebreak)
+    def _choose(self, step: int, eligible: np.ndarray) -> tuple[list[Selection], Sequence[str]]:
+        if self.last_step < 0 and not self._n_obs.any():
             self._last = _relaxed({})
-        else:
-            sels, notes = self._build(step, eligible)
-        idx = np.array([self.graph.index[s.task_id] for s in sels], dtype=np.int64)
+            return cold_start_batch(self.graph, eligible, self.cfg, self._tiebreak)
+        return self._build(step, eligible)
+
+    def _record(self, step: int, idx: np.ndarray) -> None:
         self.exposure.record(step, idx, self.graph.env_of)
-        for i in idx:
-            self._pending[(step, int(i))] = True
-        self._last["select_ms"] = 1e3 * (time.perf_counter() - t0)
-        self._last["batch_environments"] = float(len(set(self.graph.env_of[idx].tolist())))
-        return Batch(step=step, selections=tuple(sels), notes=tuple(notes))
 
     def _order(self, q: np.ndarray) -> np.ndarray:
         """All tasks by q descending, ties by the seeded permutation."""
@@ -251,15 +227,7 @@ class EnvSchedBayes(Scheduler):
         return out, ctx.notes
 
     # ------------------------------------------------------------------------- observation
-    def observe(self, step: int, group: GroupResult) -> None:
-        i = self.graph.index.get(group.task_id)
-        if i is None:
-            raise SchedulerError(f"{self.name}.observe: unknown task id {group.task_id!r}")
-        key = (int(group.step), i)
-        if key not in self._pending:
-            raise SchedulerError(f"{self.name}.observe: group for {group.task_id} at step "
-                                 f"{group.step} was not selected or was already observed")
-        del self._pending[key]
+    def _update(self, i: int, group: GroupResult) -> None:
         m, v, d = group_stats(group.rewards, self.cfg.dispersion_floor)
         k, lam = group.rewards.size, self.params.discount
         self.S[i] = lam * self.S[i] + k * m
@@ -267,50 +235,34 @@ class EnvSchedBayes(Scheduler):
         self.N[i] = lam * self.N[i] + 1.0
         self.Dsum[i] = lam * self.Dsum[i] + d
         self.Vsum[i] = lam * self.Vsum[i] + v
-        self.obs[i] += 1
 
     # ------------------------------------------------------------------ explanation / state
     def explain(self, task_id: str) -> dict[str, Any]:
-        if task_id not in self.graph.index:
-            raise SchedulerError(f"{self.name}.explain: unknown task id {task_id!r}")
-        i = self.graph.index[task_id]
-        post = self._last.get("post") or self.posterior()
         out = super().explain(task_id)
+        i = self.index[task_id]
+        post = self._last.get("post") or self.posterior()
         out.update({k: float(post[k][i]) for k in ("alpha", "beta", "dhat", "mu0", "d0", "V")})
-        out.update(prior_strength=float(post["n0"]), observations=int(self.obs[i]),
-                   selections=int(self.exposure.selected[i]),
-                   env_id=self.graph.env_ids[self.graph.env_of[i]])
+        out.update(prior_strength=float(post["n0"]), selections=int(self.exposure.selected[i]))
         return out
 
-    def pending(self) -> list[tuple[int, str]]:
-        return [(s, self.graph.task_ids[i]) for s, i in self._pending]
+    def _identity(self) -> dict[str, Any]:
+        return super()._identity() | {"seed": self.seed}
 
-    def state_dict(self) -> dict[str, Any]:
-        return {"scheduler": self.name, "params": self.params.model_dump(), "n": self.graph.n,
-                "task_ids_head": self.graph.task_ids[:3], "seed": self.seed, "k": self.k,
-                **{k: getattr(self, k).copy() for k in ("S", "F", "N", "Dsum", "Vsum", "obs")},
-                "exposure": self.exposure.state_dict(), "pending": sorted(self._pending),
-                "excluded": dict(self._excluded())}
+    def _state(self) -> dict[str, Any]:
+        return {"params": self.params.model_dump(), "k": self.k,
+                **{k: getattr(self, k).copy() for k in ("S", "F", "N", "Dsum", "Vsum")},
+                "exposure": self.exposure.state_dict()}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        if state.get("scheduler") != self.name or state.get("n") != self.graph.n or \
-                list(state.get("task_ids_head", [])) != self.graph.task_ids[:3] or \
-                state.get("seed") != self.seed:
-            raise SchedulerError(f"{self.name}.load_state_dict: the state was saved for another "
-                                 "scheduler, pool or seed (name, task ids or seed differ)")
+    def _load_state(self, state: dict[str, Any]) -> None:
         self.params = EnvSchedBayesParams.model_validate(state["params"])
         self.k = int(state["k"])
         for k in ("S", "F", "N", "Dsum", "Vsum"):
             setattr(self, k, np.array(state[k], dtype=np.float64))
-        self.obs = np.array(state["obs"], dtype=np.int64)
         self.exposure.load_state_dict(state["exposure"])
-        self._pending = {(int(s), int(i)): True for s, i in state["pending"]}
-        self._excluded_tasks = dict(state["excluded"])
         self._last = {}
 
     def metrics(self) -> dict[str, float]:
         out = super().metrics()
-        out.update(observations=float(self.obs.sum()), pending_groups=float(len(self._pending)))
         out.update({k: float(v) for k, v in self._last.items() if k != "post"})
         if "post" in self._last:
             out["prior_strength"] = float(self._last["post"]["n0"])

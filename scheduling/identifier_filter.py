@@ -1,8 +1,9 @@
 """EnvSched's identifier filter (Appendix C): fixed-action replay confirms suspicious
 reward-producing actions; a confirmed task is removed from both phases.
 
-Pure logic; the replay is injected through the replay port ``scheduling.replay.ReplayPort``:
-``port(task_id, actions, seed) -> reward``.
+Pure logic; the replay is injected through the replay port ``ReplayPort``:
+``port(task_id, actions, seed) -> reward`` (the scheduler actor runs the filter on every completed
+group through ``scheduling.replay.group_check``).
 
 Suspicion (the paper says "identifiers that cannot be obtained from the permitted context or ...
 replacement objects that duplicate existing records"; the exact rules are ours):
@@ -40,12 +41,16 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Iterable, Optional, Sequence
+from typing import Any, Iterable, Optional, Protocol, Sequence
 
 from envs.spec import ToolCall
 from scheduling.config import EnvSchedParams
 
-Replay = Callable[[str, list[ToolCall], Optional[int]], float]
+class ReplayPort(Protocol):
+    """Replays fixed actions from a task's initial state and returns the verifier's reward."""
+
+    def __call__(self, task_id: str, actions: Sequence[Any], seed: Optional[int]) -> float: ...
+
 
 _ID_FIELD = re.compile(r"(^id$|_id$|Id$|^uuid$)")
 _TOKEN = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9_\-]|\.(?=\d))*")
@@ -268,7 +273,7 @@ class IdentifierFinding:
 class IdentifierFilter:
     """Appendix C identifier filter over one group's trajectories (replay injected)."""
 
-    def __init__(self, replay: Replay, cfg: EnvSchedParams) -> None:
+    def __init__(self, replay: ReplayPort, cfg: EnvSchedParams) -> None:
         self.replay = replay
         self.cfg = cfg
 

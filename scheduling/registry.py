@@ -72,8 +72,6 @@ class Inputs:
     seed: int
     graph_source: Any = None          # a DualGraph, or a zero-argument callable building one
     environments: Optional[Mapping[str, Any]] = None    # env id -> envs.spec.Environment
-    initial_state: Optional[Callable[[str], dict]] = None  # task id -> initial state
-    replay: Optional[Callable[..., Any]] = None          # the identifier filter's replay port
     cache: dict[str, Any] = field(default_factory=dict)  # derived inputs shared between builds
 
     def graph(self) -> Any:
@@ -116,8 +114,7 @@ def make_pool_scheduler(cls: type, params: BaseModel, inputs: Inputs) -> Schedul
 
 def make_envsched(cls: type, params: BaseModel, inputs: Inputs) -> Scheduler:
     cfg = EnvSchedConfig(**params.model_dump(), batch_size=inputs.batch_size, seed=inputs.seed)
-    return cls(list(inputs.tasks), inputs.graph(), cfg, replay=inputs.replay,
-               environments=dict(inputs.environments or {}), initial_state=inputs.initial_state)
+    return cls(list(inputs.tasks), inputs.graph(), cfg)
 
 
 def make_leeps(cls: type, params: BaseModel, inputs: Inputs) -> Scheduler:
@@ -238,8 +235,6 @@ def check_trainable(name: str) -> None:
 def build(name: str, params: Union[Mapping[str, Any], BaseModel, None] = None, *,
           tasks: Sequence[Any], batch_size: int, k: int, seed: int, graph: Any = None,
           environments: Optional[Mapping[str, Any]] = None,
-          initial_state: Optional[Callable[[str], dict]] = None,
-          replay: Optional[Callable[..., Any]] = None,
           cache: Optional[dict[str, Any]] = None, cls: Optional[type] = None) -> Scheduler:
     """The scheduler ``name`` over ``tasks``. ``graph`` is a ``DualGraph`` or a zero-argument
     callable building one (called only when the scheduler needs it); ``cache`` shares derived
@@ -249,8 +244,7 @@ def build(name: str, params: Union[Mapping[str, Any], BaseModel, None] = None, *
     if cls is not None and not issubclass(cls, entry.cls):
         raise SchedulerError(f"cls={cls.__name__} is not a subclass of {entry.target}")
     inputs = Inputs(tasks=tasks, batch_size=batch_size, k=k, seed=seed, graph_source=graph,
-                    environments=environments, initial_state=initial_state, replay=replay,
-                    cache=cache if cache is not None else {})
+                    environments=environments, cache=cache if cache is not None else {})
     return entry.make(cls or entry.cls, validate_params(name, params), inputs)
 
 

@@ -1,7 +1,8 @@
 """The identifier filter's replay port, its outcome type, and the group check built on them.
 
-- ``ReplayPort``: ``port(task_id, actions, seed) -> reward``, replaying fixed actions from the
-  task's initial state. The training run implements it on its shared executor pool (the rollout
+- ``ReplayPort`` (defined in ``scheduling.identifier_filter``, re-exported here):
+  ``port(task_id, actions, seed) -> reward``, replaying fixed actions from the task's initial
+  state. The training run implements it on its shared executor pool (the rollout
   workers' sandboxes, ``actors/replay_port.py``); tests and the simulator pass a plain function.
 - ``FilterOutcome``: what one check concluded about one group (verdict ``clean``, ``filtered``,
   ``inconclusive`` or ``error``, and the findings).
@@ -22,18 +23,12 @@ launch.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Protocol, Sequence
+from typing import Any, Callable, Optional
 
 from scheduling.config import EnvSchedParams
-from scheduling.identifier_filter import IdentifierFilter, permitted_context
+from scheduling.identifier_filter import IdentifierFilter, ReplayPort, permitted_context
 
 VERDICTS = ("clean", "filtered", "inconclusive", "error")
-
-
-class ReplayPort(Protocol):
-    """Replays fixed actions from a task's initial state and returns the verifier's reward."""
-
-    def __call__(self, task_id: str, actions: Sequence[Any], seed: Optional[int]) -> float: ...
 
 
 @dataclass

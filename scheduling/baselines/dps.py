@@ -39,8 +39,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from scheduling.base import Batch, GroupResult, SchedulerError, TaskInfo
-from scheduling.baselines.common import PoolScheduler, _check_positive_int, check_unit_interval
+from scheduling.base import GroupResult, SchedulerError, Selection, TaskInfo
+from scheduling.baselines.common import Baseline, _check_positive_int, check_unit_interval
 
 UNSOLVED, PARTIAL, SOLVED = 0, 1, 2
 MAX_CATCH_UP = 64
@@ -78,7 +78,7 @@ def passive_update(A: np.ndarray, mu_prior: np.ndarray, lam: float,
     return A_new, post, np.einsum("njl,nl->nj", transition_probs(A_new), post)
 
 
-class DPSScheduler(PoolScheduler):
+class DPSScheduler(Baseline):
     name = "dps"
 
     def __init__(self, tasks: Sequence[TaskInfo], batch_size: int = 64, rollouts: int = 8,
@@ -100,8 +100,7 @@ class DPSScheduler(PoolScheduler):
     def _catch_up(self, step: int) -> None:
         """Apply the passive update for every step < ``step`` not yet applied (not in flight)."""
         lag = np.clip(step - 1 - self.clock, 0, MAX_CATCH_UP)
-        if self._pending:
-            lag[[self.index[t] for t in self._pending]] = 0
+        lag[self._in_flight()] = 0
         for r in range(int(lag.max(initial=0))):
             rows = np.nonzero(lag > r)[0]
             self.A[rows], self.mu_post[rows], self.mu_prior[rows] = passive_update(
@@ -109,16 +108,15 @@ class DPSScheduler(PoolScheduler):
         moved = lag > 0
         self.clock[moved] = step - 1
 
-    def select(self, step: int) -> Batch:
+    def _choose(self, step: int, eligible: np.ndarray) -> tuple[list[Selection], Sequence[str]]:
         self._catch_up(step)
-        cand = self._loader_window(self.candidate_factor * self.batch_size, self._available())
+        cand = self._loader_window(self.candidate_factor * self.batch_size, eligible)
         score = self.mu_prior[cand, PARTIAL]
         picks = cand[self._top(score, self.batch_size)]
         scores = [{"p_partial": float(self.mu_prior[i, PARTIAL])} for i in picks]
-        return self._emit(step, picks, ["exploitation"] * len(picks), scores)
+        return self._selections(picks, ["exploitation"] * len(picks), scores), ()
 
-    def observe(self, step: int, group: GroupResult) -> None:
-        i = self._take(group)
+    def _update(self, i: int, group: GroupResult) -> None:
         z = solve_state(group.rewards)
         self.A[i], self.mu_post[i], self.mu_prior[i] = observed_update(
             self.A[i], self.mu_post[i], z, self.lam, self.alpha0)
@@ -136,14 +134,12 @@ class DPSScheduler(PoolScheduler):
         m["mean_p_partial"] = float(self.mu_prior[:, PARTIAL].mean())
         return m
 
-    def state_dict(self) -> dict[str, Any]:
-        s = super().state_dict()
-        s.update(A=self.A.tolist(), mu_post=self.mu_post.tolist(),
-                 mu_prior=self.mu_prior.tolist(), clock=self.clock.tolist())
-        return s
+    def _state(self) -> dict[str, Any]:
+        return {**super()._state(), "A": self.A.tolist(), "mu_post": self.mu_post.tolist(),
+                "mu_prior": self.mu_prior.tolist(), "clock": self.clock.tolist()}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        super().load_state_dict(state)
+    def _load_state(self, state: dict[str, Any]) -> None:
+        super()._load_state(state)
         self.A = np.array(state["A"], dtype=np.float64).reshape(self.n, 3, 3)
         self.mu_post = np.array(state["mu_post"], dtype=np.float64).reshape(self.n, 3)
         self.mu_prior = np.array(state["mu_prior"], dtype=np.float64).reshape(self.n, 3)

@@ -41,8 +41,8 @@ from typing import Any, Optional, Sequence
 import numpy as np
 import scipy.sparse as sp
 
-from scheduling.base import Batch, GroupResult, SchedulerError, TaskInfo
-from scheduling.baselines.common import PoolScheduler, check_unit_interval, is_nontrivial
+from scheduling.base import GroupResult, SchedulerError, Selection, TaskInfo
+from scheduling.baselines.common import Baseline, check_unit_interval, is_nontrivial
 
 LIST_LEN = 256
 LIST_LEN_LARGE = 64
@@ -96,7 +96,7 @@ def neighbour_lists(H: sp.csr_matrix, m: Optional[int] = None
     return idx, sim, complete
 
 
-class LEEPSScheduler(PoolScheduler):
+class LEEPSScheduler(Baseline):
     name = "leeps"
 
     def __init__(self, tasks: Sequence[TaskInfo], batch_size: int = 64, rollouts: int = 8,
@@ -123,14 +123,14 @@ class LEEPSScheduler(PoolScheduler):
         self.nb_idx, self.nb_sim, self.nb_complete = lists or neighbour_lists(self.H)
         self.last_mean = np.full(self.n, np.nan)
         self.last_nontrivial = np.zeros(self.n, dtype=bool)
-        self.last_step = np.full(self.n, -1, dtype=np.int64)
+        self.last_observed = np.full(self.n, -1, dtype=np.int64)
         self.rate = {"exploitation": 0.5, "coverage": 0.5}
         self._phase_of: dict[str, str] = {}
 
     # --- prediction ---------------------------------------------------------------------------
     def predicted_success(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(p~, number of neighbours used) for the given task rows."""
-        observed = self.last_step >= 0
+        observed = self.last_observed >= 0
         K = self.neighbors
         idx, sim = self.nb_idx[rows], self.nb_sim[rows]
         hit = (idx >= 0) & observed[np.maximum(idx, 0)]
@@ -169,9 +169,8 @@ class LEEPSScheduler(PoolScheduler):
         return max(b_e, B - n_explore)
 
     # --- Scheduler interface ------------------------------------------------------------------
-    def select(self, step: int) -> Batch:
-        avail = self._available()
-        fresh = (self.last_step >= 0) & (step - self.last_step <= self.window)
+    def _choose(self, step: int, avail: np.ndarray) -> tuple[list[Selection], Sequence[str]]:
+        fresh = (self.last_observed >= 0) & (step - self.last_observed <= self.window)
         exploit = np.nonzero(avail & self.last_nontrivial & fresh)[0]
         explore = np.nonzero(avail & ~(self.last_nontrivial & fresh))[0]
         b_e = self.budget(len(exploit), len(explore))
@@ -190,26 +189,26 @@ class LEEPSScheduler(PoolScheduler):
                                "neighbors": float(used[o])})
         for i, ph in zip(picks, phases):
             self._phase_of[self.task_ids[i]] = ph
-        return self._emit(step, picks, phases, scores,
-                          notes=(f"B_E={b_e} B_X={self.batch_size - b_e}",))
+        return (self._selections(picks, phases, scores),
+                (f"B_E={b_e} B_X={self.batch_size - b_e}",))
 
-    def observe(self, step: int, group: GroupResult) -> None:
-        i = self._take(group)
+    def _update(self, i: int, group: GroupResult) -> None:
         nt = is_nontrivial(group.rewards)
         phase = self._phase_of.pop(group.task_id, None)
         if phase is not None:
             self.rate[phase] = (1.0 - self.ema) * self.rate[phase] + self.ema * float(nt)
-        if group.step >= self.last_step[i]:
+        if group.step >= self.last_observed[i]:
             self.last_mean[i] = float(group.rewards.mean())
             self.last_nontrivial[i] = nt
-            self.last_step[i] = int(group.step)
+            self.last_observed[i] = int(group.step)
 
     def explain(self, task_id: str) -> dict[str, Any]:
         out = super().explain(task_id)
         i = self.index[task_id]
         p, used = self.predicted_success(np.array([i]))
         out.update(last_mean=None if np.isnan(self.last_mean[i]) else float(self.last_mean[i]),
-                   last_nontrivial=bool(self.last_nontrivial[i]), last_step=int(self.last_step[i]),
+                   last_nontrivial=bool(self.last_nontrivial[i]),
+                   last_step=int(self.last_observed[i]),
                    p_tilde=float(p[0]), neighbors_used=int(used[0]),
                    u=float(nontrivial_probability(p, self.rollouts)[0]))
         return out
@@ -219,17 +218,16 @@ class LEEPSScheduler(PoolScheduler):
         m.update(rate_exploit=self.rate["exploitation"], rate_explore=self.rate["coverage"])
         return m
 
-    def state_dict(self) -> dict[str, Any]:
-        s = super().state_dict()
-        s.update(last_mean=self.last_mean.tolist(), last_nontrivial=self.last_nontrivial.tolist(),
-                 last_step=self.last_step.tolist(), rate=dict(self.rate),
-                 phase_of=dict(self._phase_of))
-        return s
+    def _state(self) -> dict[str, Any]:
+        return {**super()._state(), "last_mean": self.last_mean.tolist(),
+                "last_nontrivial": self.last_nontrivial.tolist(),
+                "last_observed": self.last_observed.tolist(), "rate": dict(self.rate),
+                "phase_of": dict(self._phase_of)}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        super().load_state_dict(state)
+    def _load_state(self, state: dict[str, Any]) -> None:
+        super()._load_state(state)
         self.last_mean = np.array(state["last_mean"], dtype=np.float64)
         self.last_nontrivial = np.array(state["last_nontrivial"], dtype=bool)
-        self.last_step = np.array(state["last_step"], dtype=np.int64)
+        self.last_observed = np.array(state["last_observed"], dtype=np.int64)
         self.rate = {k: float(v) for k, v in state["rate"].items()}
         self._phase_of = dict(state["phase_of"])

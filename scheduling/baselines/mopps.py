@@ -23,8 +23,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from scheduling.base import Batch, GroupResult, SchedulerError, TaskInfo
-from scheduling.baselines.common import PoolScheduler, _check_positive_int, check_unit_interval
+from scheduling.base import GroupResult, Selection, TaskInfo
+from scheduling.baselines.common import Baseline, _check_positive_int, check_unit_interval
 
 
 def beta_update(alpha: float, beta: float, s: float, k: int, lam: float) -> tuple[float, float]:
@@ -32,7 +32,7 @@ def beta_update(alpha: float, beta: float, s: float, k: int, lam: float) -> tupl
     return (lam * alpha + (1.0 - lam) + k * s, lam * beta + (1.0 - lam) + k * (1.0 - s))
 
 
-class MoPPSScheduler(PoolScheduler):
+class MoPPSScheduler(Baseline):
     name = "mopps"
 
     def __init__(self, tasks: Sequence[TaskInfo], batch_size: int = 64, rollouts: int = 8,
@@ -44,17 +44,16 @@ class MoPPSScheduler(PoolScheduler):
         self.alpha = np.ones(self.n)
         self.beta = np.ones(self.n)
 
-    def select(self, step: int) -> Batch:
-        cand = self._loader_window(self.candidate_factor * self.batch_size, self._available())
+    def _choose(self, step: int, eligible: np.ndarray) -> tuple[list[Selection], Sequence[str]]:
+        cand = self._loader_window(self.candidate_factor * self.batch_size, eligible)
         theta = self._rng.beta(self.alpha[cand], self.beta[cand])
         order = self._top((theta - 0.5) ** 2, self.batch_size, descending=False)
         picks = cand[order]
         scores = [{"theta": float(theta[o]), "alpha": float(self.alpha[i]),
                    "beta": float(self.beta[i])} for o, i in zip(order, picks)]
-        return self._emit(step, picks, ["exploitation"] * len(picks), scores)
+        return self._selections(picks, ["exploitation"] * len(picks), scores), ()
 
-    def observe(self, step: int, group: GroupResult) -> None:
-        i = self._take(group)
+    def _update(self, i: int, group: GroupResult) -> None:
         s = float(group.rewards.mean())
         self.alpha[i], self.beta[i] = beta_update(self.alpha[i], self.beta[i], s,
                                                   group.rewards.size, self.lam)
@@ -71,12 +70,10 @@ class MoPPSScheduler(PoolScheduler):
         m["mean_posterior_success"] = float((self.alpha / (self.alpha + self.beta)).mean())
         return m
 
-    def state_dict(self) -> dict[str, Any]:
-        s = super().state_dict()
-        s.update(alpha=self.alpha.tolist(), beta=self.beta.tolist())
-        return s
+    def _state(self) -> dict[str, Any]:
+        return {**super()._state(), "alpha": self.alpha.tolist(), "beta": self.beta.tolist()}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        super().load_state_dict(state)
+    def _load_state(self, state: dict[str, Any]) -> None:
+        super()._load_state(state)
         self.alpha = np.array(state["alpha"], dtype=np.float64)
         self.beta = np.array(state["beta"], dtype=np.float64)

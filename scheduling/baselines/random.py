@@ -4,24 +4,27 @@ The paper's reference baseline (Tables 1-3). Rewards are ignored; fractional rew
 mapping. Draws come from the scheduler's own seeded generator, so a restored scheduler repeats
 them exactly.
 
-May import: numpy, scheduling.base, scheduling.baselines.common.
+May import: numpy, scheduling.base, scheduling.baselines.common, the standard library.
 """
 
 from __future__ import annotations
 
-from scheduling.base import Batch, GroupResult
-from scheduling.baselines.common import PoolScheduler
+from typing import Sequence
+
+import numpy as np
+
+from scheduling.base import GroupResult, Selection
+from scheduling.baselines.common import Baseline
 
 
-class RandomScheduler(PoolScheduler):
+class RandomScheduler(Baseline):
     """Uniform sampling over the eligible tasks that are not in flight."""
 
     name = "random"
 
-    def select(self, step: int) -> Batch:
-        pool = self._available().nonzero()[0]
-        picks = self._rng.choice(pool, size=self.batch_size, replace=False)
-        return self._emit(step, picks, ["random"] * len(picks), [{}] * len(picks))
+    def _choose(self, step: int, eligible: np.ndarray) -> tuple[list[Selection], Sequence[str]]:
+        picks = self._rng.choice(eligible.nonzero()[0], size=self.batch_size, replace=False)
+        return self._selections(picks, ["random"] * len(picks), [{}] * len(picks)), ()
 
-    def observe(self, step: int, group: GroupResult) -> None:
-        self._take(group)
+    def _update(self, i: int, group: GroupResult) -> None:
+        pass

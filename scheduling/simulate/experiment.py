@@ -10,9 +10,8 @@ Table 3 ablations of EnvSched, and the Table 4 cold-start study.
   own Table 4 study (``STUDIES``).
 - Table 4: ``t4_runs`` runs of ``t4_steps`` steps after a RANDOM cold-start batch of B tasks
   (step 0), with the policy's latent offsets fixed (seed 0) and the cold-start draw and rollout
-  noise varying per run. The forced first batch uses a subclass of EnvSched that records it
-  exactly as ``EnvSched.select`` records its own cold start (exposure and pending groups); it relies
-  on those two EnvSched attributes.
+  noise varying per run. The forced first batch is a subclass whose ``_choose`` returns it, so
+  the skeleton (``scheduling.base.PoolScheduler``) records it as it records any batch.
 
 Main runs and ablations see the scheduler's information lag ``Settings.lag`` (``runner.run``;
 0 = synchronous); Table 4 runs are always synchronous.
@@ -34,7 +33,7 @@ from typing import Any, Callable, Optional, Sequence
 import numpy as np
 
 from envs.pool import Pool
-from scheduling.base import Batch, Scheduler, SchedulerError, Selection
+from scheduling.base import Scheduler, SchedulerError, Selection
 from scheduling import registry
 from scheduling.simulate.dynamics import SimParams
 from scheduling.simulate.runner import RunLog, run
@@ -147,21 +146,16 @@ def pool_world(pool: Pool, settings: "Settings", graph: Any = None) -> tuple[Wor
 
 
 def _forced_first_batch(base_cls: type, first: list[str]) -> type:
-    """A subclass of EnvSched whose first batch is ``first`` (Table 4's random cold start),
-    recorded the way ``EnvSched.select`` records its own (exposure and pending groups)."""
+    """A subclass of the scheduler whose first batch is ``first`` (Table 4's random cold start),
+    recorded by the skeleton as its own would be (``PoolScheduler._choose``)."""
     class ForcedColdStart(base_cls):  # type: ignore[misc, valid-type]
-        def select(self, step: int) -> Batch:
+        def _choose(self, step: int, eligible: np.ndarray) -> tuple[list[Selection], list[str]]:
             nonlocal first
             if not first:
-                return super().select(step)
+                return super()._choose(step, eligible)
             ids, first = first, []
-            idx = np.array([self.graph.index[t] for t in ids], dtype=np.int64)
-            self.exposure.record(step, idx, self.graph.env_of)
-            for i in idx:
-                self._pending[(step, int(i))] = True
-            return Batch(step=step, selections=tuple(
-                Selection(task_id=t, phase="cold-start", rank=r, scores={"random": 1.0})
-                for r, t in enumerate(ids)), notes=("random cold start (Table 4)",))
+            return ([Selection(task_id=t, phase="cold-start", rank=r, scores={"random": 1.0})
+                     for r, t in enumerate(ids)], ["random cold start (Table 4)"])
     return ForcedColdStart
 
 

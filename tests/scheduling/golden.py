@@ -40,7 +40,7 @@ def trace(graph, steps: int, seed: int = 0, tasks=None) -> list[dict]:
                "phases": [x.phase for x in batch.selections],
                "penalty": [x.scores.get("penalty", 0.0) for x in batch.selections],
                "notes": list(batch.notes)}
-        pred = s._last[1]
+        pred = s.prediction
         if pred is not None:
             rec["q_sel"] = [float(pred.q[graph.index[t]]) for t in batch.task_ids]
             rec["q_sample"] = [float(v) for v in pred.q[sample]]

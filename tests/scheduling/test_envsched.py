@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import pickle
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -123,24 +124,46 @@ def test_explain_reports_neighbours_weights_and_prediction():
 
 
 def test_identifier_filter_excludes_a_confirmed_task_from_both_phases():
+    """Through the path training uses: the scheduler actor's service runs the group check
+    (``scheduling.replay.group_check``) and excludes a confirmed task before the next select."""
+    from actors.scheduler_actor import SchedulerService
+    from envs.trajectory import Group
+    from scheduling.config import EnvSchedParams
+    from scheduling.replay import group_check
+
     g = FakeGraph(20, 12, seed=6)
+    state = {"items": {"X-999": {"id": "X-999", "name": "spare"}}}    # X-999 is a record key
+
+    class Pool:                                  # the three pool methods the check reads
+        def task(self, task_id):
+            return SimpleNamespace(task_id=task_id, env_id=g.env_ids[g.env_of[g.index[task_id]]],
+                                   instruction=f"do {task_id}")
+
+        def environment(self, env_id):
+            return None
+
+        def initial_state(self, task):
+            return state
 
     def replay(task_id, actions, seed):          # reward needs the out-of-context id X-999
         return 1.0 if any(a.arguments.get("id") == "X-999" for a in actions) else 0.25
 
-    state = {"items": {"X-999": {"id": "X-999", "name": "spare"}}}    # X-999 is a record key
-    s = _sched(g, replay=replay, initial_state=lambda task_id: state)
-    b = s.select(0)
-    bad = b.task_ids[3]
-    traj = Trajectory(task_id=bad, reward=1.0, seed=0,
-                      actions=[ActionStep("get", {"id": "X-999"}, {"ok": True})])
-    for tid in b.task_ids:
-        trajs = [traj] if tid == bad else None
-        s.observe(0, GroupResult(tid, 0, _rewards(g, tid, 0), trajectories=trajs))
-    assert not s.eligible(bad) and "identifier filter" in s.excluded()[bad]
-    assert s.metrics()["identifier_filtered"] == 1.0
-    for step in range(1, 4):
-        assert bad not in s.select(step).task_ids
+    svc = SchedulerService(_sched(g), replay_port=replay,
+                           filter_builder=lambda port: group_check(Pool(), EnvSchedParams(), port))
+    first = svc.next_tasks(64)
+    bad = first[3].task_id
+    guess = Trajectory(task_id=bad, reward=1.0, seed=0,
+                       actions=[ActionStep("get", {"id": "X-999"}, {"ok": True})])
+    for t in first:
+        trajs = [Trajectory(task_id=t.task_id, reward=float(r), seed=k)
+                 for k, r in enumerate(_rewards(g, t.task_id, 0))]
+        svc.absorb(Group(t.task_id, 0, [guess] + trajs[1:] if t.task_id == bad else trajs))
+    later = [svc.next_tasks(64) for _ in range(3)]          # steps 1-3: both phases
+    assert not svc.scheduler.eligible(bad) and "identifier filter" in svc.scheduler.excluded()[bad]
+    assert svc.metrics()["filter_filtered"] == 1.0
+    assert {e["verdict"] for e in svc.filter_log} == {"clean", "filtered"}
+    assert {x.selection.phase for step in later for x in step} >= {"coverage", "exploitation"}
+    assert all(bad not in {x.task_id for x in step} for step in later) and not svc.skipped
 
 
 @settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -171,7 +194,7 @@ def test_with_the_real_dual_graph_on_a_generated_pool(tmp_path):
     generate_pool(tmp_path / "pool", 17, 6, seed=0)
     pool = load_pool(tmp_path / "pool")
     g = DualGraph.build(list(pool.tasks), pool.environments)
-    s = EnvSched(list(pool.tasks), g, EnvSchedConfig(), environments=pool.environments)
+    s = EnvSched(list(pool.tasks), g, EnvSchedConfig())
     batches = _run(s, g, 4)
     assert all(len(set(b)) == 64 for b in batches)
     e = s.explain(batches[-1][0])
