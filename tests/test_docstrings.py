@@ -26,13 +26,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("actors", "launch", "scheduling", "envs", "sandbox")
-# Being rewritten by the lead (issue 31) while this test was written: skipped so the branches
-# merge cleanly (every claim in them resolved when main was merged in). Delete at merge (and its
-# use below).
-LEAD_OWNED = ("launch/controller.py", "launch/ledger.py", "launch/roles_core.py",
-              "launch/roles_contract.py", "launch/roles.py", "launch/recovery.py",
-              "launch/config.py", "scheduling/envsched.py",
-              "scheduling/envsched_bayes.py", "scheduling/base.py", "scheduling/registry.py")
+
 
 _TICKED = re.compile(r"``([^`\n]+)``|(?<!`)`([^`\n]+)`(?!`)")
 _DOTTED = re.compile(r"(?:%s)(?:\.[A-Za-z_]\w*)+" % "|".join(PACKAGES))
@@ -136,7 +130,7 @@ def _rel(path: Path) -> str:
     return str(path.relative_to(REPO))
 
 
-@pytest.mark.parametrize("path", [p for p in _sources() if _rel(p) not in LEAD_OWNED], ids=_rel)
+@pytest.mark.parametrize("path", list(_sources()), ids=_rel)
 def test_every_backticked_reference_in_a_docstring_resolves(path):
     tree = ast.parse(path.read_text(encoding="utf-8"))
     docs = [ast.get_docstring(n) or "" for n in [tree, *ast.walk(tree)] if isinstance(
