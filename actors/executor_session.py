@@ -10,8 +10,9 @@ hands it a ``release`` callback. A call that fails ends the session and frees th
 past its deadline closes the session remotely first.
 
 Ray errors become ``sandbox.errors.SandboxError`` (``to_sandbox_error``): an error raised in the
-sandbox arrives intact (``EnvLoadError`` included), a dead executor is kind ``executor``, a
-missed deadline kind ``timeout``.
+sandbox arrives intact (``EnvLoadError`` included), a dead executor is kind ``executor`` (one
+that could not start names the error its constructor raised, e.g. a sandbox that does not start
+here), a missed deadline kind ``timeout``.
 
 May import: ray (its exceptions), actors.executors, envs.spec, envs.trajectory, sandbox.config,
 sandbox.errors, the standard library.
@@ -20,7 +21,8 @@ sandbox.errors, the standard library.
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Callable, Coroutine, TypeVar
+import re
+from typing import Any, Callable, Coroutine, Optional, TypeVar
 
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
@@ -30,6 +32,17 @@ from sandbox.config import SandboxConfig
 from sandbox.errors import SandboxError
 
 RAY_ERRORS = (RayTaskError, RayActorError, GetTimeoutError)
+_RAISED = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b")
+
+
+def start_failure(e: BaseException) -> Optional[str]:
+    """What an actor's constructor raised, from the ``ActorDiedError`` of an actor that could
+    not start (the exception line and what follows it, on one line); None for another death."""
+    if not getattr(e, "actor_init_failed", False):
+        return None
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    first = next((i for i, line in enumerate(lines) if _RAISED.match(line)), len(lines) - 1)
+    return "; ".join(lines[first:])[:600]
 
 
 def to_sandbox_error(e: Exception, where: str) -> SandboxError:
@@ -41,6 +54,9 @@ def to_sandbox_error(e: Exception, where: str) -> SandboxError:
         return SandboxError("executor", f"{type(cause).__name__}: {cause}", where)
     if isinstance(e, GetTimeoutError):
         return SandboxError("timeout", "the executor did not answer in time", where)
+    failed = start_failure(e)
+    if failed is not None:
+        return SandboxError("executor", f"the executor actor could not start: {failed}", where)
     return SandboxError("executor", f"executor actor died ({type(e).__name__}); Ray restarts it "
                                     "and the session is over", where)
 

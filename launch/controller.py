@@ -54,6 +54,7 @@ from envs import strict_json
 from actors.ticket import EVAL, TRAIN, Ticket
 from launch.checkpoint import Checkpoint, save_checkpoint, truncate_logs
 from launch.control import ControlWatcher
+from launch.errors import RunStalled
 from launch.evaluation import (EvalSet, append_eval, eval_line, eval_records, eval_tickets,
                                 read_eval, warn_changed_sets)
 from launch.ledger import Buffered, Ledger
@@ -234,6 +235,12 @@ class Controller:
                 self.eval_groups[t.id] = result
             elif why is None:
                 self.roles.absorb(result)
+        stalled = self.ledger.stalled()
+        if stalled is not None:
+            raise RunStalled(f"the last {self.ledger.drops_in_a_row} training groups all failed "
+                             f"{self.cfg.controller.retries + 1} times (the latest: "
+                             f"{stalled[:500]}); nothing can train, so the run stops "
+                             f"(dropped.jsonl lists them)")
         for t in self.ledger.take(EVAL):   # outside admission: issued again at once
             self._submit(t)
         self.occupancy.update(len(self.ledger.flights))

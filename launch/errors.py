@@ -6,7 +6,8 @@
   which knows the run directory and the Ray address); exit 1. Its kinds:
   ``LearnerLost`` (the learner group died and could not be rebuilt: no checkpoint yet, or
   ``controller.learner_restarts`` used up) and ``CheckpointDiskFull`` (a checkpoint write ran out
-  of space; the newest intact checkpoint is untouched).
+  of space; the newest intact checkpoint is untouched) and ``RunStalled`` (every training group
+  of a long run of them failed after all its retries: nothing can train).
 
 Raised anywhere under ``launch/``; ``launch.cli.main`` and ``launch.commands.train`` catch them.
 Kept apart from the CLI so that the run driver and the plain modules raise them without importing
@@ -38,6 +39,11 @@ class RunStopped(Exception):
 
 class LearnerLost(RunStopped):
     """The learner group died and the run could not rebuild it (``launch.recovery``)."""
+
+
+class RunStalled(RunStopped):
+    """Every training group of the last ``launch.ledger.STALL_GROUPS`` x B failed after all its
+    retries (``launch.ledger.Ledger.stalled``): a fault no retry mends, e.g. no sandbox starts."""
 
 
 class CheckpointDiskFull(RunStopped):

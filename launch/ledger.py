@@ -43,7 +43,10 @@ A finished call fails (``failure``) when it raised (worker died, timeout) or inf
 left fewer than two valid trajectories (``envs.trajectory.Group.trainable``); trajectories the
 task failed are valid, so a group whose every episode the task crashed is kept. Every group back
 adds its fault counts (``take_counts``: ``task_errors``, ``infra_errors``,
-``trajectories_dropped``). With ``batch_mode`` (``scheduler.mode: batch``) new selections are made
+``trajectories_dropped``). ``stalled()`` is the last error when the last ``STALL_GROUPS`` x B
+training groups were all dropped, none accepted between (decision: every one of them failed
+``retries + 1`` times, so a fault no retry mends, such as executors whose sandboxes cannot start,
+would otherwise keep the run busy forever without training). With ``batch_mode`` (``scheduler.mode: batch``) new selections are made
 in whole batches of B while anything is in flight.
 
 ``state_dict`` holds the counters (as ``admission``), the RNG of the episode seeds, the open
@@ -66,6 +69,7 @@ from actors.ticket import EVAL, KINDS, TRAIN, Ticket
 from envs.trajectory import Group
 
 FAULTS = ("task_errors", "infra_errors", "trajectories_dropped")
+STALL_GROUPS = 2   # dropped training groups in a row, in batches, that stop the run (stalled)
 
 
 class LedgerError(Exception):
@@ -121,6 +125,7 @@ class Ledger:
         self.version = 0            # the policy version: learner steps done and published
         self.next_id = 0            # the id of the next training ticket
         self.accepted = self.consumed = self.released = 0
+        self.drops_in_a_row = 0     # training tickets dropped since the last one accepted
         self.flights: dict[Hashable, Flight] = {}
         self.waiting: dict[str, deque[Ticket]] = {k: deque() for k in KINDS}
         self.buffer: dict[int, Buffered] = {}        # ticket id -> group, in the order accepted
@@ -256,6 +261,7 @@ class Ledger:
             self._fail(t, why)
         elif t.kind == TRAIN:
             self.accepted += 1
+            self.drops_in_a_row = 0
             self.buffer[t.id] = Buffered(t, result, int(result.oldest_version))
         return t, why
 
@@ -264,9 +270,17 @@ class Ledger:
         if ticket.attempt < self.retries:
             self.waiting[ticket.kind].append(ticket.retried())
             return
+        self.drops_in_a_row += ticket.kind == TRAIN
         self.dropped[ticket.kind].append({"ticket": ticket.id, "task_id": ticket.task_id,
                                           "step": ticket.step, "attempts": ticket.attempt + 1,
                                           "error": why})
+
+    def stalled(self) -> Optional[str]:
+        """The last drop's error when the last ``STALL_GROUPS`` x B training tickets were all
+        dropped (see the module docstring); else None."""
+        if self.drops_in_a_row < STALL_GROUPS * self.batch:
+            return None
+        return self.dropped[TRAIN][-1]["error"]
 
     def take(self, kind: str, n: Optional[int] = None) -> list[Ticket]:
         """Up to ``n`` (None: all) waiting tickets of ``kind``, oldest first."""

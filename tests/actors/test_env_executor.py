@@ -212,3 +212,19 @@ def test_a_failed_call_closes_the_session_so_its_sandbox_is_free_again(tmp_path)
             assert executor.stats()["free"] == 1 and executor.stats()["open_sessions"] == 0
     finally:
         executor.shutdown()
+
+
+def test_an_executor_that_cannot_start_says_why_in_one_line(ray_local, tmp_path):
+    """Its constructor raised (here: the pool declares a package this host lacks); the error a
+    caller gets names that, not only that the actor died."""
+    root = write_pool(tmp_path / "needs", PoolMeta(name="desk", packages=("envsched_no_pkg_x",)),
+                      [ORDER_DESK], [ORDER_DESK_TASK])
+    ex = ExecutorPool(load_pool(root), _config(workers_per_executor=1, name_prefix="nostart"))
+    try:
+        with pytest.raises(SandboxError) as e:
+            ex.wait_ready(120)
+        message = str(e.value)
+        assert e.value.kind == "executor" and "\n" not in message
+        assert "could not start" in message and "'envsched_no_pkg_x'" in message
+    finally:
+        ex.shutdown()

@@ -134,6 +134,27 @@ def test_failed_groups_are_reissued_once_and_never_double_counted(small_pool, tm
     assert ctl.ledger.consumed == 4 * 3 and not ctl.ledger.flights
 
 
+class BrokenRoles(LocalRoles):
+    """Every group fails, as when no executor's sandbox can start."""
+
+    def submit(self, ticket, worker):
+        handle = (*ticket.key, ticket.attempt)
+        self.done[handle] = RuntimeError("executor could not start: no sandbox here")
+        return handle
+
+
+def test_a_run_whose_every_group_fails_stops_with_the_error_instead_of_spinning(small_pool,
+                                                                               tmp_path):
+    from launch.errors import RunStalled
+
+    cfg = _cfg(small_pool)     # B = 3, retries 1: stops after 2 x 3 groups dropped in a row
+    ctl = Controller(cfg, BrokenRoles(cfg, small_pool, tmp_path), tmp_path)
+    with pytest.raises(RunStalled, match=r"last 6 training groups all failed 2 times .*"
+                                         r"executor could not start: no sandbox here"):
+        ctl.run()
+    assert ctl.step == 0 and len(ctl.dropped) == 6 and not (tmp_path / "checkpoints").exists()
+
+
 def test_metrics_jsonl_has_the_required_fields(small_pool, tmp_path):
     from launch.metrics import read_metrics
 

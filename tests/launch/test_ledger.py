@@ -152,3 +152,18 @@ def test_abandon_takes_back_every_flight_and_a_handle_settles_once():
     assert ledger.abandon() == ["a", "e"] and not ledger.flights
     with pytest.raises(LedgerError, match="not in flight"):
         ledger.settle("a", _group("ok", "ok"))
+
+
+def test_a_run_of_dropped_groups_stalls_the_ledger_and_one_accepted_resets_it():
+    ledger = _ledger(retries=0)        # B = 2: stalled after 2 x 2 drops in a row
+    for i in range(3):
+        _fail(ledger, _train(i), f"no sandbox {i}")
+    assert ledger.stalled() is None
+    ledger.launched("ok", _train(3), 0)
+    ledger.settle("ok", _group("ok", "ok"))
+    for i in range(4, 7):
+        _fail(ledger, _train(i))
+    _fail(ledger, Ticket.evaluation("e", 0, seed=1, k=1))   # evaluation drops do not count
+    assert ledger.stalled() is None
+    _fail(ledger, _train(7), "no sandbox 7")
+    assert ledger.stalled() == "RuntimeError: no sandbox 7"
