@@ -7,6 +7,11 @@ sandbox interpreter's site-packages, declared or not — those directories are b
 reachable by the sandbox uid (``sandbox.importpaths``). Declaring a package adds the check, not
 the visibility.
 
+The sandbox's own server (``sandbox.child_server``) imports ``CHILD_PACKAGES`` (pydantic, for
+``envs.spec``): an executor checks them the same way before its first sandbox, so a host where
+they are installed only on ``PYTHONPATH`` gets one line naming the package and the fix instead of
+sandboxes that die at start.
+
 A declared name is an import name (``dateutil``, ``yaml``) or a distribution name
 (``python-dateutil``, ``PyYAML``). It is present when the sandbox's interpreter finds it (the
 module's spec, else the distribution's metadata) *inside* the directories the sandbox binds
@@ -30,6 +35,9 @@ from typing import Any, Iterable, Optional
 
 from sandbox.errors import SandboxError
 from sandbox.importpaths import PROJECT_ROOT, import_roots
+
+CHILD_PACKAGES = ("pydantic", "pydantic_core", "annotated_types", "typing_extensions",
+                  "typing_inspection")   # third-party imports of sandbox.child_server
 
 
 def _inside(path: str, roots: list[str]) -> bool:
@@ -107,7 +115,13 @@ def require_packages(packages: Iterable[str], pool_yaml: str | Path,
 
 def require_pool_packages(pool: Any, python: Optional[str] = None) -> None:
     """``require_packages`` for a loaded pool (``envs.pool.Pool``: its ``meta.packages`` and
-    ``root``); what an executor checks before it starts its sandboxes."""
+    ``root``) and the sandbox server's own ``CHILD_PACKAGES``; what an executor checks before it
+    starts its sandboxes."""
+    missing = missing_packages(CHILD_PACKAGES, python)
+    if missing:
+        name, why = missing[0]
+        raise SandboxError("unavailable", f"the sandbox server itself imports {name!r}, which "
+                                          f"cannot be imported in the sandbox: {why}")
     if pool.meta.packages:
         require_packages(pool.meta.packages, Path(pool.root) / "pool.yaml", python)
 

@@ -232,3 +232,21 @@ def test_pool_validate_and_executor_start_refuse_a_declared_missing_package(tmp_
     with pytest.raises(SandboxError) as info:
         EnvExecutor(load_pool(bad), SandboxConfig(backend="none"), num_workers=1, prestart=False)
     assert info.value.kind == "unavailable" and str(bad / "pool.yaml") in str(info.value)
+
+
+def test_the_sandbox_servers_own_packages_are_checked_before_an_executor_starts(tmp_path,
+                                                                                 monkeypatch):
+    """A package the sandbox server imports, visible only through ``PYTHONPATH`` (how the first
+    GPU run carried pydantic): one line naming it at start, before any sandbox dies."""
+    import sandbox.packages as packages
+
+    (tmp_path / "envsched_outside_dep.py").write_text("X = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(packages, "CHILD_PACKAGES", ("pydantic", "envsched_outside_dep"))
+    pool = load_pool(_order_desk_pool(tmp_path / "ok", []))
+    with pytest.raises(SandboxError) as info:
+        EnvExecutor(pool, SandboxConfig(backend="none"), num_workers=1, prestart=False)
+    message = str(info.value)
+    assert info.value.kind == "unavailable" and "\n" not in message
+    assert "sandbox server itself imports 'envsched_outside_dep'" in message
+    assert f"found at {tmp_path}" in message and "pip install envsched_outside_dep" in message
