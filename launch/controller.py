@@ -57,11 +57,12 @@ from launch.control import ControlWatcher
 from launch.errors import RunStalled
 from launch.evaluation import (EvalSet, append_eval, eval_line, eval_records, eval_tickets,
                                 read_eval, warn_changed_sets)
-from launch.ledger import Buffered, Ledger
+from launch.ledger import Ledger
 from launch.metrics import MetricsLogger, Occupancy, step_metrics
 from launch.roles_contract import RolesContract
 
 if TYPE_CHECKING:
+    from envs.trajectory import Group
     from launch.config import TrainConfig
 
 POLL_S = 0.1    # the collect slice while a learner step is pending: how late its end is noticed
@@ -72,7 +73,7 @@ class _LearnerStep:
     """The learner step in flight: its handle, the batch it trains, the record so far."""
 
     handle: Any
-    batch: list[Buffered]
+    batch: list[tuple[Ticket, Group]]
     record: dict[str, Any]
     t0: float
 
@@ -255,9 +256,9 @@ class Controller:
     def _start_step(self) -> None:
         """Hand the next batch (``Ledger.take_batch``) to the learner; returns at once."""
         batch = self.ledger.take_batch()   # earliest deadlines first
-        groups = [b.group for b in batch]
-        record = step_metrics(groups, [b.ticket.selection for b in batch], self.step)
-        unseen = [b.ticket.unseen for b in batch]
+        groups = [g for _, g in batch]
+        record = step_metrics(groups, [t.selection for t, _ in batch], self.step)
+        unseen = [t.unseen for t, _ in batch]
         record.update({"selection_unseen_groups": float(np.mean(unseen)),
                        "selection_unseen_groups_max": float(max(unseen))})
         self.learning = _LearnerStep(self.roles.train(groups), batch, record, time.perf_counter())
@@ -273,12 +274,11 @@ class Controller:
         t1 = time.perf_counter()
         self.learning, record = None, pending.record
         with (self.run_dir / "groups.jsonl").open("a") as f:  # what was trained, group by group
-            f.writelines(strict_json.dumps({"step": self.step + 1, "ticket": b.ticket.id,
-                                     "task_id": b.group.task_id, "env_id": b.group.env_id,
-                                     "phase": b.ticket.phase, "selection_step": b.ticket.step,
-                                     "unseen": b.ticket.unseen,
-                                     "rewards": [float(r) for r in b.group.rewards]}) + "\n"
-                         for b in pending.batch)
+            f.writelines(strict_json.dumps({"step": self.step + 1, "ticket": t.id,
+                                     "task_id": g.task_id, "env_id": g.env_id, "phase": t.phase,
+                                     "selection_step": t.step, "unseen": t.unseen,
+                                     "rewards": [float(r) for r in g.rewards]}) + "\n"
+                         for t, g in pending.batch)
         record.update({f"learner_{k}": v for k, v in metrics.items()})
         self.roles.publish(self.step + 1)
         t2 = time.perf_counter()

@@ -99,16 +99,6 @@ class Flight:
     issued_at: int
 
 
-@dataclass
-class Buffered:
-    """An accepted training group waiting for the learner; ``oldest``: its oldest token's
-    policy version."""
-
-    ticket: Ticket
-    group: Group
-    oldest: int
-
-
 class Ledger:
     def __init__(self, batch: int, max_staleness: int, max_concurrent: int, *, retries: int = 0,
                  timeout_s: float = float("inf"), workers: int = 1, seed: int = 0,
@@ -128,7 +118,7 @@ class Ledger:
         self.drops_in_a_row = 0     # training tickets dropped since the last one accepted
         self.flights: dict[Hashable, Flight] = {}
         self.waiting: dict[str, deque[Ticket]] = {k: deque() for k in KINDS}
-        self.buffer: dict[int, Buffered] = {}        # ticket id -> group, in the order accepted
+        self.buffer: dict[int, tuple[Ticket, Group]] = {}   # ticket id -> accepted, in order
         self.dropped: dict[str, list[dict[str, Any]]] = {k: [] for k in KINDS}
         self.counts: Counter = Counter()
         self.selections: list[tuple[int, str]] = []   # (selection step, task id) as issued
@@ -157,7 +147,8 @@ class Ledger:
         return self.version - oldest <= self.max_staleness
 
     def _next_batch(self) -> list[int]:
-        order = sorted(enumerate(self.buffer.items()), key=lambda e: (e[1][1].oldest, e[0]))
+        order = sorted(enumerate(self.buffer.items()),
+                       key=lambda e: (e[1][1][1].oldest_version, e[0]))
         return [i for _, (i, _) in order[:self.batch]]
 
     def batch_ready(self) -> bool:
@@ -166,18 +157,18 @@ class Ledger:
         if self.buffered < self.batch:
             return False
         taken = set(self._next_batch())
-        rest = sorted([b.oldest for i, b in self.buffer.items() if i not in taken]
+        rest = sorted([g.oldest_version for i, (_, g) in self.buffer.items() if i not in taken]
                       + [f.issued_at for f in self._running()])
         return all(i + 1 <= (v + self.max_staleness - self.version) * self.batch
                    for i, v in enumerate(rest))
 
-    def take_batch(self) -> list[Buffered]:
+    def take_batch(self) -> list[tuple[Ticket, Group]]:
         """The learner takes the next batch: the B buffered groups of the earliest deadlines."""
         if self.buffered < self.batch:
             raise LedgerError(f"a batch needs {self.batch} buffered groups, have {self.buffered}")
         ids = self._next_batch()
-        stale = [(i, self.buffer[i].oldest) for i in ids
-                 if not self.trainable(self.buffer[i].oldest)]
+        oldest = {i: self.buffer[i][1].oldest_version for i in ids}
+        stale = [(i, v) for i, v in oldest.items() if not self.trainable(v)]
         if stale:
             raise LedgerError(
                 f"groups {stale} (ticket, oldest token's version) would train on version "
@@ -262,7 +253,7 @@ class Ledger:
         elif t.kind == TRAIN:
             self.accepted += 1
             self.drops_in_a_row = 0
-            self.buffer[t.id] = Buffered(t, result, int(result.oldest_version))
+            self.buffer[t.id] = (t, result)
         return t, why
 
     def _fail(self, ticket: Ticket, why: str) -> None:
@@ -313,7 +304,7 @@ class Ledger:
                               "released": self.released},
                 "rng": self.rng.bit_generator.state,
                 "inflight": [t.to_dict() for t in sorted(self.open(TRAIN), key=lambda t: t.id)],
-                "buffer": [(b.ticket.to_dict(), b.group.to_dict()) for b in self.buffer.values()],
+                "buffer": [(t.to_dict(), g.to_dict()) for t, g in self.buffer.values()],
                 "dropped": list(self.dropped[TRAIN]), "selections": list(self.selections),
                 "selection_unseen": dict(self.selection_unseen)}
 
@@ -328,8 +319,8 @@ class Ledger:
         self.waiting[TRAIN] = deque(Ticket.from_dict(t) for t in state["inflight"])
         self.buffer = {}
         for t, g in state["buffer"]:
-            ticket, group = Ticket.from_dict(t), Group.from_dict(g)
-            self.buffer[ticket.id] = Buffered(ticket, group, int(group.oldest_version))
+            ticket = Ticket.from_dict(t)
+            self.buffer[ticket.id] = (ticket, Group.from_dict(g))
         self.dropped[TRAIN] = list(state["dropped"])
         self.selections = [tuple(s) for s in state["selections"]]
         self.selection_unseen = {int(k): int(v)

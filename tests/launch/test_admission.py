@@ -43,7 +43,7 @@ class _Law:
         self.ledger.settle(ticket, RuntimeError("injected"))
 
     def consume(self) -> list[int]:
-        return [b.ticket.id for b in self.ledger.take_batch()]
+        return [t.id for t, _ in self.ledger.take_batch()]
 
     def publish(self, version: int) -> None:
         self.ledger.published(version)
