@@ -98,6 +98,9 @@ class PoolError(Exception):
         more = f" (+{len(problems) - 5} more)" if len(problems) > 5 else ""
         super().__init__(f"invalid pool: {head}{more}")
 
+    def __reduce__(self):   # pickles whole (a warm start in a child process raises it here)
+        return (type(self), (self.problems,))
+
 
 def _validation_message(err: ValidationError) -> str:
     parts = []

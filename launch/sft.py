@@ -22,6 +22,11 @@ epochs almost never gets past its first tool call (zero within-group variance); 
 on all tasks (masked loss ~0.1 / 0.03) gives partial and
 full solves with reward differences: a GRPO start near 0.2-0.35 mean reward (docs/demo.md).
 
+``run_sft_apart`` runs ``run_sft`` in a fresh (spawned) process and returns its summary: the
+caller (the training or comparing driver) does not keep the warm start's model, optimiser and
+allocator arenas for the rest of the run (SmolLM2's left ~6 GB in the ``envsched compare``
+driver), and its progress lines still reach the same terminal.
+
 May import: torch, transformers, actors.policy, actors.rollout, actors.user_sim, envs,
 sandbox.errors.
 """
@@ -29,6 +34,7 @@ sandbox.errors.
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 import sys
 import time
@@ -187,6 +193,17 @@ def run_sft(pool_dir: Path, out_dir: Path, epochs: int, lr: float, task_fraction
     tokenizer.save_pretrained(out_dir)
     summary = {"tasks": len(task_ids), "tokens": sum(len(s) for s, _ in seqs),
                "model_tokens": sum(sum(m) for _, m in seqs), "epoch_loss": losses,
-               "seconds": round(time.perf_counter() - t0, 1), "out": str(out_dir)}
+               "seconds": round(time.perf_counter() - t0, 1), "out": str(out_dir),
+               "pid": os.getpid()}
     (out_dir / "sft_summary.json").write_text(strict_json.dumps(summary, indent=2))
     return summary
+
+
+def run_sft_apart(*args: Any, **kwargs: Any) -> dict[str, Any]:
+    """``run_sft(*args, **kwargs)`` in a spawned process (module docstring); an exception it
+    raises is raised here."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as child:
+        return child.submit(run_sft, *args, **kwargs).result()

@@ -73,14 +73,14 @@ def prepare_policy(cfg: TrainConfig, pool_dir: Path, run_dir: Path) -> str:
         return str(build_tiny_policy(seed=cfg.run.seed))
     out = run_dir / "sft"
     if not (out / "config.json").is_file():
-        from launch.sft import run_sft
+        from launch.sft import run_sft_apart
 
         from envs.pool import load_pool
         from launch.split import pool_split
 
         s = cfg.sft
         train_ids = pool_split(load_pool(pool_dir), cfg.pool).train  # held-out tasks stay unseen
-        summary = run_sft(pool_dir, out, s.epochs, s.lr, s.task_fraction, s.max_examples,
+        summary = run_sft_apart(pool_dir, out, s.epochs, s.lr, s.task_fraction, s.max_examples,
                           cfg.run.seed, batch=s.batch, target_loss=s.target_loss,
                           sandbox=cfg.executors.sandbox, only=train_ids, base=base)
         print(f"sft: {summary['tasks']} tasks, loss {summary['epoch_loss'][0]:.3f} -> "

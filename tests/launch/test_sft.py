@@ -3,6 +3,8 @@ sequences; a short pass lowers the loss and writes a loadable model directory.""
 
 from __future__ import annotations
 
+import json
+import os
 import sys
 from pathlib import Path
 
@@ -111,6 +113,21 @@ def test_a_failing_reference_solution_is_one_line_naming_the_task(tmp_path, caps
     assert "tasks.jsonl:1 (task t1)" in line and "reference solution scores 0.0" in line
 
 
+def test_a_warm_start_run_apart_raises_its_error_in_the_driver(tmp_path):
+    """``prepare_policy`` trains in a child process; what the child raised is raised here,
+    the same type and message."""
+    from broken_pools import SHELF, count_check
+
+    from envs.pool import PoolError
+    from launch.config import load_config
+    from launch.trainer import prepare_policy
+
+    pool = _pool_with(tmp_path, SHELF, checks=[count_check("I1", 6)])
+    cfg = load_config(None, ["sft.epochs=1", "pool.heldout_task_frac=0"])
+    with pytest.raises(PoolError, match=r"task t1.*reference solution scores 0.0"):
+        prepare_policy(cfg, pool, tmp_path / "run")
+
+
 def test_an_environment_that_does_not_load_is_one_line(tmp_path, capsys):
     pool = _pool_with(tmp_path, "class Shelf(:\n")
     assert main(["sft", "--pool", str(pool), "--out", str(tmp_path / "o"), "--epochs", "1"]) == 2
@@ -147,6 +164,8 @@ def test_sft_enabled_warm_starts_a_given_policy_path(tmp_path):
     assert Path(as_is) == Path(base) and not (tmp_path / "a" / "sft").exists()
     warm = prepare_policy(load_config(None, [*common, "sft.enabled=true"]), pool, tmp_path / "b")
     assert Path(warm) == tmp_path / "b" / "sft"
+    summary = json.loads((Path(warm) / "sft_summary.json").read_text())
+    assert summary["pid"] != os.getpid()   # trained in a child: the driver keeps no model
     before, _ = load_policy(base)
     after, _ = load_policy(warm)
     moved = [n for (n, p), q in zip(before.named_parameters(), after.parameters())
