@@ -2,37 +2,21 @@
 ``launch/controller.py`` drives.
 
 ``Roles(cfg, pool, pool_dir, run_dir, model_path, eval_pools)`` creates, on the connected Ray
-cluster: the executor pool (``actors.executor_pool.ExecutorPool``, sized by
-``executors.num_executors`` per rollout worker, resizable while the run goes on), the single scheduler actor
-(``actors.scheduler_actor``), the rollout workers (``actors.rollout_worker``,
-``cluster.rollout.num`` of them; each serves the training pool and the evaluation pools,
-``launch.eval_pools.worker_pools``, in its executors' sandboxes), the learner group
+cluster: the executor pool (``actors.executor_pool.ExecutorPool``), the single scheduler actor
+(``actors.scheduler_actor``), the rollout workers (``actors.rollout_worker``; each serves the
+training pool and the evaluation pools, ``launch.eval_pools.worker_pools``), the learner group
 (``actors.learner.learner_actor.LearnerGroup``) with its weight sync and, when the pool has
-conversational tasks (``envs.spec.UserSpec``), the user simulators (``actors.user_sim_actor``,
-``cluster.user_sim.num`` of them, configured by ``user_sim``; every worker gets every handle).
+conversational tasks, the user simulators (``actors.user_sim_actor``).
 
-Fault policy (the ledger decides on re-issue and deadlines, this module on restarts):
-- every ``ray.get`` has a timeout (``controller.call_timeout_s``); a group the ledger finds
-  overdue is cancelled here (``cancel``);
-- a group whose worker died reports the ``RayActorError``; the worker is replaced by a fresh
-  actor, which gets the learner's weights (those of the published version: a group finds a
-  death only between a step's publish and the next step's end) before it serves anything; a
-  weight publish (or
-  a metrics or resize call) that finds a dead or unresponsive worker replaces it the same way and
-  publishes again, so the run goes on;
-- a dead scheduler actor is replaced by a fresh one rebuilt from the last snapshot (the state
-  saved with the latest checkpoint, or loaded on resume) plus every ``next_tasks`` and ``absorb``
-  since, kept by ``SchedulerJournal`` (``launch/scheduler_journal.py``): no group is lost or
-  absorbed twice; after ``REBUILDS`` failed rebuilds in one call the run ends with ``RoleError``;
-- a dead learner rank surfaces as ``LearnerDied`` from the learner call that found it (a step,
-  a publish, a checkpoint save, the export); ``launch/recovery.py`` decides what follows and, to
-  go on, cancels every group in flight and calls ``rebuild_learner``: the learner group and its
-  weight sync are replaced by fresh ones and the scheduler actor by a fresh one, for the restore
-  of a checkpoint into them (which loads the learner and publishes its weights).
+Restarts are this module's (the ledger decides re-issue and deadlines; docs/architecture.md,
+"Faults", is the full table): every ``ray.get`` has a timeout; a dead or unresponsive rollout
+worker is replaced by a fresh actor that gets the published weights before it serves anything; a
+dead scheduler actor is rebuilt from the last snapshot plus the ``SchedulerJournal`` replay, and
+``REBUILDS`` failed rebuilds in one call end the run with ``RoleError``; a dead learner rank
+surfaces as ``LearnerDied`` for ``launch/recovery.py``, which calls ``rebuild_learner``.
 
 The decisions (replace-once, when to give up, the step's role metrics) are the plain
-``launch/roles_core.py:RolesCore``; placement and deadlines are the ledger's. This module holds
-no run state but the actors' handles: it makes the Ray calls.
+``launch/roles_core.py:RolesCore``. This module holds no run state but the actors' handles.
 
 May import: ray, actors.*, launch.*, envs.*, the standard library.
 """
