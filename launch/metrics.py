@@ -1,37 +1,23 @@
 """Per-step training metrics: computed from the step's groups, written to JSONL and TensorBoard,
-shown on a live progress bar.
+shown on a live progress bar. The list of keys: docs/architecture.md, "Metrics".
 
 ``step_metrics`` turns one learner step's inputs into a flat record. Definitions (ours where the
 issue is silent):
 
-- ``reward_mean``: mean trajectory reward over the step's B groups' valid trajectories
-  (``trajectories`` of them: K per group, less those dropped for infrastructure faults, which
-  have no reward; ``envs.trajectory.Group``).
-- ``reward_var_mean``: mean over groups of the within-group population variance
-  ``var_g = mean_k (r_gk - mean_k r_gk)^2`` (ddof = 0, the quantity GRPO's signal depends on).
-- ``zero_var_share``: share of groups whose K rewards are all equal (no GRPO signal).
-- ``envs_per_batch``: distinct environments among the step's groups; ``tools_per_batch``:
-  distinct (environment, tool) pairs actually called in the step's trajectories.
-- ``phase_<name>``: groups selected in each scheduler phase (cold-start/coverage/...).
-- ``pred_var_mean`` vs ``reward_var_mean``: the scheduler's predicted variance for the selected
-  tasks (selection score ``v_hat`` or ``variance`` when the scheduler gives one) against the
-  realised one; ``pred_var_corr`` their Pearson correlation over groups (when defined).
-- ``staleness_mean/max``: learner version at training minus the policy version each trajectory
-  was sampled with (its oldest token's: ``Trajectory.policy_version``).
-- version spread (partial rollouts: one trajectory may hold tokens of several versions;
-  ``Trajectory.version_lags``): per trajectory the lag of its newest token, of its oldest and the
-  mean over its sampled tokens; ``version_lag_min`` / ``version_lag_mean`` are the means over the
-  step's trajectories of the first and third, ``version_lag_max`` the largest oldest-token lag
-  (= ``staleness_max``), ``version_spread_mean`` / ``_max`` the oldest minus the newest lag, and
-  ``mixed_version_share`` the share of trajectories sampled by more than one version.
-- timings ``time_<phase>_s`` and ``learner_idle_share`` are filled in by the controller;
-  ``rollout_idle_share`` and ``rollout_occupancy`` by ``Occupancy``, from the groups in flight
-  over wall time.
-- faults (docs/architecture.md, "Faults"), over every group that came back since the previous row,
-  trained or failed (``launch.ledger.Ledger.take_counts``): ``task_errors`` (valid trajectories the task's code
-  failed: kept with their reward), ``infra_errors`` (episode attempts the infrastructure lost:
-  retried, or dropped), ``trajectories_dropped``; from the scheduler actor, ``quarantined_tasks``
-  (tasks removed for repeated task faults, ``scheduling.quarantine``).
+- ``reward_mean``: mean reward of the step's valid trajectories (infra-dropped ones have none).
+- ``reward_var_mean``: mean over groups of ``var_g = mean_k (r_gk - mean_k r_gk)^2`` (ddof = 0,
+  the quantity GRPO's signal depends on); ``zero_var_share``: groups whose K rewards are equal.
+- ``pred_var_mean`` / ``pred_var_corr``: the scheduler's predicted variance of the selected tasks
+  (``v_hat`` or ``variance``) against the realised one, Pearson over groups when defined.
+- ``staleness_mean/max``: learner version at training minus ``Trajectory.policy_version``.
+- version spread (``Trajectory.version_lags``): per trajectory the lag of its newest token, its
+  oldest and the mean; ``version_lag_min`` / ``version_lag_mean`` average the first and third,
+  ``version_lag_max`` is the largest oldest-token lag (= ``staleness_max``),
+  ``version_spread_mean`` / ``_max`` the oldest minus the newest lag, ``mixed_version_share`` the
+  share sampled by more than one version.
+- faults, over every group back since the previous row (``launch.ledger.Ledger.take_counts``):
+  ``task_errors``, ``infra_errors``, ``trajectories_dropped``, ``quarantined_tasks``.
+Timings and idle shares are filled in by the controller and ``Occupancy``.
 
 May import: numpy, scheduling.base (the phases), scheduling.variance (Eq. 2), the standard
 library; tqdm and launch.loggers (its backends) lazily.
