@@ -1,25 +1,20 @@
 """Spare processes: clean forks of the sandbox child, made ahead of time, that become an episode or
 a verifier when the child hands them a job; and the sweep that kills an episode's processes.
 
-Why ahead of time: a freshly forked process waits for the scheduler (tens of milliseconds on
-a busy host: docs/benchmarks.md), while waking a process blocked on its pipe takes microseconds.
-The child keeps ``SPARES`` of them and forks replacements after it has answered the host
-(``ChildServer.idle``), off the critical path.
+Ahead of time because a fresh fork waits for the CPU scheduler (tens of milliseconds on a busy
+host: docs/benchmarks.md) while waking a blocked process takes microseconds. The child keeps
+``SPARES`` of them and forks replacements after it has answered the host (``ChildServer.idle``).
 
-A spare is forked from the clean parent: it never ran environment code before its job. Right after
-the fork it puts itself in its own process group, closes every descriptor but its two pipes and
-stderr (the host-facing pipes and other spares' pipes included), freezes the inherited heap for
-the garbage collector (fewer copy-on-write faults), prepares what every job needs (a fresh
-episode clock and its shim modules, touching the memory a job will touch) and blocks on its
-request pipe. The job
-(pickled, from the trusted parent) names the role, the CPU seconds the worker has left (its
-RLIMIT_CPU), and the environment's source and initial state: by key when the spare inherited them
-at its fork, else by value.
+A spare is forked from the clean parent: it never ran environment code before its job. It puts
+itself in its own process group, closes every descriptor but its two pipes and stderr, freezes the
+inherited heap for the garbage collector, prepares what every job needs and blocks on its request
+pipe. The job (pickled, from the trusted parent) names the role, the CPU seconds the worker has
+left, and the environment's source and initial state (by key when inherited at the fork, else by
+value).
 
-``sweep`` ends an episode inside a private pid namespace: it SIGKILLs every process it can see in
-``/proc`` except itself and the spares, reaps (the child is their subreaper), and repeats until
-none is left (a fork bomb's children appear while the first pass runs). Without a pid namespace
-(the ``none`` backend) only the episode's process group is killed.
+``sweep`` ends an episode inside a private pid namespace: it SIGKILLs every process in ``/proc``
+but itself and the spares, reaps, and repeats until none is left (a fork bomb's children appear
+while a pass runs). Without a pid namespace (``none``) only the episode's process group is killed.
 
 May import: envs.*, sandbox.*, the standard library.
 """
