@@ -2,22 +2,17 @@
 
 Order everywhere: similarity descending, ties by task index ascending. Two relations:
 
-- within (``rank_within``): for rows of one environment, the candidates of the same environment
-  except the row itself, by ``X[i] . X[j]`` (S_full). Products in row chunks against the
-  environment's candidates; ``argpartition`` then a stable sort of the kept columns.
+- within (``rank_within``): the same environment's candidates except the row itself, by
+  ``X[i] . X[j]`` (S_full), in row chunks; ``argpartition`` then a stable sort of the kept columns.
 - cross (``rank_cross``): candidates in other environments by S_abs. Tasks with identical abstract
-  text share one abstract vector (``group`` id), so similarities are computed between distinct
-  vectors only (chunks of requesting groups x candidate groups). For a requesting group u, the
-  candidate groups are taken in similarity order until they hold ``L + max_e |candidates in e|``
-  tasks (each group holds at least one task, so that many groups always suffice, and every group
-  tied with the last one taken is added so index tie-breaking stays exact); the pooled tasks are
-  sorted once and each environment of u's requesting rows keeps its first L outside itself.
+  text share one vector (``group`` id), so similarities are computed between distinct vectors
+  only; for a requesting group the candidate groups are taken in similarity order until they hold
+  ``L + max_e |candidates in e|`` tasks (plus every group tied with the last, so tie-breaking stays
+  exact), and each environment keeps its first L outside itself.
 
-Both are used at build time (candidates = all tasks, L = list length); the exact fallback of
-``DualGraph.topk_observed`` (candidates = observed tasks, L = k) uses ``rank_within`` and the
-vectorised ``topk_cross_vectorised`` (many rows, small k).
-
-``one_blas_thread()`` is the context every dense product of the scheduler's queries runs in.
+Used at build time (candidates = all tasks) and by the exact fallback of
+``DualGraph.topk_observed`` (``rank_within``, ``topk_cross_vectorised``). ``one_blas_thread()`` is
+the context every dense product of the scheduler's queries runs in.
 
 May import: numpy, scipy, threadpoolctl.
 """
