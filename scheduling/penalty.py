@@ -3,12 +3,9 @@
     i* = argmax_i [score_i - lambda_sim max_{j in batch} S_full(i, j)]
 
 ``BatchPenalty`` caches max_{j in batch} S_full(i, j) per task for one batch under construction;
-``penalised_argmax(cands, score, penalty, lam)`` finds i* exactly. Because the penalty is
-non-negative, it walks the score-sorted candidates only until no later one can win, bringing a
-candidate's penalty up to date only when its bound could: O(walk * |batch|) similarities, never
-O(n |batch|). The loops are compiled (``penalty_kernel``, numba), with similarities summed
-bit-for-bit as numpy's ``add.reduceat`` sums them. ``sort_desc`` orders candidates by score, ties
-by a seeded rank.
+``penalised_argmax(cands, score, penalty, lam)`` finds i* exactly, walking the score-sorted
+candidates only until no later one can win (the penalty is non-negative). The loops are
+``penalty_kernel``'s (numba). ``sort_desc`` orders candidates by score, ties by a seeded rank.
 
 May import: numpy, scheduling.penalty_kernel (numba), the standard library.
 """
