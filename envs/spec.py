@@ -109,13 +109,11 @@ class Environment(_Strict):
 class UserSpec(_Strict):
     """A conversational task's simulated user (tau-bench's mode; docs/adapters.md).
 
-    The task's ``instruction`` is then the user's persona and goal: it goes to the user simulator
-    only, never into the agent's prompt. The agent's first user message is the simulator's
-    opening line; each plain-text reply of the agent goes to the user, whose answer continues
-    the episode until it contains ``stop_marker`` (or a rollout limit hits). ``reply_tool``: an
-    environment tool that records each reply in the state (tau-bench's ``respond``, which its
-    check reads); it is hidden from the agent, and the loop calls it with ``{"content": reply}``
-    for every reply, so the action trace replays to the same state."""
+    The task's ``instruction`` (the user's persona and goal) goes to the user simulator only; the
+    agent's plain replies go to the user until its answer contains ``stop_marker``. ``reply_tool``:
+    the environment tool that records each reply in the state (tau-bench's ``respond``); hidden from
+    the agent, called by the loop with ``{"content": reply}``, so the trace replays to the same
+    state."""
 
     reply_tool: Optional[str] = Field(
         default=None, description="environment tool recording each agent reply, called as "

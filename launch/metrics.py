@@ -253,12 +253,10 @@ def format_summary(summary: dict[str, Any]) -> str:
 class Occupancy:
     """Rollout-worker occupancy over wall time, from the number of groups in flight.
 
-    ``update(n)`` says n groups are in flight from now on; the previous count is charged for the
-    time since the last update. With ``workers`` W and least-busy placement, min(n, W) workers
-    have an episode to run; ``take()`` returns, since the previous ``take``, the share of
-    worker-time without one (``rollout_idle_share``) and the mean in-flight groups over
-    ``max_groups`` (``rollout_occupancy``). A group finished on a worker but not yet collected
-    counts as running (an under-estimate of idleness by at most the driver's collect latency)."""
+    ``update(n)``: n groups in flight from now on. With ``workers`` W and least-busy placement,
+    min(n, W) workers are busy; ``take()`` returns, since the previous ``take``, the idle share of
+    worker-time (``rollout_idle_share``) and the mean in-flight groups over ``max_groups``
+    (``rollout_occupancy``). A finished group not yet collected counts as running."""
 
     def __init__(self, workers: int, max_groups: int):
         self.workers, self.max_groups = max(1, workers), max(1, max_groups)

@@ -253,13 +253,11 @@ class EpisodeRuntime:
     # ----------------------------------------------------------------- verify
     def verify(self, checks: Iterable[Check], timeout_s: Optional[float] = None) -> VerifyResult:
         """Reward = fraction of checks passed (in this interpreter: trusted pools and tests; the
-        sandbox runs checks in a separate verifier process, ``sandbox.verifier``).
+        sandbox uses ``sandbox.verifier``).
 
-        Checks share the *live* final state (no copy: a 2 MB state would cost tens of ms) and one
-        fresh copy of the initial snapshot, made only when some check names ``initial_state`` and
-        a step ran since reset (right after reset the live state is the initial state).
-        A check that mutates ``final_state`` changes what later checks and steps see, as with
-        EnvScaler's shared snapshot; ``initial_state`` is fresh for every ``verify``."""
+        Checks share the *live* final state (no copy) and one fresh copy of the initial snapshot,
+        made only when a check names ``initial_state`` and a step ran since reset; a check that
+        mutates ``final_state`` changes what later checks see (as EnvScaler's shared snapshot)."""
         self._require_episode()
         checks = list(checks)
         final = state_view(self.instance)

@@ -60,14 +60,11 @@ class Spare:
     def give(self, job: dict[str, Any], timeout_s: float = ACK_TIMEOUT_S) -> bool:
         """Hand ``job`` over; True once the spare has said (``ACK``) that it read it.
 
-        Environment code runs as the spares' uid, so an episode can SIGKILL the spares forked
-        for later calls (``kill(-1, 9)``). Such a spare may still look alive (``alive()``: the
-        signal is delivered when it is next scheduled) and take the job into its pipe's buffer,
-        and the next episode would die at its first call: an episode's outcome set by the one
-        before it. The acknowledgement closes that window: a spare answers only after its read
-        returned, and a SIGKILL sent before the hand-over is taken on that return, so an ``ACK``
-        proves the spare outlived whatever the previous episode did; EOF or silence is a spare to
-        discard (the caller takes another)."""
+        An episode can SIGKILL the spares forked for later calls (same uid); such a spare may still
+        look alive and buffer the job, and the next episode would die at its first call. A spare
+        answers only after its read returned, where a pending SIGKILL is taken, so an ``ACK`` proves
+        it outlived the previous episode; EOF or silence is a spare to discard (the caller takes
+        another)."""
         try:
             send_request(self.req_fd, job)
             ready, _, _ = select.select([self.rep_fd], [], [], timeout_s)

@@ -54,11 +54,9 @@ def _features(tr: dict[str, np.ndarray], cat: np.ndarray, n_cat: int) -> np.ndar
 class RidgeCache:
     """Ridge residuals of earlier calls, reused exactly (``progress_estimates(cache=...)``).
 
-    The residuals of the transitions completed at step s depend only on the transitions completed
-    at steps <= s. History is append-only, so they are unchanged since the previous call (at step
-    t_prev, with ``size`` observations) when s < t_prev and no observation added since is credited
-    to a step <= s (a late group for step r can change transitions completed at r or later).
-    Reused entries are the stored values themselves, so results are bit-identical to recomputing.
+    The residuals of transitions completed at step s depend only on transitions completed at steps
+    <= s, so they are reused when s < t_prev and no observation added since is credited to a step
+    <= s. Reused entries are the stored values, so results are bit-identical to recomputing.
     """
 
     def __init__(self) -> None:
