@@ -75,11 +75,9 @@ class PoolConfig(_Section):
 
 class SchedulerConfig(_Section):
     """Which scheduler (a ``scheduling.registry`` name that training runs,
-    ``registry.train_names()``) and its parameters, validated against the registry's params
-    model when the config is built: a typo, a wrong type or a simulator-only name (``dapo+NAME``:
-    training has no draw-until-B loop) fails here, before any pool is generated or SFT runs. B, K
-    and the seed are the run's (``run.batch_size``, ``rollout.k``, ``run.seed``), never scheduler
-    parameters."""
+    ``registry.train_names()``) and its parameters, validated against the registry's params model
+    when the config is built, before any pool is generated or SFT runs. B, K and the seed are the
+    run's, never scheduler parameters."""
 
     name: str = Field("envsched", description="a scheduling.registry name training runs "
                       "(dapo+NAME is envsched simulate only)")

@@ -133,12 +133,10 @@ def run_groups(pool_dir: str, task_ids: list[str], engine: str, model: Optional[
                users: Optional[UserSimConfig] = None) -> tuple[list, float, float]:
     """Run one group per task on ``workers`` actors, their episodes on the sandboxed executor
     pool; returns (groups in task order, wall seconds, seconds the workers' executors took to
-    start). The wall clock starts once every worker and its executors are up: a worker answers
-    its ping when its engine is loaded, but its executors start their sandboxes in the background
-    after that, and that one-off start is not
-    episodes/s. ``users``: a ``UserSimConfig``, the simulated user of conversational tasks
-    (one inside each worker). Raises TimeoutError naming the unfinished tasks when ``timeout``
-    passes."""
+    start). The wall clock starts once every worker and its executors are up (executors start
+    their sandboxes after the worker answers its ping), so that one-off start is not counted in
+    episodes/s. ``users``: a ``UserSimConfig`` for a simulated user inside each worker. Raises
+    TimeoutError naming the unfinished tasks when ``timeout`` passes."""
     import ray
 
     from actors.rollout.engine_args import gpus_per_engine

@@ -85,11 +85,8 @@ PR_SET_PDEATHSIG = 1
 
 def rearm_parent_death_signal(parent: int) -> None:
     """Be SIGKILLed when the parent dies. The kernel clears this signal on a credential change
-    (the child's uid drop loses the ``setpriv --pdeathsig KILL`` it started with) and on fork (a
-    spare would outlive the clean parent where no pid namespace ends them together: the ``none``
-    backend). Before it was set again, a SIGKILLed pytest left an episode spinning in a tool for
-    28 minutes (tests/sandbox/test_child_dies_with_host.py). Exits at once if the parent died
-    before the call (the signal would never come)."""
+    (the uid drop) and on fork, so it is set again here (test_child_dies_with_host.py); exits
+    at once if the parent died before the call (the signal would never come)."""
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
         err = ctypes.get_errno()

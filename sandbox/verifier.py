@@ -123,12 +123,10 @@ KILL_GRACE_S = 0.25      # after the soft SIGALRM: a check that ignores it is ki
 
 
 def backstop_s(soft: float) -> float:
-    """How long the parent waits for a check's verdict before it kills the check's process. The
-    check's own SIGALRM fires ``soft`` after the check starts in its fork, which the parent cannot
-    see: on a loaded machine a new fork can wait most of a second to be scheduled, and a
-    backstop of ``soft + KILL_GRACE_S`` killed a reference solution's checks
-    (docs/benchmarks.md). So the backstop allows the fork ``soft`` to start, then
-    ``soft + KILL_GRACE_S``; it only ever ends checks that ignore their alarm."""
+    """How long the parent waits for a check's verdict before it kills the check's process: the
+    fork's unseen start (up to ``soft``: a new fork can wait most of a second to be scheduled on a
+    loaded machine, docs/benchmarks.md) plus ``soft + KILL_GRACE_S``. It only ever ends checks that
+    ignore their own SIGALRM."""
     return 2 * soft + KILL_GRACE_S
 VERDICT_BYTES = 64 << 10  # one verdict frame: a bool and an error message (truncated below)
 ERROR_CHARS = 4000

@@ -29,11 +29,9 @@ _BLAS: list = []
 def one_blas_thread():
     """Context running BLAS on one thread, for reproducible and cheap small products.
 
-    OpenBLAS's result for the same dense product can differ in the last bit with its thread
-    count (which follows the visible cores), and such a bit can swap two percentile ranks and
-    so change a selection: the scheduler's selections would depend on the machine. The products
-    here are small, so threads only add spin and synchronisation (the ridge fits of the progress
-    filter spiked when threaded: docs/benchmarks.md).
+    OpenBLAS's result can differ in the last bit with its thread count (the visible cores), which
+    can swap two percentile ranks and so make selections depend on the machine; the products here
+    are small, so threads only add overhead (docs/scheduler.md, "Performance notes").
     """
     if not _BLAS:                       # built once, after numpy has loaded its BLAS
         from threadpoolctl import ThreadpoolController

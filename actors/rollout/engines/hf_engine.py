@@ -256,13 +256,10 @@ class HFEngine(Engine):
     # -- prefix cache and weights ----------------------------------------------------------------
 
     def _lookup(self, prompt: list[int]) -> Optional[KV]:
-        """The cache of the longest stored sequence's longest common prefix with ``prompt`` --
-        a whole earlier turn of the episode, or the system prompt and tool schemas that tasks of
-        one environment share -- cut to leave at least the last prompt token to compute (its
-        logits sample the first token); None when nothing is shared.
-
-        Keys and values at position i depend only on tokens 0..i, so any prefix of a stored
-        cache is the cache of that prefix."""
+        """The cache of the longest stored sequence's longest common prefix with ``prompt``, cut to
+        leave at least the last prompt token to compute (its logits sample the first token); None
+        when nothing is shared. Any prefix of a stored cache is the cache of that prefix (keys and
+        values at position i depend only on tokens 0..i)."""
         if len(prompt) < 2 or not self._caches:
             return None
         query = np.asarray(prompt, dtype=np.int64)
