@@ -5,24 +5,17 @@ style: a plain object owning private actors, the library's own exceptions, sync 
     session = executors.open_session(task, seed=7)      # sticky to one sandbox until close()
     step = session.step("find_customer", {"name": "Ann"})   # or: await session.astep(...)
     result = session.verify(); session.close()
-    reward = executors.replay(task_id, actions, seed=None).reward
-    executors.resize(8); executors.wait_time_stats(); executors.shutdown()
 
-``num_executors`` actors x ``workers_per_executor`` sandboxes = the episodes open at once;
-``open_session`` and ``replay`` wait up to ``acquire_timeout_s`` for a free sandbox. The pool is
-``ray.put`` once (``put_pool``), so executors need no shared filesystem.
-
-Failures are ``sandbox.errors.SandboxError``: ``kind="executor"`` for a session whose executor
-died (Ray restarts it up to ``max_restarts``; one past them is replaced when next found dead),
-``kind="timeout"`` past a deadline, the sandbox's own kind otherwise. Every ``ray.get`` has a
-timeout. Executors placed by a custom resource (``resources``) get no Ray restarts: the pool
-replaces them, keeping the requirement only while the cluster has the resource free (minus what
-it claimed in the last ``_CLAIM_S`` seconds), else on any CPU with a warning (docs/cluster.md).
+``num_executors`` x ``workers_per_executor`` sandboxes = the episodes open at once; ``open_session``
+and ``replay`` wait up to ``acquire_timeout_s`` for one. The pool is ``ray.put`` once
+(``put_pool``). Failures are ``sandbox.errors.SandboxError`` (``kind="executor"`` for a dead
+executor, ``"timeout"`` past a deadline); every ``ray.get`` has a timeout. An executor past its
+Ray restarts, or placed by a custom resource (``resources``), is replaced by the pool, on any CPU
+when the resource is short (docs/cluster.md, "Node loss").
 
 The parts: ``actors.executor_slots`` is the pure policy (which executor gets a session, capacity,
 release, placement fallback); ``actors.executor_session.ExecutorSession`` is one session;
-``ExecutorPool`` implements the ``actors.executors.Executors`` protocol shared with the local
-``SandboxSessions``.
+``ExecutorPool`` implements the ``actors.executors.Executors`` protocol.
 
 May import: ray, actors.env_executor, actors.executor_config, actors.executor_session,
 actors.executor_slots, actors.executors, envs.*, sandbox.*, the standard library.

@@ -6,20 +6,15 @@
 - ``Trajectory``    one rollout: token ids, rollout log-probs, loss mask, per-token policy
                     versions, the action trace, final reply, verifier results, reward, status,
                     fault, policy version (of its oldest token), episode seed, timings.
-- ``Group``         the K episodes of one task selected at ``step``, for the ticket ``ticket_id``
-                    (``actors.ticket.Ticket.id``; -1 for a group no ticket asked for):
-                    ``trajectories`` are the K' valid ones (trained, absorbed), ``dropped`` the
-                    ones lost to infrastructure faults after their retries.
+- ``Group``         the K episodes of one task selected at ``step``, for ticket ``ticket_id``
+                    (-1: none): ``trajectories`` the K' valid ones, ``dropped`` those lost to
+                    infrastructure faults after their retries.
 
-Failures (``FAILED_STATUSES``) carry a ``fault``, one of ``FAULTS`` (docs/architecture.md, "Who
-is blamed"): ``"task"`` (kept with its reward and status, trained, counted towards quarantine)
-or ``"infra"`` (retried, then ``Group.dropped``: never trained, absorbed or rewarded). A failed
-trajectory without a fault is the task's, the side an environment cannot exploit.
-
-``token_versions[t]`` is the version of the weights that sampled token t (the one
-``logprobs[t]`` is under), ``NO_VERSION`` (-1) where the agent loop's ``loss_mask`` is 0;
-``policy_version`` is the oldest sampled version (the one the staleness law bounds). An empty
-``token_versions`` means every sampled token is ``policy_version``.
+Failures (``FAILED_STATUSES``) carry a ``fault`` in ``FAULTS``: ``"task"`` (kept, trained,
+counted towards quarantine; also a failure without a fault) or ``"infra"`` (retried, then
+dropped); docs/architecture.md, "Who is blamed". ``token_versions[t]``: the version that sampled
+token t, ``NO_VERSION`` where ``loss_mask`` is 0; ``policy_version`` is the oldest sampled one
+(the one the staleness law bounds; an empty ``token_versions`` means all are it).
 
 Dataclasses (not pydantic) because these are created per episode on the hot path; ``to_dict`` /
 ``from_dict`` give the JSON form written to trajectory files and checkpoints.

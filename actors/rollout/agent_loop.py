@@ -9,25 +9,17 @@ Sequence layout (``m`` = loss mask; segments rendered by the tokenizer's own cha
      \n</tool_response><|im_end|>\n<|im_start|>assistant\n" -- tokenised alone      m = 0
     turn 2 ...
 
-Only new segments are tokenised; the conversation is never re-rendered (it would drift).
-``token_ids``, ``logprobs`` (0 on non-generated tokens), ``loss_mask`` and ``token_versions``
-(``Generation.version`` per sampled token, ``NO_VERSION`` elsewhere) always have the same length.
-A turn cut at the token limit gets the template's end-of-turn token (masked) so the sequence
-stays well formed.
+Only new segments are tokenised; the conversation is never re-rendered. ``token_ids``,
+``logprobs`` (0 off generated tokens), ``loss_mask`` and ``token_versions`` (``NO_VERSION`` off
+sampled tokens) always have the same length.
 
-Ends: a plain reply ``ok``; too many calls, tokens or malformed turns in a row ``truncated``
-(the final state is still verified); a sandbox failure ``env_error`` / ``timeout`` with reward 0
-and a fault (``envs.trajectory.FAULTS``): ``task`` when the sandbox reported it
-(``SandboxError.origin``) or a step/verify deadline fired, ``infra`` otherwise; the caller
-retries ``infra``. Malformed turns and their token spans go in ``info`` (``info["malformed"]``,
-``info["malformed_spans"]``). Conversational tasks (``envs.spec.UserSpec``) send plain replies
-to the simulated user (``actors.rollout.conversation``); a failing simulator
-(``UserSimError``) ends the episode ``env_error`` with fault ``infra``.
-
-``run`` takes a session (``actors.executors.Session``) or an awaitable of one still opening: the
-first turn is generated while the sandbox resets, and the session is awaited only when a tool
-call or the verifier needs it. Details: docs/rollout.md, "The agent loop" and "Conversational
-episodes"; faults: docs/architecture.md, "Who is blamed".
+Ends: a plain reply ``ok``; the call, token or malformed-streak limits ``truncated`` (the final
+state still verified); a sandbox failure ``env_error`` / ``timeout``, reward 0, fault ``task`` or
+``infra`` (``envs.trajectory.FAULTS``; the caller retries ``infra``). Conversational tasks
+(``envs.spec.UserSpec``) send plain replies to the simulated user
+(``actors.rollout.conversation``). ``run`` takes a session (``actors.executors.Session``) or an
+awaitable of one still opening, awaited only when a tool call or the verifier needs it. Details:
+docs/rollout.md, "The agent loop" and "Conversational episodes".
 
 May import: actors.executors, actors.rollout (config, chat, conversation, toolcall, partial,
 engines.base), actors.user_sim.simulator, envs, sandbox.errors, the standard library. No Ray, no torch.
