@@ -5,23 +5,18 @@
 - ``ToolCall``     one tool invocation: tool name + JSON arguments (a reference-solution step).
 - ``Environment``  an executable environment: Python class source, OpenAI function-calling
                    tool schemas, and the system prompt parts (introduction + rules).
-- ``UserSpec``     what makes a task conversational: a simulated user plays the task's instruction
-                   (its persona and goal) and the agent sees only what that user says.
-- ``TaskSpec``     one environment-task pair: instruction, initial state (inline, or a reference
-                   to a state file shared by many tasks), verifier checks, optional reference
-                   solution, optional structured operation description, optional ``user``
-                   (conversational), metadata.
-- ``PoolMeta``     the contents of ``pool.yaml``, including ``packages``: the Python import
-                   names the pool's environments need (the sandbox provides and checks them).
+- ``UserSpec``     what makes a task conversational (a simulated user plays the instruction).
+- ``TaskSpec``     one environment-task pair: instruction, initial state (inline or a shared
+                   state file), checks, optional reference solution, operation description,
+                   ``user`` and metadata.
+- ``PoolMeta``     the contents of ``pool.yaml``, including ``packages`` (``sandbox.packages``).
 
-Environment contract (the same as EnvScaler's, so published pools run unchanged): the class source
-is exec'd into a fresh module; the instance is ``cls(initial_state)`` falling back to ``cls()``,
-then every key of the initial state is set as an attribute. The state is ``vars(instance)``
-without dunder keys. Tools are public methods named like their schema that return
-``{"success": True, "data"|"message": ...}`` or ``{"success": False, "error": ...}``.
-
-Reward = fraction of checks passed; a check that raises or returns a non-bool counts 0 and stays
-in the denominator.
+Environment contract (EnvScaler's, so published pools run unchanged): the class source is exec'd
+into a fresh module; the instance is ``cls(initial_state)`` falling back to ``cls()``, then every
+key of the initial state is set as an attribute; the state is ``vars(instance)`` without dunder
+keys. Tools are public methods returning ``{"success": True, "data"|"message": ...}`` or
+``{"success": False, "error": ...}``. Reward = fraction of checks passed; a check that raises or
+returns a non-bool counts 0 and stays in the denominator.
 
 May import: pydantic and the standard library only.
 """
