@@ -2,26 +2,19 @@
 
 A thin shell over ``actors.rollout.runner.GroupRunner``: it loads the pool with the run's
 evaluation pools (``envs.pool_union``), builds the engine (``scripted | hf | vllm``), its
-tokenizer and its executors, then serves:
+tokenizer and its executors, then serves ``await run_group(ticket) -> Group`` (many in flight on
+one event loop), ``await update_weights(named_tensors, version)`` / ``await
+update_adapter(adapter, version)`` (without ``rollout.partial_rollouts`` new episodes wait for
+those in flight, ``GroupRunner.pause_episodes``; with it the engine loads between two
+generations), ``await replay(task_id, actions, seed) -> float`` (the identifier filter's port),
+``version``, ``metrics``, ``ping`` and ``pid``.
 
-- ``await run_group(ticket) -> Group`` (an ``actors.ticket.Ticket``; many groups in flight on
-  one event loop);
-- ``await update_weights(named_tensors, version)`` and ``await update_adapter(adapter,
-  version)``: without ``rollout.partial_rollouts`` new episodes wait for those in flight
-  (``GroupRunner.pause_episodes``), so an episode never sees two versions; with it the engine
-  loads between two generations (``actors.rollout.partial``). The NCCL ``receive_weights``
-  follows the same rule;
-- ``await replay(task_id, actions, seed) -> float`` (the identifier filter's replay port);
-- ``version() -> int``, ``metrics() -> dict``, ``ping() -> str``, ``pid() -> int``.
-
-``VLLMRolloutWorker`` adds the NCCL entry points of ``actors.learner.weight_sync``; only it has
-them, so ``make_weight_sync("auto")`` picks NCCL exactly when the engine is vLLM.
-
-Sessions come from the sandboxed executor pool (``actors.executor_pool.ExecutorPool``) or any
-``actors.executors.Executors`` passed in; pool code never runs in this process. Conversational
-tasks need ``users``: user-simulator actor handles, a ``UserSimConfig`` for an in-worker
-simulator, or None (such a task then raises ``ValueError`` naming it). Configs arrive validated
-by the driver; a plain dict is validated here.
+``VLLMRolloutWorker`` adds the NCCL entry points of ``actors.learner.weight_sync``, so
+``make_weight_sync("auto")`` picks NCCL exactly when the engine is vLLM. Sessions come from the
+executor pool (``actors.executor_pool.ExecutorPool``) or any ``actors.executors.Executors``;
+pool code never runs in this process. ``users``: user-simulator handles, a ``UserSimConfig``, or
+None (a conversational task then raises ``ValueError``). Configs arrive validated; a plain dict
+is validated here.
 
 May import: ray, actors.*, envs.*, the standard library; torch/transformers/vllm via the engines.
 """

@@ -8,19 +8,11 @@ A turn is the decoded text of the tokens the policy generated for it. Formats::
     llama3_json (Llama 3.1-3.3)      [<|python_tag|>]{"name": N, "parameters": {...}}
     mistral (v3 tokenizer, Nemo)     [text] [TOOL_CALLS][{"name": N, "arguments": {...}}]
 
-``<think>...</think>`` is ignored and end-of-turn markers are dropped. A turn without the format's
-call marker is a final reply (Llama: visible text not starting with ``{``). Exactly one call per
-turn (EnvScaler used the first; we refuse several so the policy learns the format). Arguments may
-be a JSON object or a JSON string holding one; Llama's ``parameters`` and ``arguments`` are both
-accepted.
-
-Each parser owns its tool prompt (``tool_prompt``, ``call_syntax``, ``schemas``, in the model
-family's wording), used by ``actors.rollout.chat`` when the template does not render ``tools``
-(``tool_instructions``); ``auto`` on such a template with no known call syntax is ``hermes``
-(``FALLBACK``).
-
-Errors are classified (``MALFORMED_KINDS``; docs/rollout.md, "The agent loop", lists them) so the
-loop can count them per kind; ``runaway_length`` is decided by the loop, not the parser.
+``<think>...</think>`` is ignored; a turn without the format's call marker is a final reply. Exactly
+one call per turn (EnvScaler used the first; we refuse several so the policy learns the format);
+arguments may be an object or a JSON string holding one. Each parser owns its tool prompt
+(``tool_instructions``, for templates that do not render ``tools``; ``FALLBACK`` is ``hermes``).
+Errors are classified (``MALFORMED_KINDS``; docs/rollout.md, "The agent loop").
 
 May import: the standard library only.
 """

@@ -1,26 +1,19 @@
 """A simulated world inferred from what any pool has (EnvScaler, tau-bench or your own), for pools
-without the generator's latent metadata. ``infer_world(pool)`` returns the same ``World`` the
-generator's metadata gives (``world.build_world``), with ``World.provenance`` saying how each
-quantity was obtained. Nothing is executed: pool code runs only in the sandbox.
+without the generator's latent metadata. ``infer_world(pool)`` returns the same ``World`` that
+``world.build_world`` gives, with ``World.provenance`` saying how each quantity was obtained.
+Nothing is executed.
 
-Per task, from its operation description (an LLM pre-pass's, the task's own, else
-``envs.describe``'s):
+Per task, from its operation description (``envs.describe``): ``n_checks`` (exact);
+``initially_satisfied_checks`` (checks comparing with ``initial_state`` or saying something stays
+``UNCHANGED``); ``gates`` (``world.GATE_KINDS``); ``pattern`` (the operation-type signature, or
+``multi-edit`` / ``multi-edit-ordered`` from ``MULTI_EDIT`` changes, ``verify-only``; a task with
+no operation takes its nearest task's by S_abs, else ``unknown``); ``difficulty`` = 1 - exp(-(n_ops
++ 2 n_gates + n_checks) / 25), the generator's definition. The rules in full: docs/simulator.md,
+"A world from any pool".
 
-- ``n_checks`` = the task's verifier checks (exact);
-- ``initially_satisfied_checks`` = checks that compare with ``initial_state`` or say something
-  stays as it was (``UNCHANGED``);
-- ``gates`` (``world.GATE_KINDS``): identifier (a looked-up value), authorization, state,
-  ordering (two or more state changes);
-- ``pattern`` = the operation-type signature (``multi-edit`` / ``multi-edit-ordered`` from
-  ``MULTI_EDIT`` changes or enumerated requests, ``verify-only``, else the distinct operation
-  types in order, ``lookup-update``); a task with no operation takes its nearest task's by
-  S_abs when a graph is given, else ``unknown``;
-- ``difficulty`` = 1 - exp(-(n_ops + 2 n_gates + n_checks) / 25), the generator's definition.
-
-With recorded rollouts (``recorded_rewards``) each recorded task's initial skill is fitted
-instead of drawn (shrunk by ``SHRINK`` pseudo-rollouts, inverted through the simulator's expected
-reward; docs/simulator.md, "A world from any pool").
-``inference_error(inferred, true)`` scores an inferred world against a generated pool's truth.
+With recorded rollouts (``recorded_rewards``) a recorded task's initial skill is fitted (shrunk by
+``SHRINK`` pseudo-rollouts). ``inference_error(inferred, true)`` scores an inferred world against
+a generated pool's truth.
 
 May import: numpy, envs.spec, envs.describe, envs.opdesc, scheduling.simulate.world,
 scheduling.simulate.dynamics, the standard library.
