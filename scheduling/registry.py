@@ -1,22 +1,18 @@
 """The scheduler registry: every scheduler name, its class and its typed parameters, in one place.
 
-``train``, ``simulate``, the CLI (``--schedulers``) and config validation (``scheduler.name`` /
-``scheduler.params``) all read this table, so a scheduler is known and built the same way
-everywhere.
+``train``, ``simulate``, the CLI (``--schedulers``) and config validation all read this table, so
+a scheduler is known and built the same way everywhere.
 
-- ``names()``; ``dapo+NAME`` (the DAPO zero-variance filter around NAME) is composed on demand.
+- ``names()``; ``dapo+NAME`` (the DAPO filter around NAME) is composed on demand.
 - ``get(name) -> Entry``; ``params_model(name)`` (``extra="forbid"``); ``validate_params(name,
   params)`` (raises ``ValidationError`` naming the field).
-- ``build(name, params, *, tasks, batch_size, k, seed, ...)``: B, K and the seed are the run's,
-  never scheduler parameters.
+- ``build(name, params, *, tasks, batch_size, k, seed, ...)``: B, K and the seed are the run's.
 - ``identifier_filter_settings(name, params)``: the filter's settings (``EnvSchedParams``) or None.
-- ``train_names()`` / ``check_trainable(name)``: ``dapo+NAME`` is simulator-only (training has no
-  draw-until-B loop), refused at config load.
+- ``train_names()`` / ``check_trainable(name)``: ``dapo+NAME`` is simulator-only.
 
-Adding a scheduler: docs/scheduler.md, "One registry of schedulers".
-
-Decisions: LEEPS represents a task by the graph's ``X_full`` row (Eq. 1's six TF-IDF views) in
-training and in the simulator alike; ``dapo+envsched`` is allowed in the simulator.
+Adding a scheduler: docs/scheduler.md, "One registry of schedulers". Decisions: LEEPS represents
+a task by the graph's ``X_full`` row in training and in the simulator alike; ``dapo+envsched`` is
+allowed in the simulator.
 
 May import: pydantic, the standard library, scheduling.* (scheduler modules imported on first use,
 so validating a config stays cheap). Never Ray, torch or launch.

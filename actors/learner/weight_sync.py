@@ -1,24 +1,21 @@
 """Versioned publication of the learner's weights to the rollout engines: one interface, two paths.
 
 ``WeightSync.publish(learner, version) -> SyncReport`` (seconds, bytes published); the version
-is the learner step, and each engine reports it (``engine.version``) for every generation after.
+is the learner step, which each engine reports (``engine.version``) for every later generation.
 
 - ``ObjectStoreSync`` (CPU, any cluster): rank 0 gathers the full state dict (every rank takes
-  part under ZeRO-3), ``ray.put``s it once, and every target gets the same ObjectRef:
-  ``target.update_weights(named_tensors, version)``.
+  part under ZeRO-3), ``ray.put``s it once, and every target gets the same ObjectRef
+  (``target.update_weights(named_tensors, version)``); a LoRA learner
+  (``LearnerGroup.publishes_adapter``) sends only its adapter (``target.update_adapter``).
 - ``CollectiveSync`` (vLLM engines): a separate group {learner rank 0, every vLLM worker}
-  (``stateless_comm``: NCCL on GPUs, gloo on CPUs); rank 0 broadcasts each parameter in turn
-  and the workers load it as it arrives (``VLLMWorkerExtension``). Target contract:
+  (``stateless_comm``: NCCL on GPUs, gloo on CPUs); rank 0 broadcasts each parameter in turn and
+  the workers load it as it arrives (``VLLMWorkerExtension``). Target contract:
   ``num_sync_workers() -> int``, ``init_weight_sync(addr, port, rank_offset, world_size)``,
-  ``receive_weights(meta, version, wait_idle)``; ``wait_idle`` (True unless partial rollout is
-  on) keeps weights from changing under a running generation.
-
-A LoRA learner (``LearnerGroup.publishes_adapter``) publishes only its adapter through the object
-store (``target.update_adapter(adapter_ref, version)``); ``sync: merged`` publishes merged
-weights. See docs/learner.md.
+  ``receive_weights(meta, version, wait_idle)``; ``wait_idle`` (unless partial rollout is on)
+  keeps weights from changing under a running generation.
 
 Not covered: NCCL needs one GPU per rank; learner rank 0 must not share its GPU with a vLLM
-worker (a known NCCL failure).
+worker (a known NCCL failure). See docs/learner.md.
 
 May import: ray, torch and vllm (inside functions), the learner's plain modules.
 """

@@ -1,23 +1,19 @@
 """``GroupRunner``: one ticket (``actors.ticket.Ticket``) -> K concurrent episodes of its task ->
 one complete ``Group``; the logic of the RolloutWorker actor, without Ray.
 
-- Input: ``run_group(ticket)`` reads task id, step, group seed and ``k`` (None: ``config.k``);
-  the ``Group`` carries the ticket's id.
-- Concurrency: one asyncio loop; live episodes are capped at ``config.max_concurrent_episodes``
-  and at the executors' ``capacity``, read each time an episode starts (an episode holds its
-  sandbox while waiting for the engine); a resize calls ``capacity_changed()``.
-- Stickiness: one session per episode (``aopen_session``), opened while the first turn is
-  generated.
-- Failures (``envs.trajectory``'s ``fault``): ``infra`` is retried on a fresh session,
-  ``config.episode_retries`` times, same seed, then goes to ``Group.dropped``; ``task`` is kept
-  with its reward and status, never retried (docs/architecture.md, "Who is blamed").
-  ``info["failed_attempts"]`` lists every lost attempt's error.
-- Seeds: episode ``i`` of (task, step, group seed) gets a hashed seed, so a re-issued group
-  replays the same sandbox randomness.
-- Weight updates (``actors.rollout.partial``): every attempt passes ``gate`` before it opens a
-  sandbox; ``pause_episodes()`` closes it and waits for the episodes in flight.
+- ``run_group(ticket)`` reads task id, step, group seed and ``k`` (None: ``config.k``); the
+  ``Group`` carries the ticket's id. Episode ``i`` gets a seed hashed from (task, step, group
+  seed), so a re-issued group replays the same sandbox randomness.
+- Live episodes share one asyncio loop, capped at ``config.max_concurrent_episodes`` and at the
+  executors' ``capacity`` (re-read at each start; ``capacity_changed()`` wakes waiters); each
+  opens one session, while its first turn is generated.
+- Failures (``envs.trajectory``): ``infra`` is retried on a fresh session
+  (``config.episode_retries``, same seed), then goes to ``Group.dropped``; ``task`` is kept, never
+  retried. ``info["failed_attempts"]`` lists every lost attempt's error.
+- Every attempt passes ``gate`` (``actors.rollout.partial``) before it opens a sandbox;
+  ``pause_episodes()`` closes it and waits for the episodes in flight.
 - ``metrics()``: statuses, malformed kinds, time generating / in executors / with the user,
-  ``time_engine_busy_s`` / ``time_up_s`` (``BusyClock``) and the gate's episode-seconds.
+  ``BusyClock`` time and the gate's episode-seconds.
 
 May import: actors.rollout (agent_loop, partial, summary), actors.executors, actors.ticket, envs, sandbox.errors, the standard
 library. No Ray.

@@ -1,24 +1,19 @@
 """A transformers engine for CPUs (tests, the embedded demo): same contract as the vLLM engine.
 
-Continuous batching: ``generate`` queues a request; one engine thread runs a decode loop in which
-every active request advances by one token per ``[B, 1]`` forward; requests join (prefilled by
-``_prefill``, one distinct prompt at a time) and leave between steps without moving the rows
-that stay. Up to ``max_batch_size`` requests run at once; the rest wait in the queue.
+Continuous batching: ``generate`` queues a request; one engine thread advances every active
+request by one token per ``[B, 1]`` forward, up to ``max_batch_size`` at once; requests join
+(prefilled by ``_prefill``, one distinct prompt at a time) and leave between steps without moving
+the rows that stay. Per request: stop ids, token limit, a ``torch.Generator`` seeded by
+``sampling.seed`` (the same tokens whatever else is in the batch) and temperature / top-k / top-p
+in transformers' order; log-probs of the raw logits equal the unbatched ``model.generate``'s
+within 1e-5. An LRU of ``prefix_cache`` KV caches, never modified in place, resumes a request
+from its longest common prefix with any stored sequence.
 
-Per sequence: its own stop ids, token limit, ``torch.Generator`` (seeded by ``sampling.seed``,
-so a request gives the same tokens whatever else is in the batch) and temperature / top-k /
-top-p (transformers' order). Log-probs are of the raw logits (temperature 1, vLLM's default) and
-equal the unbatched ``model.generate``'s within 1e-5. An LRU of ``prefix_cache`` KV caches
-resumes a request from its longest common prefix with any stored sequence; cached tensors are
-never modified in place, so entries are shared, not copied.
+Weight and adapter updates (``update_adapter``, via ``actors.lora.inject``) drain the batch, load,
+clear the prefix cache and publish the version: one generation never mixes two versions.
 
-Weight updates (and ``update_adapter``, a LoRA learner's adapter-only publish, through
-``actors.lora.inject``) drain: no admission until the active requests finish, then load, clear
-the prefix cache, publish the version; one generation never mixes two policy versions.
-
-The batch's KV cache (``_Batch``), the draws made ahead (``_DrawAhead``) and the sampling
-warpers (``_warp``) are in ``hf_batch.py``; this module owns the decode loop. Why prompts are
-prefilled unpadded and rows stay in place: docs/rollout.md, "Engines", and docs/benchmarks.md.
+``_Batch``, ``_DrawAhead`` and ``_warp`` are in ``hf_batch.py``; this module owns the decode loop.
+Design and figures: docs/rollout.md, "Engines", and docs/benchmarks.md.
 
 May import: numpy, torch, transformers, actors.policy, actors.lora, actors.rollout.engines.*.
 """
