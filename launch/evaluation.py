@@ -2,20 +2,15 @@
 
 The controller runs the groups; this module holds the plain parts:
 
-- ``EvalSet``: one part of an evaluation: the training pool (name ``""``, with a held-out split
-  ``split_of``) or a pool of ``eval.pools`` (task ids ``NAME/task_id``, ``envs.pool_union``).
-- ``eval_tasks(pool, cfg)``: the evaluated task ids, fixed for the run: every task
-  (``cfg.tasks == 0``) or N dealt round-robin over the environments, each in a seeded shuffle.
-- ``eval_seed(cfg, index, name)``: the same episode seed at every evaluation (common random
-  numbers), independent of the other sets.
-- ``eval_tickets(sets, cfg)``: every set's tasks as ``EVAL`` tickets, ids consecutive over sets.
-- ``eval_record(step, groups, failed, seconds)``: ``eval_reward``, ``eval_success`` (reward 1),
-  ``eval_task_solved`` (a task with at least one success), ``eval_reward_var``
-  (``scheduling.variance.group_variance``), ``eval_groups``, ``eval_failed`` (excluded from the
-  means), and per held-out split (``launch/split.py``) ``eval_reward_<split>`` /
-  ``eval_success_<split>``.
-- ``eval_records(step, sets, groups, dropped, seconds)``: the whole line, each evaluation pool's
-  keys suffixed ``@NAME``.
+- ``EvalSet``: the training pool (name ``""``, with a held-out split ``split_of``) or a pool of
+  ``eval.pools`` (task ids ``NAME/task_id``, ``envs.pool_union``).
+- ``eval_tasks(pool, cfg)``: every task, or N dealt round-robin over the environments, each in a
+  seeded shuffle; ``eval_seed(cfg, index, name)``: the same episode seed at every evaluation
+  (common random numbers), independent of other sets; ``eval_tickets``: ``EVAL`` tickets.
+- ``eval_record`` / ``eval_records``: ``eval_reward``, ``eval_success`` (reward 1),
+  ``eval_task_solved``, ``eval_reward_var``, ``eval_groups``, ``eval_failed`` (excluded from the
+  means), per held-out split ``eval_reward_<split>`` / ``eval_success_<split>``, and each
+  evaluation pool's keys suffixed ``@NAME``.
 - ``task_rewards``, ``eval_curves``, ``read_eval``, ``append_eval``: per-task rewards, the curves
   ``envsched report`` draws, reading and writing ``eval.jsonl``.
 

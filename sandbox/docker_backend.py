@@ -11,14 +11,11 @@ the protocol frames exactly as a process child's pipes do; its stderr goes to th
       --mount type=bind,src=ROOT,dst=ROOT,readonly,bind-nonrecursive=true ...
       IMAGE  PYTHON -m sandbox.child CONFIG
 
-The image (``sandbox.docker.image``) is never pulled. Read-only mounts at host paths: the
-interpreter, its site-packages and the project (``sandbox.importpaths``), each nested host mount
-bound on its own (``read_only_binds``). The child starts as the container's root with NET_ADMIN,
-SETUID and SETGID only and drops to a worker uid before it answers ``ready``; it is pid 1 (the
-subreaper). Why each flag: docs/sandbox.md, "Docker backend" and "What is bounded".
-
-A worker killed with SIGKILL leaves its container to exit on stdin EOF (idle) or at RLIMIT_CPU
-(busy); the next process that starts a docker child removes containers whose owner is gone.
+Import roots are mounted read-only at their host paths, each nested host mount on its own
+(``read_only_binds``); the child drops to a worker uid before ``ready`` and is pid 1. Why each
+flag: docs/sandbox.md, "Docker backend". A worker killed with SIGKILL leaves its container to
+exit on stdin EOF or at RLIMIT_CPU; the next docker child's start removes containers whose owner
+is gone.
 
 May import: sandbox.config, sandbox.confine (its mountinfo parser), sandbox.docker,
 sandbox.errors, sandbox.importpaths, the standard library. Not ``sandbox.backends``, which

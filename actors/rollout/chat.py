@@ -4,19 +4,16 @@ The agent loop never re-renders a conversation; it appends segments:
 
 - ``prompt(system, user, tools)``: ``apply_chat_template(..., tools=tools,
   add_generation_prompt=True)``, tokenised once.
-- ``tool_segment(observation, last_token)``: the tokens from the end of a model turn to the start
-  of the next: ``render(R + [tool], generation prompt)`` minus ``render(R)`` for a reference
-  conversation ``R = [system, user, assistant(call)]`` (a template whose ``render(R)`` is not a
-  prefix raises ``TemplateError``), preceded by the template's closing of an assistant turn
-  (``tail``) less the end token the model sampled; a turn cut at its limit gets the whole tail.
-- ``user_segment(text, stopped)``: the same for a user's message in a conversational episode,
-  rendered on first use (a template that cannot render it fails only such an episode).
+- ``tool_segment(observation, last_token)``: ``render(R + [tool], generation prompt)`` minus
+  ``render(R)`` for a reference conversation ``R = [system, user, assistant(call)]`` (not a prefix:
+  ``TemplateError``), preceded by the template's closing of an assistant turn (``tail``) less the
+  end token the model sampled (a turn cut at its limit gets the whole tail).
+- ``user_segment(text, stopped)``: the same for a user's message, rendered on first use.
 - ``stop_ids``: the end-of-turn token (the tail's first token) and the tokenizer's EOS.
 
-A template that ignores ``tools`` (found by a probe: ``renders_tools``) gets the tool parser's
-tool prompt (``actors.rollout.toolcall.tool_instructions``) in the system prompt, with one warning.
-Text from outside the policy never becomes a special token (``actors.rollout.plain_text``).
-See docs/rollout.md, "Every model sees its tools" and "Text from outside the policy".
+A template that ignores ``tools`` (``renders_tools`` False) gets the parser's tool prompt
+(``actors.rollout.toolcall.tool_instructions``); text from outside the policy goes through
+``actors.rollout.plain_text``. See docs/rollout.md, "Every model sees its tools".
 
 May import: the standard library, actors.rollout.plain_text, actors.rollout.toolcall (the
 tokenizer is passed in).
