@@ -1,12 +1,9 @@
 """``EnvSchedBayes`` (registry name ``envsched-bayes``): EnvSched's dual-relation graph and
 environment coverage, with per-task Beta posteriors in place of EnvSched's point estimate.
 
-Beyond the paper (docs/scheduler.md, "Beyond the paper: envsched-bayes", has the comparison
-with EnvSched and why each parameter). Reused by import: ``DualGraph.topk_observed``, Eqs. 3 / 4
-/ 7 (``estimator.relation_estimate``), the Appendix C cold start (``cold_start.cold_start_batch``),
-the C1 / C3 / C_task caps and their relaxation (``batch.pick_one``), Eq. 5
-(``penalty.BatchPenalty``), the seeded tie-break (``batch.tiebreak_rank``), the exposure counters
-(``batch.ExposureState``) and Eq. 2 / 9 group statistics (``estimator.group_stats``).
+Beyond the paper (docs/scheduler.md, "Beyond the paper: envsched-bayes": the comparison with
+EnvSched, the parameters). EnvSched's own modules are reused by import (Eqs. 2-5, 7, 9, the cold
+start, the caps and their relaxation, ``batch.tiebreak_rank``, ``batch.ExposureState``).
 
 Model, for task i, with each group's K rewards r (mean m, Eq. 9 dispersion d):
 
