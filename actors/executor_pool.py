@@ -199,11 +199,10 @@ class ExecutorPool:
         return await self._in_thread(self.open_session, task, seed)
 
     async def _in_thread(self, fn: Any, *args: Any) -> Any:
-        """Run a blocking open or replay on the pool's own threads. ``asyncio.to_thread`` uses
-        the loop's default executor, min(32, CPUs + 4) threads: 6 on a 2-core machine, so at most
-        6 of 16 concurrent episodes could be opening a session at once (the rest queued behind
-        them, their engine rows idle), and callers waiting for a free sandbox could hold every
-        thread. Threads are started on demand, up to ``_OPEN_THREADS``."""
+        """Run a blocking open or replay on the pool's own threads, started on demand up to
+        ``_OPEN_THREADS``: ``asyncio.to_thread``'s default executor (min(32, CPUs + 4) threads)
+        would let only a few concurrent episodes open at once, and callers waiting for a sandbox
+        could hold every thread."""
         return await asyncio.get_running_loop().run_in_executor(self._threads, fn, *args)
 
     def replay(self, task_id: str, actions: Actions, seed: Optional[int] = None) -> VerifyResult:

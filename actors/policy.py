@@ -213,11 +213,10 @@ def load_policy(path: Union[str, Path], dtype=None):
 
 def cache_kwargs(model, cache) -> dict:
     """The keyword argument that hands ``cache`` (a ``DynamicCache``) to ``model``'s forward:
-    ``cache`` in transformers 5.2x, ``past_key_values`` in earlier releases. Each release takes
-    the other's name into ``**kwargs`` without a word and runs without the cache (the HF engine's
-    first prefill failed so on a GPU machine's transformers 5.17, and a prefix-shared learner or
-    warm-start forward would score tokens without their prompt), so the name is read from the
-    forward's own signature. ``model`` may be a wrapper with ``.module`` (DeepSpeed)."""
+    ``cache`` in transformers 5.2x, ``past_key_values`` before. Each release silently takes the
+    other's name into ``**kwargs`` and runs without the cache (tokens scored without their prompt),
+    so the name is read from the forward's own signature. ``model`` may be a wrapper with
+    ``.module`` (DeepSpeed)."""
     return {_cache_keyword(type(getattr(model, "module", model))): cache}
 
 

@@ -380,9 +380,8 @@ def blockers(checks: Iterable[Check]) -> list[Check]:
 
 def check_fits(cfg: TrainConfig) -> None:
     """Fail fast, naming the config key, when an actor of a role fits on no node of the connected
-    Ray cluster, or all roles together ask for more than it has (otherwise Ray leaves actors
-    pending until a call times out). The checks are
-    ``resource_checks`` (also printed by ``envsched doctor``)."""
+    Ray cluster, or all roles together ask for more than it has (else Ray leaves actors pending
+    until a call times out); the checks are ``resource_checks``."""
     failed = blockers(resource_checks(cfg, ray_nodes()))
     if failed:
         raise UserError("; ".join(f"{c.detail} (fix: {c.fix})" for c in failed))

@@ -331,10 +331,9 @@ class Roles:
     # ---- start, metrics and shutdown ---------------------------------------------------------
     def wait_ready(self, timeout_s: float) -> Optional[str]:
         """Wait until every rollout worker's executors have started their sandboxes
-        (``Executors.wait_ready``), so that the run's first step does not include their start
-        (the trainer counts the wait in ``startup_seconds``). None when all are up; else what
-        is not, as a message: the run goes on, since the executor pool replaces an executor that
-        failed to start, as it did before this wait existed."""
+        (``Executors.wait_ready``), so the run's first step does not include their start (the
+        trainer counts it in ``startup_seconds``). None when all are up, else what is not: the run
+        goes on, since the executor pool replaces an executor that failed to start."""
         try:
             ray.get([w.wait_ready.remote(timeout_s) for w in self.workers],
                     timeout=timeout_s + 60)

@@ -247,11 +247,9 @@ def load_into_runner(runner, weights) -> None:
 
 
 def _repack_cpu_lm_head(model) -> None:
-    """vLLM's CPU backend packs a linear layer's weight once after loading (``cpu_linear``: a
-    oneDNN handle or a packed copy). A tied ``lm_head`` shares the embedding's weight but gets no
-    weights of its own on a reload, so it went on sampling from the packed copy of the old
-    embedding: 1.17 nats off the learner after a sync that changed the embedding, found by the
-    collective-sync test. Pack it again from the (new) shared weight; GPUs have no packed copy."""
+    """vLLM's CPU backend packs a linear layer's weight once after loading; a tied ``lm_head`` gets
+    no weights of its own on a reload and would go on sampling from the old embedding's packed
+    copy. Pack it again from the (new) shared weight; GPUs have no packed copy."""
     head = getattr(model, "lm_head", None)
     if head is None or not hasattr(head, "cpu_linear") or getattr(head, "weight", None) is None:
         return

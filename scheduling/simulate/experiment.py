@@ -223,11 +223,9 @@ _FORKED: Optional[tuple["Factory", Any]] = None  # (factory, step counter) inher
 
 
 def _default_signals() -> None:
-    """A forked worker dies on the pool's SIGTERM whatever handler its parent had installed. In
-    a full test run (a pytest process that had run Ray and sandbox tests) a worker inherited a
-    SIGTERM handler, survived ``multiprocessing.pool.Pool.terminate`` blocked on the task queue's lock, and the pool's
-    exit waited for it forever; a plain ignoring handler alone did not reproduce it, so this is
-    defence, not a tested fix."""
+    """A forked worker dies on the pool's SIGTERM whatever handler its parent had installed (a
+    worker that inherited one survived ``Pool.terminate`` and the pool's exit waited forever).
+    Defence, not a tested fix: an ignoring handler alone did not reproduce it."""
     import signal
 
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
