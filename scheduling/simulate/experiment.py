@@ -224,8 +224,8 @@ _FORKED: Optional[tuple["Factory", Any]] = None  # (factory, step counter) inher
 
 def _default_signals() -> None:
     """A forked worker dies on the pool's SIGTERM whatever handler its parent had installed (a
-    worker that inherited one survived the multiprocessing pool's ``terminate`` and the pool's exit waited forever).
-    Defence, not a tested fix: an ignoring handler alone did not reproduce it."""
+    worker that inherited one survived the multiprocessing pool's ``terminate`` and the pool's exit
+    waited forever). Defence, not a tested fix: an ignoring handler alone did not reproduce it."""
     import signal
 
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
