@@ -1,24 +1,17 @@
 """Prefix-shared log-probs: a group's prompt runs through the model once, not once per sample.
 
-The K trajectories of a GRPO group share their prompt (most of each trajectory in the agentic
-demo; docs/benchmarks.md, "Why the demo's learner step ..."). A micro-batch is cut into
-*segments*, runs of consecutive rows sharing their first P tokens; a segment runs
+A micro-batch is cut into *segments*, runs of consecutive rows sharing their first P tokens (the
+K samples of a group share their prompt; docs/benchmarks.md, "Why the demo's learner step ...");
+a segment runs the shared prefix once, keeping its keys/values, then the rows' suffixes in one
+batch attending to them (expanded over the rows as a view, explicit position ids), with the LM
+head only at scored positions (``batching.scored_logprobs``). Gradients flow through the expanded
+keys/values, so log-probs and gradients equal the plain path's (tested to 1e-5).
 
-1. the shared prefix once, as one row, keeping its keys/values (``use_cache``), then
-2. the rows' suffixes in one batch, attending to the prefix's keys/values expanded over the rows
-   (a view), with explicit position ids;
-
-and the LM head runs only at scored positions (``batching.scored_logprobs``). Gradients flow
-through the expanded keys/values (autograd sums them over the rows), so log-probs and gradients
-equal the plain path's within float tolerance (tested to 1e-5).
-
-Choices (the issue is silent):
-- P stops before the first scored position of any row of the segment and leaves every row a
-  suffix token; a segment shares only when P >= ``min_prefix`` (default 32: below that the second
-  pass costs more than it saves); other rows run together in one plain forward.
-- Not used with gradient checkpointing (transformers drops the cache under it) or for models
-  whose forward takes no ``cache`` (``supports_prefix_sharing``).
-- Rows are made adjacent by ``batching.shard``.
+Choices (the issue is silent): P stops before the first scored position of any row of the
+segment and leaves every row a suffix token; a segment shares only when P >= ``min_prefix``
+(default 32: below that the second pass costs more than it saves). Not used with gradient
+checkpointing (transformers drops the cache under it) or for models whose forward takes no
+``cache`` (``supports_prefix_sharing``). Rows are made adjacent by ``batching.shard``.
 
 May import: torch, transformers, actors.learner.batching, the standard library.
 """

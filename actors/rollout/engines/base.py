@@ -1,20 +1,15 @@
 """The one engine interface the agent loop and the learner see.
 
-- ``await generate(prompt_token_ids, sampling, task_id=None) -> Generation``: token ids in, token
-  ids out, with the log-probability of every sampled token under the temperature-1 distribution
-  (before top-k/top-p; vLLM's default, what the learner recomputes), a finish reason (``"stop"``:
-  the end token sampled is the last of ``token_ids``; ``"length"``: ``max_tokens`` reached) and the
-  ``version`` of the weights that sampled it (None: the caller reads ``engine.version`` before).
-  ``task_id`` is a hint only the scripted engine uses.
-- ``update_weights(named_tensors, version)``: load a (possibly partial) state dict in place, then
-  publish ``version``; unknown names or shape mismatches raise ``WeightUpdateError`` and leave the
-  version unchanged. ``await aupdate_weights(...)``: the same from the engine's event loop.
-- ``update_adapter(adapter, version)`` / ``await aupdate_adapter(...)``: a LoRA learner's
-  adapter-only publish (``actors.lora.LoraAdapter``); an engine that cannot raises
-  ``WeightUpdateError``.
-- ``version``: the policy version of the weights that produce the next generation.
-- ``stop_ids``: the model's own end tokens the engine stops on when a request names none; ``()``
-  when the engine stops on EOS by itself (vLLM).
+- ``await generate(prompt_token_ids, sampling, task_id=None) -> Generation``: the sampled token
+  ids, each one's log-probability under the temperature-1 distribution (before top-k/top-p,
+  vLLM's default, what the learner recomputes), a finish reason (``"stop"``: the end token is the
+  last of ``token_ids``; ``"length"``) and the weights' ``version`` (None: read
+  ``engine.version`` before). ``task_id`` is a hint only the scripted engine uses.
+- ``update_weights(named_tensors, version)`` / ``await aupdate_weights(...)``: load a (possibly
+  partial) state dict, then publish ``version``; unknown names or shapes raise
+  ``WeightUpdateError`` with the version unchanged. ``update_adapter`` / ``aupdate_adapter``: a
+  LoRA adapter-only publish (``actors.lora.LoraAdapter``).
+- ``version``; ``stop_ids``: the model's end tokens the engine stops on when a request names none.
 
 Engines are safe for many concurrent ``generate`` calls from one asyncio loop. This module imports
 no engine (``actors.rollout.engines.registry.make_engine`` picks one by name).
