@@ -2,19 +2,17 @@
 filter off the critical path.
 
 ``SchedulerService`` is the plain class (unit-testable without Ray); ``SchedulerActor`` is the Ray
-actor over it (``max_concurrency=1``: no locks but the filter thread's, which touches only
-``_filter_*``).
+actor over it (``max_concurrency=1``: no locks but the filter thread's).
 
-- ``next_tasks(n)`` hands out ``n`` tickets (``actors.ticket.Ticket``) from the current
-  ``scheduler.select(step)``, selecting the next step when it is used up, so tasks stream out as
-  rollout capacity frees; tasks excluded after selection are skipped (logged).
-- ``absorb(group)`` credits the group's valid trajectories to its step (``scheduler.observe``),
-  counts its task faults (``scheduling.quarantine``), queues the identifier filter's check on a
-  worker thread and returns at once.
-- The filter replays through ``scheduling.replay.ReplayPort`` (``set_replay_port`` swaps it when
-  a rollout worker is replaced). Decision where the spec is silent: before the next ``select``
-  the service waits (up to ``filter_wait_s``) for pending checks, so exclusions land at a
-  deterministic point and a resumed run selects what an uninterrupted one would.
+- ``next_tasks(n)``: ``n`` tickets (``actors.ticket.Ticket``) from the current
+  ``scheduler.select(step)``, selecting the next step when it is used up; tasks excluded after
+  selection are skipped (logged).
+- ``absorb(group)``: ``scheduler.observe`` of the valid trajectories, the task faults counted
+  (``scheduling.quarantine``), the identifier filter's check queued on a worker thread.
+- Decision where the spec is silent: before the next ``select`` the service waits (up to
+  ``filter_wait_s``) for pending checks, so exclusions land at a deterministic point and a resumed
+  run selects what an uninterrupted one would. ``set_replay_port`` swaps the port
+  (``scheduling.replay.ReplayPort``) when a rollout worker is replaced.
 - ``state_dict`` drains pending checks, then returns scheduler state, hand-out queue, step counter
   and filter log; ``load_state_dict`` restores them.
 

@@ -6,15 +6,11 @@ Pure logic; the replay is injected through the replay port ``ReplayPort``:
 group through ``scheduling.replay.group_check``).
 
 Suspicion (the paper's "identifiers that cannot be obtained from the permitted context or ...
-replacement objects that duplicate existing records"; the exact rules are ours, in full in
-docs/scheduler.md, "Decisions where the paper is silent"):
-- an identifier-shaped argument value (no whitespace, >= 3 characters, a digit, not a number or
-  a date) that names a record existing in the state and appears in none of the permitted sources
-  (``context``, earlier observations, records earlier actions created), compared on normalised
-  tokens; without a state nothing is identifier-suspicious;
-- an action whose state diff adds a record equal (ignoring id fields) to an existing one.
-Every suspicious action of every trajectory with reward >= ``identifier_min_reward`` is examined,
-at most ``identifier_max_checks`` per group (the first ones in trajectory order).
+replacement objects that duplicate existing records"; our exact rules: docs/scheduler.md,
+"Identifier filter"): an identifier-shaped argument naming an existing record that appears in no
+permitted source, or an action adding a record equal (ignoring ids) to an existing one. Every
+suspicious action of every trajectory with reward >= ``identifier_min_reward`` is examined, at
+most ``identifier_max_checks`` per group.
 
 Confirmation, per suspicious action k: (1) replay the saved actions (once per trajectory);
 |replayed - stored| > ``replay_tolerance`` makes the check inconclusive (logged, task kept);
