@@ -4,11 +4,8 @@ The driver that reads pools may run as root, so a pool file is data, never a way
 host (threat model: docs/pools.md, "Pools are untrusted code"):
 
 - **Symlinks that leave the tree are refused** (``open_beneath``), naming the first link that
-  leaves, before anything is opened; the resolved path is then opened component by component
-  with ``O_NOFOLLOW`` (a link swapped in after the check fails the open), and only regular files
-  are read. Not covered: hard links and root's bind mounts.
-- **Sizes are bounded**: a whole file ``MAX_FILE_BYTES``, one JSONL line ``MAX_LINE_BYTES``
-  (``iter_lines`` streams).
+  leaves; the path is then opened component by component with ``O_NOFOLLOW``, regular files only.
+- **Sizes are bounded**: a file ``MAX_FILE_BYTES``, a JSONL line ``MAX_LINE_BYTES``.
 - **Parsing is bounded**: ``parse_yaml`` refuses aliases (alias bombs) and nesting deeper than
   ``MAX_DEPTH``; ``parse_json`` refuses deep nesting before parsing (``json`` recurses),
   ``NaN``/``Infinity`` and numbers that overflow.

@@ -8,15 +8,11 @@ training pool and the evaluation pools, ``launch.eval_pools.worker_pools``), the
 (``actors.learner.learner_actor.LearnerGroup``) with its weight sync and, when the pool has
 conversational tasks, the user simulators (``actors.user_sim_actor``).
 
-Restarts are this module's (the ledger decides re-issue and deadlines; docs/architecture.md,
-"Faults", is the full table): every ``ray.get`` has a timeout; a dead or unresponsive rollout
-worker is replaced by a fresh actor that gets the published weights before it serves anything; a
-dead scheduler actor is rebuilt from the last snapshot plus the ``SchedulerJournal`` replay, and
-``REBUILDS`` failed rebuilds in one call end the run with ``RoleError``; a dead learner rank
-surfaces as ``LearnerDied`` for ``launch/recovery.py``, which calls ``rebuild_learner``.
-
-The decisions (replace-once, when to give up, the step's role metrics) are the plain
-``launch/roles_core.py:RolesCore``. This module holds no run state but the actors' handles.
+It makes the Ray calls (every ``ray.get`` with a timeout) and the restarts: a replaced rollout
+worker gets the published weights before it serves anything; a dead scheduler actor is rebuilt
+from the ``SchedulerJournal``; ``rebuild_learner`` serves ``launch/recovery.py``. When to restart
+and when to give up are ``launch/roles_core.py:RolesCore``'s, re-issue and deadlines the
+ledger's (docs/architecture.md, "Faults"). It holds no run state but the actors' handles.
 
 May import: ray, actors.*, launch.*, envs.*, the standard library.
 """

@@ -12,12 +12,10 @@ Representation (never a dense N x N matrix):
   S_full, ``cross_*`` (n, Lc) other-environment tasks by S_abs; descending, ties by task index,
   padding -1 / 0.0; ``*_complete[i]`` says the list holds every candidate of row i.
 - ``topk_observed`` reads the top-k observed neighbours (|N_in| <= K_within, |N_cross| <= K_cross)
-  from the lists and recomputes exactly only rows whose list runs out while observed candidates
-  remain outside it; for the cross relation it memoises its last answer per k and merges up to
-  MERGE_LIMIT newly observed nodes in (exact: top-k(A + D) = top-k(top-k(A) + D)).
+  from the lists, recomputing exactly only rows whose list runs out; the cross answer is memoised
+  per k and merged with up to MERGE_LIMIT new nodes (top-k(A + D) = top-k(top-k(A) + D)).
 
-Decisions where the paper is silent: docs/graph.md, "Decisions where the paper is silent" (the
-cache's SHA-256 lets ``load(path, expected_hash)`` detect a stale cache).
+Decisions where the paper is silent: docs/graph.md.
 
 ``GraphConfig``, ``GraphError`` and ``content_hash`` live in ``scheduling.graph_config`` (so that
 ``scheduling.graph_io`` reads them without importing this module) and are re-exported here.
