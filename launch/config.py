@@ -10,9 +10,8 @@ None of them imports Ray. A value that follows another is derived when the confi
 (``learner.total_steps`` unset = ``run.steps``; the scheduler's B is ``run.batch_size``). A
 section is validated once, here, and handed on as that object (pydantic models pickle).
 
-``load_config(path, overrides)`` reads YAML (none = ``configs/cpu_demo.yaml``), applies dotted
-overrides ``key.sub=value`` (YAML scalars), then validates; unknown keys and bad values raise
-``ConfigError`` naming the dotted field, the value and the fix.
+``load_config(path, overrides)``: YAML (none = ``configs/cpu_demo.yaml``) plus dotted overrides
+``key.sub=value``, validated; errors (``ConfigError``) name the field, the value and the fix.
 
 May import: pydantic, yaml, the standard library, envs.text (strict UTF-8 reading),
 launch.eval_config, the role config modules named above, actors.rollout.engine_args and

@@ -12,9 +12,8 @@
 - ``auto``    bwrap when it works here, else unshare, else an ``unavailable`` error (never a
               silent fallback to ``none``).
 
-Root versus user-namespace capabilities, SysV IPC (``sandbox.ipc``) and the bounds:
-docs/sandbox.md, "Backends" and "What is bounded". All backends get the same rlimits, applied
-by the child itself (``sandbox.child``).
+All backends get the same rlimits, applied by the child itself (``sandbox.child``); the rest:
+docs/sandbox.md, "Backends".
 
 May import: sandbox.config, sandbox.docker_backend, sandbox.errors, sandbox.importpaths, the
 standard library.

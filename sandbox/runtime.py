@@ -13,8 +13,7 @@ tool raising any ``BaseException`` or running past ``timeout_s``) is not raised:
 agent sees it. A check passes only on exactly ``True`` (``bool`` or ``numpy.bool_``); one that
 raises or runs past its time fails with ``error`` set.
 
-Per-call timeouts use SIGALRM, so only on the main thread (the sandbox child); the worker's
-wall-clock kill is the backstop. Determinism: ``sandbox.determinism``.
+Per-call timeouts use SIGALRM (main thread only); the worker's wall-clock kill is the backstop.
 
 May import: envs.spec, envs.trajectory, sandbox.*, the standard library (numpy lazily).
 """

@@ -16,8 +16,8 @@ satisfied checks always pass; the n_b checks of block b are reachable only if ga
 (as in Appendix F) and each passes with probability sigmoid(s_i + z + check_bias).
 Reward = passed checks / n_checks (fractional, in [0, 1]).
 
-Learning from a trained group: its signal L is the population std of its K rewards, added to E
-of the task, its environment, its pattern and each of its gate kinds (the transfers).
+Learning: a trained group's signal L (population std of its K rewards) is added to E of the task,
+its environment, its pattern and each of its gate kinds.
 
 Expected reward and variance are exact given z (independent Bernoulli gates, binomial blocks) and
 integrated over z by Gauss-Hermite quadrature (``quad_nodes`` nodes):
