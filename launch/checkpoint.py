@@ -10,10 +10,9 @@ then ``latest`` is rewritten; ``keep`` prunes older ones. A failed write removes
 ``step_N.tmp``; running out of space (ENOSPC, or torch's ``basic_ios::clear: iostream error``
 told apart by the free space left) raises ``launch.errors.CheckpointDiskFull``.
 
-``latest_checkpoint`` takes the newest intact checkpoint, warning (``CheckpointWarning``) about
-every newer one it skipped and why; an explicitly requested step is never replaced by another.
-``truncate_logs`` cuts ``metrics.jsonl`` and ``eval.jsonl`` back to the checkpoint's step on
-resume. See docs/architecture.md, "Checkpoint and resume".
+``latest_checkpoint``: the newest intact one, warning (``CheckpointWarning``) about each newer one
+skipped; ``truncate_logs`` cuts the logs back to its step (docs/architecture.md, "Checkpoint and
+resume").
 
 May import: the standard library, launch.errors.
 """

@@ -10,11 +10,8 @@ issue is silent):
 - ``pred_var_mean`` / ``pred_var_corr``: the scheduler's predicted variance of the selected tasks
   (``v_hat`` or ``variance``) against the realised one, Pearson over groups when defined.
 - ``staleness_mean/max``: learner version at training minus ``Trajectory.policy_version``.
-- version spread (``Trajectory.version_lags``): per trajectory the lag of its newest token, its
-  oldest and the mean; ``version_lag_min`` / ``version_lag_mean`` average the first and third,
-  ``version_lag_max`` is the largest oldest-token lag (= ``staleness_max``),
-  ``version_spread_mean`` / ``_max`` the oldest minus the newest lag, ``mixed_version_share`` the
-  share sampled by more than one version.
+- version spread (``Trajectory.version_lags``): ``version_lag_*``, ``version_spread_*``,
+  ``mixed_version_share``, defined in docs/rollout.md, "Partial rollouts".
 - faults, over every group back since the previous row (``launch.ledger.Ledger.take_counts``):
   ``task_errors``, ``infra_errors``, ``trajectories_dropped``, ``quarantined_tasks``.
 Timings and idle shares are filled in by the controller and ``Occupancy``.

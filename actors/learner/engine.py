@@ -1,9 +1,7 @@
 """The DeepSpeed learner of one rank: GRPO steps, log-prob recomputation, checkpoints, HF export.
 
-A plain class (no Ray): ``learner_actor.py`` puts one in each Ray actor after setting the
-torch.distributed environment. CPU: DeepSpeed's CPU accelerator, gloo, fp32; GPUs: NCCL, bf16
-(``LearnerConfig.dtype``). The optimiser is ``torch.optim.Adam`` (cpu_adam would need a JIT
-build) under ZeRO of the configured stage.
+A plain class (no Ray) in each learner Ray actor. CPU: gloo, fp32; GPUs: NCCL, bf16
+(``LearnerConfig.dtype``); ``torch.optim.Adam`` (cpu_adam would need a JIT build) under ZeRO.
 
 One ``train_step`` is one pass over this rank's shard in ``mini_batches`` optimiser steps
 (``mini_batch_runs``). The token-mean normaliser is the run's model-token count over all ranks
