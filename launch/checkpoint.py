@@ -147,10 +147,9 @@ def _abandon(run_dir: Path, step: int, tmp: Path, keep: int, error: BaseExceptio
              ) -> Optional[CheckpointDiskFull]:
     """Remove the partial ``tmp``; return a ``CheckpointDiskFull`` if the write ran out of space.
 
-    torch's and DeepSpeed's writers hide ENOSPC behind ``basic_ios::clear: iostream error``
-    (no errno), so space is judged at the failure too: less than ``SPACE_MARGIN`` free then
-    means the write filled the disk. The bytes needed are the newest intact checkpoint's size
-    (the new one is about as large), else at least what was written before the failure."""
+    torch's and DeepSpeed's writers hide ENOSPC behind ``basic_ios::clear: iostream error``, so less
+    than ``SPACE_MARGIN`` free at the failure also means a full disk. The bytes needed are the
+    newest intact checkpoint's size, else at least what was written."""
     root = checkpoint_root(run_dir)
     full = _no_space(error) or (root.is_dir() and shutil.disk_usage(root).free < SPACE_MARGIN)
     written = _bytes_under(tmp)

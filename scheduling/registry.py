@@ -194,10 +194,8 @@ def validate_params(name: str, params: Union[Mapping[str, Any], BaseModel, None]
 def identifier_filter_settings(name: str, params: Union[Mapping[str, Any], BaseModel, None]
                                ) -> Optional[EnvSchedParams]:
     """The identifier filter's settings (``identifier_min_reward``, ``identifier_max_checks``,
-    ``replay_tolerance``, read by ``scheduling.identifier_filter.IdentifierFilter``) for scheduler
-    ``name`` with ``params``, or None when it runs no identifier filter (a baseline, or the
-    switch off). The same question for every scheduler, wherever its params keep the switch:
-    ``envsched``'s own params, ``envsched-bayes``'s ``params.envsched``."""
+    ``replay_tolerance``) for scheduler ``name`` with ``params``, or None when it runs none (a
+    baseline, or the switch off); asked the same way for every scheduler."""
     return get(name).identifier_filter(validate_params(name, params))
 
 

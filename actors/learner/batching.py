@@ -65,10 +65,8 @@ def scored_positions(loss_mask: torch.Tensor) -> torch.Tensor:
 def scored_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                     loss_mask: torch.Tensor) -> torch.Tensor:
     """[B, L-1] log-probs like ``grpo.token_logprobs(model(...).logits, input_ids)`` at every
-    ``scored_positions`` column and 0 elsewhere, computing logits only there
-    (``logits_to_keep``): in an agentic batch most positions are prompt and tool output, and the
-    [B, L, V] logits, their log-sum-exp and its backward were most of a step
-    (docs/benchmarks.md)."""
+    ``scored_positions`` column and 0 elsewhere, computing logits only there (``logits_to_keep``):
+    the full [B, L, V] logits were most of an agentic step (docs/benchmarks.md)."""
     keep = scored_positions(loss_mask)
     if keep.numel() == 0:
         keep = torch.zeros(1, dtype=torch.long, device=input_ids.device)

@@ -24,10 +24,10 @@ recomputed one is the proximal policy and the rollout one the behaviour policy (
 AReaL does for stale samples).
 
 The behaviour policy is per token: ``behav_t`` (and ``old_t`` with ``'rollout'``) is under the
-version v_t that sampled token t (``PackedBatch.behaviour_versions``). ``version_stats`` reports lags (learner version - v_t) and the mismatch over lag-0
-tokens alone (``fresh_mismatch_*``). Aggregation: ``token_mean`` = sum_t m_t L_t / N, N the model
-tokens (the caller may pass N for the whole distributed step); ``seq_mean`` = mean over
-trajectories of each one's token mean.
+version v_t that sampled token t (``PackedBatch.behaviour_versions``). ``version_stats`` reports
+lags (learner version - v_t) and the mismatch over lag-0 tokens alone (``fresh_mismatch_*``).
+Aggregation: ``token_mean`` = sum_t m_t L_t / N, N the model tokens (the caller may pass N for the
+whole distributed step); ``seq_mean`` = mean over trajectories of each one's token mean.
 
 May import: torch, numpy, the standard library.
 """

@@ -107,11 +107,9 @@ class ChatFormat:
         return self.tokenizer.encode(text, add_special_tokens=False)
 
     def prompt(self, system: str, user: str, tools: list[dict[str, Any]]) -> list[int]:
-        """The prompt's tokens (a new list). The K episodes of a group share one prompt, and
-        rendering and tokenising it costs each episode time on the rollout process's one core
-        (docs/benchmarks.md), so the last ``_PROMPTS`` prompts are kept; an entry is reused only
-        for the same strings and the very same ``tools`` object (held by the entry, so its id
-        cannot be reused while it is cached)."""
+        """The prompt's tokens (a new list). The K episodes of a group share one prompt, so the last
+        ``_PROMPTS`` prompts are kept (docs/benchmarks.md); an entry is reused only for the same
+        strings and the very same ``tools`` object (held by the entry, so its id cannot be reused)."""
         key = (system, user, id(tools))
         hit = self._prompts.get(key)
         if hit is not None and hit[0] is tools:

@@ -218,10 +218,9 @@ class HFEngine(Engine):
     def _sample(self, reqs: list[_Request], logits) -> None:
         """Append one token per request from ``logits`` [B, V] (transformers' warper order).
 
-        Rows that share their sampling settings are warped and soft-maxed in one op (row-wise
-        ops: each row's probabilities are those it would get alone); only the draw is per row,
-        from the row's own generator, so tokens do not depend on the batch. One op per row, not
-        five (what five cost: docs/benchmarks.md)."""
+        Rows that share their sampling settings are warped and soft-maxed in one op (each row's
+        probabilities are those it would get alone); only the draw is per row, from the row's own
+        generator, so tokens do not depend on the batch."""
         tokens = [0] * len(reqs)
         greedy: list[int] = []
         groups: dict[tuple, list[int]] = {}
