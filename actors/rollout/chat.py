@@ -109,7 +109,7 @@ class ChatFormat:
     def prompt(self, system: str, user: str, tools: list[dict[str, Any]]) -> list[int]:
         """The prompt's tokens (a new list). The K episodes of a group share one prompt, so the last
         ``_PROMPTS`` prompts are kept (docs/benchmarks.md); an entry is reused only for the same
-        strings and the very same ``tools`` object (held by the entry, so its id cannot be reused)."""
+        strings and the very same ``tools`` object (held by the entry: its id cannot be reused)."""
         key = (system, user, id(tools))
         hit = self._prompts.get(key)
         if hit is not None and hit[0] is tools:

@@ -188,7 +188,7 @@ def import_taubench(src: str | Path, domain: str, split: str, out: str | Path,
                     mode: str = "instruction") -> ImportSummary:
     """Convert ``domain``/``split`` of the tau-bench checkout at ``src`` into a pool at ``out``
     (``mode``: module docstring). ``replay(env, initial_state, actions) -> final state`` runs the
-    gold actions, by default in a sandbox worker, so the checkout's code never runs in this process."""
+    gold actions, by default in a sandbox worker, so the checkout's code never runs here."""
     if mode not in MODES:
         raise ValueError(f"the mode parameter of import_taubench must be one of {MODES}, got "
                          f"{mode!r}")
