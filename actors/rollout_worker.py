@@ -14,7 +14,8 @@ generations), ``await replay(task_id, actions, seed) -> float`` (the identifier 
 executor pool (``actors.executor_pool.ExecutorPool``) or any ``actors.executors.Executors``;
 pool code never runs in this process. ``users``: user-simulator handles, a ``UserSimConfig``, or
 None (a conversational task then raises ``ValueError``). Configs arrive validated; a plain dict
-is validated here.
+is validated here. Session calls are bounded by the ``RolloutConfig`` timeouts; callers bound
+their ``ray.get`` on this actor themselves.
 
 May import: ray, actors.*, envs.*, the standard library; torch/transformers/vllm via the engines.
 """

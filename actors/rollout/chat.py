@@ -184,7 +184,9 @@ class ChatFormat:
         """Tokens appended after a model turn whose plain reply went to a simulated user, up to
         the next turn's start: the closing of the assistant turn (less the end token when the
         model sampled a stop token, as in ``tool_segment``), the user's message as plain text,
-        and the generation prompt."""
+        and the generation prompt. Split at the assistant's content, so a template that renders
+        the last assistant turn differently (Qwen3's empty ``<think>`` block) still gives the text
+        of a turn that is no longer the last."""
         spans = self._user_spans(text)
         if stopped and self._end_text and spans and spans[0][1] \
                 and spans[0][0].startswith(self._end_text):
