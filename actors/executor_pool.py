@@ -2,39 +2,20 @@
 style: a plain object owning private actors, the library's own exceptions, sync and async calls).
 
     executors = ExecutorPool(pool, ExecutorConfig(num_executors=4, workers_per_executor=2))
-    # ExecutorConfig: actors.executor_config (no Ray), the ``executors:`` section of a run
     session = executors.open_session(task, seed=7)      # sticky to one sandbox until close()
     step = session.step("find_customer", {"name": "Ann"})   # or: await session.astep(...)
     result = session.verify(); session.close()
-    reward = executors.replay(task_id, actions, seed=None).reward
-    executors.resize(8); executors.wait_time_stats(); executors.shutdown()
 
-Sizing is independent of everything else: ``num_executors`` actors x ``workers_per_executor``
-sandboxes = the number of episodes that can be open at once. ``open_session`` and ``replay`` wait
-(up to ``acquire_timeout_s``) for a free sandbox; ``wait_time_stats()`` says how long callers
-waited, i.e. when to scale up.
+``num_executors`` x ``workers_per_executor`` sandboxes = the episodes open at once; ``open_session``
+and ``replay`` wait up to ``acquire_timeout_s`` for one. The pool is ``ray.put`` once
+(``put_pool``). Failures are ``sandbox.errors.SandboxError`` (``kind="executor"`` for a dead
+executor, ``"timeout"`` past a deadline); every ``ray.get`` has a timeout. An executor past its
+Ray restarts, or placed by a custom resource (``resources``), is replaced by the pool, on any CPU
+when the resource is short (docs/cluster.md, "Node loss").
 
-The pool is ``ray.put`` once, with every shared initial state loaded into it, so executors on any
-node need no shared filesystem (``put_pool(pool)`` gives a ref to share between several pools).
-
-Failures are ``sandbox.errors.SandboxError``: a session whose executor died answers
-``kind="executor"`` (Ray restarts the actor up to ``max_restarts`` times; the session is over and
-its slot freed; an executor past its restarts is replaced by a new one when a new session or replay
-finds it dead), a call past its deadline ``kind="timeout"``; errors raised in the sandbox arrive
-with their own kind (``EnvLoadError`` included). Every ``ray.get`` has a timeout.
-
-Placement (``resources``, e.g. ``{envsched_executor: 1}``): executors ask Ray for that custom
-resource, so they land on the nodes started with it (``ray start --resources``). Such executors
-get no Ray restarts (Ray would restart a lost node's actor in place and wait, maybe forever, for
-the resource); the pool replaces them instead, and a replacement keeps the requirement only while
-the cluster has that much of it available (minus what this pool claimed in the last
-``_CLAIM_S`` seconds, as Ray's view lags); otherwise it is started on CPUs anywhere, with a
-logged warning, so a run survives losing the executor nodes (``docs/cluster.md``).
-
-The parts: ``actors.executor_slots`` is the pure policy (which executor gets a session,
-capacity, release on failure, the placement fallback); ``actors.executor_session.ExecutorSession``
-is one session (an async core with thin blocking wrappers); ``ExecutorPool`` implements the
-``actors.executors.Executors`` protocol shared with the local ``SandboxSessions``.
+The parts: ``actors.executor_slots`` is the pure policy (which executor gets a session, capacity,
+release, placement fallback); ``actors.executor_session.ExecutorSession`` is one session;
+``ExecutorPool`` implements the ``actors.executors.Executors`` protocol.
 
 May import: ray, actors.env_executor, actors.executor_config, actors.executor_session,
 actors.executor_slots, actors.executors, envs.*, sandbox.*, the standard library.
@@ -218,11 +199,10 @@ class ExecutorPool:
         return await self._in_thread(self.open_session, task, seed)
 
     async def _in_thread(self, fn: Any, *args: Any) -> Any:
-        """Run a blocking open or replay on the pool's own threads. ``asyncio.to_thread`` uses
-        the loop's default executor, min(32, CPUs + 4) threads: 6 on a 2-core machine, so at most
-        6 of 16 concurrent episodes could be opening a session at once (the rest queued behind
-        them, their engine rows idle), and callers waiting for a free sandbox could hold every
-        thread. Threads are started on demand, up to ``_OPEN_THREADS``."""
+        """Run a blocking open or replay on the pool's own threads, started on demand up to
+        ``_OPEN_THREADS``: ``asyncio.to_thread``'s default executor (min(32, CPUs + 4) threads)
+        would let only a few concurrent episodes open at once, and callers waiting for a sandbox
+        could hold every thread."""
         return await asyncio.get_running_loop().run_in_executor(self._threads, fn, *args)
 
     def replay(self, task_id: str, actions: Actions, seed: Optional[int] = None) -> VerifyResult:

@@ -1,18 +1,14 @@
 """``ExecutorSession``: one episode on one sandbox of an EnvExecutor Ray actor, the session that
-``actors.executor_pool.ExecutorPool.open_session`` returns (the ``actors.executors.Session``
-protocol).
+``actors.executor_pool.ExecutorPool.open_session`` returns (``actors.executors.Session``).
 
 The coroutines (``astep``, ``averify``, ``aclose``) are the core; ``step``, ``verify`` and
-``close`` run them to the end for blocking callers (not from inside a running event loop: await
-the coroutine there). A session is closed exactly once and frees its sandbox slot then: the pool
-hands it a ``release`` callback. A call that fails ends the session and frees the slot at once
-(the executor closed the session when the call raised there, or lost it when it died); a call
-past its deadline closes the session remotely first.
+``close`` run them for blocking callers (not inside a running loop). A session is closed exactly
+once and frees its slot then (the pool's ``release`` callback); a failed call ends it at once; a
+call past its deadline closes it remotely first.
 
-Ray errors become ``sandbox.errors.SandboxError`` (``to_sandbox_error``): an error raised in the
-sandbox arrives intact (``EnvLoadError`` included), a dead executor is kind ``executor`` (one
-that could not start names the error its constructor raised, e.g. a sandbox that does not start
-here), a missed deadline kind ``timeout``.
+Ray errors become ``sandbox.errors.SandboxError`` (``to_sandbox_error``): sandbox errors arrive
+intact, a dead executor is kind ``executor`` (naming its constructor's error when it could not
+start), a missed deadline ``timeout``.
 
 May import: ray (its exceptions), actors.executors, envs.spec, envs.trajectory, sandbox.config,
 sandbox.errors, the standard library.

@@ -1,15 +1,13 @@
 """The executor pool's slot and placement policy: pure, no Ray, no actors.
 
-Slots: each executor ``i`` holds ``capacity`` sandboxes; ``used[i]`` of them hold a session or a
-replay. A new session goes to the accepting executor with the fewest sandboxes in use (ties: the
-first found); a caller finding none free waits, up to its timeout, for a release. Retiring
-executors (``retire``) take no new sessions; one becomes *idle* (to be stopped) when its last
-sandbox is released. Every wait is recorded, so ``wait_stats`` can say when to scale up.
+Slots: each executor holds ``capacity`` sandboxes; a new session goes to the accepting executor
+with the fewest in use (ties: the first); a caller finding none free waits, up to its timeout.
+Retiring executors (``retire``) take no new sessions and become *idle* when their last sandbox is
+released. Every wait is recorded for ``wait_stats``.
 
 Placement: a replacement executor keeps its custom-resource requirement ``wants`` only while the
-cluster shows that much of each resource available beyond what this pool claimed in the last
-``claim_s`` seconds (Ray's view lags the actors just started): ``short_resources`` names the
-ones that fall short, and the pool starts the executor on CPUs anywhere when any does.
+cluster has that much available beyond what this pool claimed in the last ``claim_s`` seconds
+(``short_resources`` names the shortfalls; the pool then starts it on CPUs anywhere).
 
 May import: sandbox.errors, the standard library.
 """

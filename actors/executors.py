@@ -1,26 +1,18 @@
 """``Executors``: what the rollout path needs of a source of sandboxed sessions.
 
-Three implementations, held to the same contract test
-(``tests/actors/test_executors_contract.py``):
-
-- ``actors.executor_pool.ExecutorPool``: EnvExecutor Ray actors, the training run's;
-- ``actors.rollout.sandbox_session.SandboxSessions``: local sandbox workers, no Ray (warm start,
-  ``envsched sft``);
-- ``actors.rollout.session.InProcessSessions``: no sandbox at all, for tests of the agent loop
-  and the controller only.
-
-``actors.rollout.runner.GroupRunner`` opens every episode's session with ``aopen_session``.
+Three implementations, held to one contract test (``tests/actors/test_executors_contract.py``):
+``actors.executor_pool.ExecutorPool`` (EnvExecutor Ray actors, the training run's),
+``actors.rollout.sandbox_session.SandboxSessions`` (local sandbox workers, no Ray) and
+``actors.rollout.session.InProcessSessions`` (no sandbox: tests of the loop only).
 
 A session (``Session``) is one episode on one sandbox, sticky until closed; every call exists as a
-coroutine (``astep``, ``averify``, ``aclose``: the agent loop's) and as a blocking wrapper
-(``step``, ``verify``, ``close``). Failures are ``sandbox.errors.SandboxError``; a failed call
-ends the session and frees its sandbox.
+coroutine (``astep``, ``averify``, ``aclose``) and a blocking wrapper (``step``, ``verify``,
+``close``). Failures are ``sandbox.errors.SandboxError``; a failed call ends the session and frees
+its sandbox.
 
-``capacity`` is how many sessions can be open at once (what ``GroupRunner`` caps live episodes
-at); ``resize(n)`` changes it to ``n`` units (executors, or local workers) and returns the
-units now taking sessions; ``wait_time_stats()`` says how long openers waited for a sandbox;
-``wait_ready(timeout_s)`` blocks until every unit taking sessions has started its sandboxes (so a
-caller can keep their start out of what it times) and returns the seconds it waited.
+``capacity``: sessions that can be open at once; ``resize(n)``: n units (executors or workers),
+returns the units taking sessions; ``wait_time_stats()``: how long openers waited;
+``wait_ready(timeout_s)``: blocks until every unit has started its sandboxes, returns the seconds.
 
 May import: envs.spec, envs.trajectory, the standard library. No Ray.
 """

@@ -5,21 +5,16 @@ On every linear layer named in ``target_modules`` (peft's matching), with A [r, 
 
     W' x = W x + (alpha / r) * B (A x)          scale = alpha / r; B starts at 0, so W' = W at first
 
-- ``inject(model, rank, alpha, target_modules, dropout)``: peft's ``inject_adapter_in_model``
-  (the model stays the transformers class, so its forward, ``cache`` and ``logits_to_keep``
-  included, is unchanged), every non-adapter parameter frozen; returns the trainable ones.
-  Parameter names then read ``...q_proj.base_layer.weight`` and ``...q_proj.lora_A.default.weight``.
-- ``LoraAdapter``: the message a learner publishes per version when ``learner.lora.sync`` is
-  ``adapter``: rank, alpha, targets and the A/B tensors under PEFT's file names
-  (``base_model.model.<module>.lora_A.weight``), the names ``adapter_model.safetensors`` uses, so
-  ``save`` writes a directory that ``peft.PeftModel.from_pretrained`` and vLLM's ``LoRARequest``
-  load (``adapter_config.json`` written here, without peft, so vLLM's venv needs none).
-- ``load_adapter(model, adapter)``: copy an adapter's tensors into a model ``inject`` prepared
-  with the same rank and targets (the HF engine's per-version load).
-- ``merge_into(base_state, adapter)``: the base model's state dict with W + scale B A on every
-  adapted weight; ``merged_state_dict(state, rank, alpha)``: the same from an injected model's
-  state dict (``base_layer`` names folded, adapter tensors dropped). What a ``merged`` publish
-  sends and what ``envsched export --lora merged`` writes.
+- ``inject(model, rank, alpha, target_modules, dropout)``: peft's ``inject_adapter_in_model`` (the
+  model keeps its transformers class and forward), every non-adapter parameter frozen; returns
+  the trainable ones.
+- ``LoraAdapter``: what a learner publishes per version with ``learner.lora.sync: adapter``:
+  rank, alpha, targets and the A/B tensors under PEFT's file names, so ``save`` writes a directory
+  ``peft.PeftModel.from_pretrained`` and vLLM's ``LoRARequest`` load (``adapter_config.json``
+  written without peft).
+- ``load_adapter(model, adapter)``: copy an adapter's tensors into an injected model.
+- ``merge_into(base_state, adapter)``: the base state dict with W + scale B A on every adapted
+  weight; ``merged_state_dict(state, rank, alpha)``: the same from an injected model's state dict.
 
 May import: the standard library; torch, peft and safetensors inside functions.
 """

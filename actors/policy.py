@@ -1,31 +1,20 @@
 """A tiny Qwen3 policy built locally (no downloads), cached under ``.cache/``; and policy loading.
 
 ``build_tiny_policy(cache_dir=None, seed=0) -> Path`` writes an HF model directory loadable by
-``from_pretrained``: a byte-level BPE tokenizer trained with the ``tokenizers`` library on a corpus
-generated here (English task text, snake_case identifiers, JSON, tool schemas) and on the text of
-environments from the built-in pool generator (``envs.generator``, seed 1000 + ``seed``: system
-prompts, tool schemas, instructions, database rows; never the demo's own seed-0 pool), wrapped as a
-``PreTrainedTokenizerFast`` with Qwen3's special tokens and a Qwen3-style chat template with tools
+``from_pretrained``: a byte-level BPE tokenizer trained on a corpus generated here and on the text
+of generator environments of another seed (``envs.generator``, seed 1000 + ``seed``; never the
+demo's own pool), with Qwen3's special tokens and a Qwen3-style chat template with tools
 (``actors/chat_template.jinja``); and a randomly initialised ``Qwen3ForCausalLM`` (2 layers,
-hidden 128, 4 query / 2 KV heads of head_dim 32 -- vLLM's and SDPA's kernels want head_dim >= 32).
-The directory name carries a hash of every build parameter, so a changed recipe never reuses a
-stale cache; the build writes to a temporary directory and renames it, so concurrent builders
-(pytest workers, Ray actors) never see a half-written model.
+hidden 128, 4 query / 2 KV heads of head_dim 32: vLLM's and SDPA's kernels want head_dim >= 32).
+The directory name carries a hash of every build parameter (the generator's text included), so a
+changed recipe never reuses a stale cache; the build writes to a temporary directory and renames
+it, so concurrent builders never see a half-written model. See docs/rollout.md, "The tiny local
+policy".
 
-``load_policy(path, dtype=float32) -> (model, tokenizer)`` loads any HF causal-LM directory (the
-tiny policy or a real Qwen3 checkpoint) for the learner and the HF engine; ``resolve_model(path)``
-accepts a local directory, a ``.gguf`` file, a builtin name (``smollm2``) or a hub id already in
-the local Hugging Face cache (offline), through ``actors.checkpoints.resolve_policy_path``.
-
-Token roles follow Qwen3: ``<|endoftext|>`` pads, ``<|im_end|>`` ends a turn (EOS);
-``<tool_call>``, ``<think>``, ``<tool_response>`` and their closers are added, non-special tokens
-(kept when decoding with ``skip_special_tokens=True``).
-
-Why the generator's text: trained on the synthetic corpus alone the tokenizer stopped at 1,867 of
-its 4,096 entries and split the demo's English at ~2.8 characters per token (a 7.5k-character
-prompt became 2.7k tokens; Qwen3's own tokenizer takes ~4); with it, ~3.8 (2.0k tokens), and every
-rollout, learner and evaluation pass of the demo is that much shorter. The recipe hash covers the
-generator's text, so a changed generator rebuilds the policy rather than reusing a stale one.
+``load_policy(path, dtype=float32) -> (model, tokenizer)`` loads any HF causal-LM directory for the
+learner and the HF engine; ``resolve_model(path)`` accepts a local directory, a ``.gguf`` file, a
+builtin name (``smollm2``) or a hub id already in the local cache, through
+``actors.checkpoints.resolve_policy_path``.
 
 May import: torch, transformers, tokenizers, ``actors.checkpoints`` (resolving a policy path),
 ``envs.generator`` (corpus text), the standard library.
@@ -224,11 +213,10 @@ def load_policy(path: Union[str, Path], dtype=None):
 
 def cache_kwargs(model, cache) -> dict:
     """The keyword argument that hands ``cache`` (a ``DynamicCache``) to ``model``'s forward:
-    ``cache`` in transformers 5.2x, ``past_key_values`` in earlier releases. Each release takes
-    the other's name into ``**kwargs`` without a word and runs without the cache (the HF engine's
-    first prefill failed so on a GPU machine's transformers 5.17, and a prefix-shared learner or
-    warm-start forward would score tokens without their prompt), so the name is read from the
-    forward's own signature. ``model`` may be a wrapper with ``.module`` (DeepSpeed)."""
+    ``cache`` in transformers 5.2x, ``past_key_values`` before. Each release silently takes the
+    other's name into ``**kwargs`` and runs without the cache (tokens scored without their prompt),
+    so the name is read from the forward's own signature. ``model`` may be a wrapper with
+    ``.module`` (DeepSpeed)."""
     return {_cache_keyword(type(getattr(model, "module", model))): cache}
 
 

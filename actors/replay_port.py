@@ -1,17 +1,13 @@
 """The identifier filter's replay port on the run's shared executor pool.
 
 ``WorkerReplay(workers, timeout_s)`` implements ``scheduling.replay.ReplayPort`` by asking a
-rollout worker (``RolloutWorker.replay``) to replay fixed actions on its executor pool, the same
-sandboxes its rollouts use: no second pool is started. Workers are tried round-robin; a dead one
-is skipped (the run replaces it and hands the scheduler actor a new port). It holds only actor
-handles, so it pickles to the scheduler actor.
+rollout worker (``RolloutWorker.replay``) to replay fixed actions on its own executor pool (no
+second pool). Workers are tried round-robin, dead ones skipped; it holds only actor handles, so
+it pickles to the scheduler actor.
 
 ``identifier_check_builder(pool_dir, name, params)`` is what the run hands the scheduler actor:
-called there with the port, it loads the pool and returns the group check of
-``scheduling.replay.group_check`` with the filter's settings from
-``scheduling.registry.identifier_filter_settings`` (None when the scheduler runs no identifier
-filter or its params switch it off: ``envsched``'s ``identifier_filter``, ``envsched-bayes``'s
-``envsched.identifier_filter``). No training config is rebuilt.
+called there with the port, it loads the pool and returns ``scheduling.replay.group_check`` with
+the settings of ``scheduling.registry.identifier_filter_settings`` (None: no filter).
 
 May import: ray (inside calls), scheduling, envs, pydantic, the standard library. Never launch.
 """

@@ -1,45 +1,21 @@
 """``RolloutWorker``: the Ray actor that turns selected tasks into complete groups of K.
 
-A thin shell over ``actors.rollout.runner.GroupRunner``: it loads the pool (with the run's
-evaluation pools, ``eval_pools`` {name: directory}, under their names: ``envs.pool_union``, so
-their tasks run in the same sandboxed executors as training tasks), builds the engine
-(``scripted | hf | vllm``) and its tokenizer, and its executors (the session source), then
-serves:
+A thin shell over ``actors.rollout.runner.GroupRunner``: it loads the pool with the run's
+evaluation pools (``envs.pool_union``), builds the engine (``scripted | hf | vllm``), its
+tokenizer and its executors, then serves ``await run_group(ticket) -> Group`` (many in flight on
+one event loop), ``await update_weights(named_tensors, version)`` / ``await
+update_adapter(adapter, version)`` (without ``rollout.partial_rollouts`` new episodes wait for
+those in flight, ``GroupRunner.pause_episodes``; with it the engine loads between two
+generations), ``await replay(task_id, actions, seed) -> float`` (the identifier filter's port),
+``version``, ``metrics``, ``ping`` and ``pid``.
 
-- ``await run_group(ticket) -> Group`` (an ``actors.ticket.Ticket``, as the scheduler handed it
-  out and the driver issued it; the group carries its id. Many groups may be in flight: the
-  actor is async, episodes of every group interleave on one event loop);
-- ``await update_weights(named_tensors, version)`` (the learner's object-store sync; the engine's
-  ``aupdate_weights``, so in-flight episodes keep stepping their sandboxes meanwhile), and
-  ``await update_adapter(adapter, version)`` (a LoRA learner's adapter-only publish). Without
-  ``rollout.partial_rollouts`` either first holds new episodes and waits for those in flight
-  (``GroupRunner.pause_episodes``), so an episode never sees two versions; with it the engine
-  loads between two generations and episodes in flight continue on the new weights
-  (``actors.rollout.partial``). The NCCL ``receive_weights`` follows the same rule;
-- ``await replay(task_id, actions, seed) -> float`` (the identifier filter's replay port);
-- ``version() -> int``, ``metrics() -> dict``, ``ping() -> str``, ``pid() -> int``.
-
-``VLLMRolloutWorker`` adds the NCCL weight-sync entry points of ``actors.learner.weight_sync``
-(``num_sync_workers``, ``init_weight_sync``, ``receive_weights``); only it has them, so
-``make_weight_sync("auto")`` picks NCCL exactly when the engine is vLLM.
-
-Sessions: ``executors="pool"`` (default) opens sticky sessions on the sandboxed executor pool
-(``actors.executor_pool.ExecutorPool``, built here from ``executor_config``, an
-``actors.executor_config.ExecutorConfig``), or on any object
-implementing ``actors.executors.Executors`` passed in (``SandboxSessions`` too). Pool code never
-runs in this process: no command passes in-process executors (``actors.rollout.session``, which
-only tests of the loop and the controller use, with ``GroupRunner`` directly). Live episodes are
-capped at the executors' ``capacity``. Every session call is bounded by the ``RolloutConfig``
-timeouts; callers bound their ``ray.get`` on this actor themselves.
-
-Conversational tasks (``envs.spec.UserSpec``) need a simulated user: ``users`` is a list of
-user-simulator actor handles (``actors.user_sim_actor``, the run's simulator pool, used through
-``RemoteUsers``), or a ``UserSimConfig`` for a simulator inside this worker (``envsched
-rollout``, tests), or None (no conversational task can run: ``ValueError`` naming the task).
-
-Configs arrive as the driver validated them (``RolloutConfig``, ``ExecutorConfig``,
-``UserSimConfig``: pydantic models pickle through Ray) and are not validated again here; a plain
-dict is still accepted, and validated, from a caller that has no model.
+``VLLMRolloutWorker`` adds the NCCL entry points of ``actors.learner.weight_sync``, so
+``make_weight_sync("auto")`` picks NCCL exactly when the engine is vLLM. Sessions come from the
+executor pool (``actors.executor_pool.ExecutorPool``) or any ``actors.executors.Executors``;
+pool code never runs in this process. ``users``: user-simulator handles, a ``UserSimConfig``, or
+None (a conversational task then raises ``ValueError``). Configs arrive validated; a plain dict
+is validated here. Session calls are bounded by the ``RolloutConfig`` timeouts; callers bound
+their ``ray.get`` on this actor themselves.
 
 May import: ray, actors.*, envs.*, the standard library; torch/transformers/vllm via the engines.
 """

@@ -2,28 +2,19 @@
 filter off the critical path.
 
 ``SchedulerService`` is the plain class (unit-testable without Ray); ``SchedulerActor`` is the Ray
-actor over it (``max_concurrency=1``: calls are serialised, so its state needs no locks except
-the filter's worker thread, which only touches ``_filter_*``).
+actor over it (``max_concurrency=1``: no locks but the filter thread's).
 
-- ``next_tasks(n)`` hands out ``n`` tasks as tickets (``actors.ticket.Ticket``: the
-  ``Selection`` and the step it was selected at; the driver issues them). Tasks come from the
-  current selection ``scheduler.select(step)``; when it is used up the next step is selected, so
-  tasks stream out as rollout capacity frees, and a whole step is ``next_tasks(B)``. Tasks
-  excluded after selection are skipped (logged).
-- ``absorb(group)`` credits the group to the step it was selected at (``scheduler.observe``; its
-  valid trajectories only: infrastructure faults are dropped before a group gets here), counts
-  its task faults (``scheduling.quarantine``: a task whose own code failed episodes in
-  ``QUARANTINE_GROUPS`` groups is excluded at once, reason ``quarantined: ...``), then queues the
-  identifier filter's check of the group on a worker thread and returns at once.
-- The filter (``filter_fn(group) -> FilterOutcome``, or ``filter_builder(port)`` building it
-  here) replays fixed action lists through the replay port (``scheduling.replay.ReplayPort``) on
-  the run's shared executor pool; ``set_replay_port`` swaps the port when the run replaces a
-  rollout worker. A task it flags is excluded from selection. Decision where the spec is silent:
-  before the next ``select`` the service waits (bounded by ``filter_wait_s``) for pending
-  checks, so exclusions land at a deterministic point and a resumed run selects exactly what an
-  uninterrupted one would; rollouts of the current step are never blocked by a replay.
-- ``state_dict`` drains pending checks, then returns scheduler state, the hand-out queue, the
-  step counter and the filter log; ``load_state_dict`` restores them.
+- ``next_tasks(n)``: ``n`` tickets (``actors.ticket.Ticket``) from the current
+  ``scheduler.select(step)``, selecting the next step when it is used up; tasks excluded after
+  selection are skipped (logged).
+- ``absorb(group)``: ``scheduler.observe`` of the valid trajectories, the task faults counted
+  (``scheduling.quarantine``), the identifier filter's check queued on a worker thread.
+- Decision where the spec is silent: before the next ``select`` the service waits (up to
+  ``filter_wait_s``) for pending checks, so exclusions land at a deterministic point and a resumed
+  run selects what an uninterrupted one would. ``set_replay_port`` swaps the port
+  (``scheduling.replay.ReplayPort``) when a rollout worker is replaced.
+- ``state_dict`` drains pending checks, then returns scheduler state, hand-out queue, step counter
+  and filter log; ``load_state_dict`` restores them.
 
 May import: ray (for the actor shell only), numpy, scheduling, envs, actors.ticket.
 """

@@ -1,23 +1,16 @@
 """The ticket: one group to roll out, from the scheduler's hand-out to the trained (or evaluated)
 group. One type for the whole path, so a task id is not re-wrapped between roles.
 
-``Ticket(selection, step)`` is what the scheduler actor hands out (``SchedulerService.next_tasks``):
-a ``scheduling.base.Selection`` (task id, scheduler phase, rank, scores) and the selection step it
-was chosen at. The driver (``launch/controller.py``) issues it with ``issued(ticket_id, seed,
-unseen)``: its ticket id, the episode seed every re-issue keeps, and how many issued groups the
-selection of its step could not see. ``kind`` is the run phase the group serves: ``TRAIN``
-(admission, the scheduler, the learner) or ``EVAL`` (the fixed evaluation set,
-``Ticket.evaluation``: selection phase ``"eval"``, selection step ``EVAL_STEP``, id = its index in
-the evaluation set). Ids count per kind; ``key`` = (kind, id) names a ticket across both. A failed
-group is issued again as ``retried()``: the same ticket, one more attempt. ``Ticket.direct`` is a
-ticket for a task no scheduler chose (``envsched rollout``, tests): selection phase ``"direct"``.
+``Ticket(selection, step)`` is what the scheduler actor hands out: a ``scheduling.base.Selection``
+and the step it was chosen at. The driver issues it with ``issued(ticket_id, seed, unseen)``: its
+id, the episode seed every re-issue keeps, and how many issued groups its step's selection could
+not see. ``kind`` is ``TRAIN`` or ``EVAL`` (``Ticket.evaluation``); ids count per kind, ``key`` =
+(kind, id). A failed group is issued again as ``retried()``; ``Ticket.direct`` is a ticket for a
+task no scheduler chose (``envsched rollout``, tests). The ``envs.trajectory.Group`` a rollout
+worker returns carries its id (``Group.ticket_id``).
 
-The rollout worker takes the ticket itself (``RolloutWorker.run_group(ticket)`` ->
-``GroupRunner.run_group(ticket)``) and the ``envs.trajectory.Group`` it returns carries its id
-(``Group.ticket_id``).
-
-``to_dict`` / ``from_dict`` are the checkpoint form (flat, readable); ``from_dict`` refuses a
-dict without every field ``to_dict`` writes, naming the missing ones.
+``to_dict`` / ``from_dict`` are the checkpoint form; ``from_dict`` refuses a dict without every
+field ``to_dict`` writes, naming the missing ones.
 
 May import: scheduling.base, the standard library (no Ray: the scheduler actor and the driver both
 import it).

@@ -2,17 +2,12 @@
 ``actors.user_sim.simulator``), ``start_user_sims`` and ``RemoteUsers``, the rollout worker's
 client of those actors.
 
-The simulators are their own actors, ``cluster.user_sim.num`` of them, so they scale apart from the
-rollout workers (a hosted API needs a few CPU-light actors for many workers; a co-located vLLM
-server may want one per node). Every rollout worker gets every simulator handle; ``RemoteUsers``
-sends each request to the simulator with the fewest requests in flight from this worker. An
-actor that dies is restarted by Ray (``max_restarts``; it holds no state but its counters) and
-the request is sent to another one meanwhile; when none answers, ``UserSimError`` (an
-infrastructure fault for the agent loop).
-
-``UserSimActor`` serves ``await reply(turn) -> str`` (``UserSimError`` on a failed request,
-raised through Ray as ``RayTaskError`` and turned back into ``UserSimError`` by ``RemoteUsers``),
-``stats() -> dict``, ``ping() -> str``.
+``cluster.user_sim.num`` simulators scale apart from the rollout workers; every worker gets every
+handle, and ``RemoteUsers`` sends each request to the one with the fewest requests in flight from
+this worker. A dead actor is restarted by Ray (it holds only counters) and the request goes to
+another meanwhile; when none answers, ``UserSimError``. ``UserSimActor`` serves ``await
+reply(turn) -> str``, ``stats() -> dict``, ``ping() -> str``; a ``RayTaskError`` is turned back
+into ``UserSimError`` by ``RemoteUsers``.
 
 May import: ray, actors.user_sim, the standard library.
 """

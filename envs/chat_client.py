@@ -1,20 +1,15 @@
 """The project's one client of OpenAI-compatible chat endpoints (``POST
-{endpoint}/chat/completions``: a vLLM server, or any compatible API), used by the
-operation-description pre-pass (``envs.opdesc_llm``) and the user simulator (``actors.user_sim``).
+{endpoint}/chat/completions``), used by the operation-description pre-pass (``envs.opdesc_llm``)
+and the user simulator (``actors.user_sim``).
 
 ``ChatClient(endpoint, model, api_key, timeout_s, retries, backoff_s, max_backoff_s)``;
-``complete(messages, **params) -> ChatReply`` sends one chat request (``params`` join the body:
-``temperature``, ``max_tokens``, ``seed``, ``response_format``, ...). Failures:
-
-- transient (connection refused or reset, DNS, a timeout, HTTP 408/429/5xx): the endpoint is
-  unreachable or overloaded, and the request is sent again, up to ``retries`` times, after
-  ``min(backoff_s * 2**n, max_backoff_s)`` seconds (n = 0, 1, ...);
-- permanent (any other HTTP error, a body that is not a chat completion): not retried.
-
-Either way the last failure raises ``ChatRequestError`` naming the endpoint, the attempts made
-and the cause; ``transient`` says which kind it was (the caller decides who is blamed: the
+``complete(messages, **params) -> ChatReply`` sends one chat request (``params`` join the body).
+Transient failures (connection, DNS, timeout, HTTP 408/429/5xx) are retried up to ``retries``
+times after ``min(backoff_s * 2**n, max_backoff_s)`` seconds; permanent ones (any other HTTP
+error, a body that is not a chat completion) are not. The last failure raises
+``ChatRequestError`` naming the endpoint, the attempts and the cause, with ``transient`` set (the
 user simulator reports a transient one as an infrastructure fault). ``ChatReply`` carries the
-content, the usage the server reported, the attempts and the seconds spent (retries included).
+content, the usage, the attempts and the seconds spent.
 
 May import: the standard library only.
 """

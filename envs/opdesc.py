@@ -1,30 +1,22 @@
 """Structured operation descriptions (paper Section 2.2, Appendix E.1) and the slot that fills them.
 
-A task's operation description records what the task requires and how the pieces depend on each
-other, in Appendix E's five components with its fixed vocabularies:
+Appendix E's five components with its fixed vocabularies:
 
-- ``Operation``   an atomic action; ``type`` in OP_TYPES (lookup, update, create, delete, validate,
-                  authorize); ``depends_on`` lists operations that must complete first.
-- ``Gate``        a condition that blocks operations; ``kind`` in GATE_KINDS (identifier resolution,
-                  state precondition, authorization) and ``provenance`` in PROVENANCES (where the
-                  required information comes from).
+- ``Operation``   an atomic action; ``type`` in OP_TYPES; ``depends_on`` lists operations that
+                  must complete first.
+- ``Gate``        a condition that blocks operations; ``kind`` in GATE_KINDS and ``provenance``
+                  in PROVENANCES (where the required information comes from).
 - ``Dependency``  a directed edge source -> target of the operation graph.
 - ``RewardGroup`` a partition of the verifier checks; ``relation`` in GROUP_RELATIONS.
 - ``Conflict``    an ordering constraint or incompatibility; ``kind`` in CONFLICT_KINDS.
 
-Plus ``source`` in SOURCES: where the description came from ("pool" = the task file carried it,
-"static" = ``envs.opdesc_static``, "llm" = an LLM pre-pass).
-
-The slot that fills a description (the pool's own, an ``Extractor``'s such as the LLM pre-pass,
-else the static extractor) is ``envs.describe.describe_task``; it sits above both this module and
-``envs.opdesc_static``, which builds on the schema here. Every description is validated against
+Plus ``source`` in SOURCES ("pool", "static" = ``envs.opdesc_static``, "llm"). The slot that
+fills a description is ``envs.describe.describe_task``. Every description is validated against
 the task (operation references resolve; reward groups name the task's checks, each at most once).
 
-Decisions where the paper is silent: GROUP_RELATIONS adds ``independent`` for a check that shares
-neither an operation nor a gate with another check (the paper lists three example relations; a
-partition needs a label for singletons). Argument values keep a type category (VALUE_CATEGORIES) so
-that the abstraction (``scheduling.abstraction``) can replace literals by placeholders (step 4)
-without re-parsing values.
+Decisions where the paper is silent: GROUP_RELATIONS adds ``independent`` (a partition needs a
+label for singletons); argument values keep a type category (VALUE_CATEGORIES) so the abstraction
+(``scheduling.abstraction``) can replace literals by placeholders without re-parsing.
 
 May import: pydantic, the standard library, envs.spec, envs.untrusted (reading op_descriptions.jsonl).
 """

@@ -1,22 +1,16 @@
 """The LLM operation-description pre-pass (paper Section 2.2, Appendix E) over any
-OpenAI-compatible chat endpoint (a vLLM server, or any compatible API; ``envs.chat_client``).
+OpenAI-compatible chat endpoint (``envs.chat_client``).
 
-For each task, one chat request: a system prompt fixing Appendix E's vocabularies and a user
-message that is pure JSON (the task: instruction, initial-state summary, verifier checks, tools;
-plus a ``shared_environment`` object shared by the tasks of an environment). JSON output is
-enforced by ``response_format`` — ``json_schema`` with ``OpDescription``'s schema by default (vLLM
-turns it into constrained decoding), or the paper's ``json_object``.
+For each task, one chat request: a system prompt fixing Appendix E's vocabularies and a pure-JSON
+user message (the task, plus a ``shared_environment`` object). JSON output is enforced by
+``response_format`` (``json_schema`` with ``OpDescription``'s schema by default, or the paper's
+``json_object``). Every answer is validated (``OpDescription`` + ``check_against_task``); an
+invalid one is retried with the error appended, up to ``retries`` times, then the static
+extractor is used and the reason logged and returned. Results are cached in an append-only JSONL
+file (through ``envs.untrusted``) by a content hash of (model, prompt version, system prompt,
+user message), so an unchanged pool sends no request. See docs/adapters.md.
 
-Every answer is validated (``OpDescription`` + ``check_against_task``). An invalid answer is retried
-with the validation error appended to the conversation, up to ``retries`` times; a request that
-fails or keeps answering invalid JSON falls back to the static extractor, and the reason is logged
-and returned. Results are cached (an append-only JSONL file, read and appended through
-``envs.untrusted``: a link planted at it or above it in the pool is refused) by a content hash
-of (model, prompt version, system prompt, user message), so re-running on an unchanged pool
-sends no request. Requests run concurrently (``concurrency`` threads) with a progress bar.
-
-The deterministic abstraction (Appendix E steps 1–5) is applied downstream, by
-``scheduling.abstraction`` when the graph is built, to descriptions from any source.
+The abstraction (Appendix E steps 1–5) is applied downstream by ``scheduling.abstraction``.
 
 May import: envs.*, pydantic (its validation error), the standard library, tqdm.
 """

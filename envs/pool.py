@@ -12,20 +12,11 @@ Layout of a pool directory::
 A task's ``initial_state_ref`` names a file under the pool directory; it is parsed once and shared
 by every task that references it (``Pool.initial_state``), never copied per task.
 
-Static loading only: nothing here executes environment or check code. Compiling environments and
-checks and replaying reference solutions happens in the sandbox (``envs.validate``).
-
-Every malformed input raises ``PoolError`` naming file, line (for JSONL) and task id (a file that
-is not UTF-8: its byte offset too); with
-``strict=False`` bad tasks (and the tasks of a bad environment) are skipped and listed in
-``Pool.problems`` instead.
-
-Pool files are read through ``envs.untrusted``: a symlink that leaves the pool is refused (one
-that stays inside is followed), only regular files are read, files, lines, and YAML/JSON nesting
-are bounded, YAML aliases and JSON ``NaN``/``Infinity`` are refused — each as a ``PoolProblem``
-naming the file and line.
-
-``PoolProblem`` prints its parts through ``envs.text.printable``: they come from the pool.
+Static loading only: nothing here executes environment or check code (that is ``envs.validate``,
+in the sandbox). Every malformed input raises ``PoolError`` naming file, line (for JSONL) and task
+id; with ``strict=False`` bad tasks (and the tasks of a bad environment) are skipped and listed in
+``Pool.problems``. Pool files are read through ``envs.untrusted``, and ``PoolProblem`` prints its
+parts through ``envs.text.printable``: they come from the pool.
 
 May import: envs.spec, envs.text, envs.untrusted, pydantic, yaml, the standard library.
 """

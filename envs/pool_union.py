@@ -1,18 +1,13 @@
 """The training pool together with the evaluation pools, as one ``Pool`` for the rollout side.
 
-A run's rollout workers and their sandboxed executors serve one ``Pool``. With evaluation pools
-(``eval.pools``) that pool is ``with_eval_pools(train, {name: pool})``: the training pool's tasks
-and environments unchanged, followed by each evaluation pool's under its name —
-task ``T`` of pool ``NAME`` is ``NAME/T`` (``eval_task_id``), environment ``E`` is ``NAME/E``, a
-shared state file ``S`` is ``NAME/S`` — so two pools may use the same ids (two imports both with
-an environment ``retail``) without one's code or state ever serving the other's task: the sandbox
-caches environments by env id and shared states by their ref. Environment and check code of every
-pool runs only where the training pool's does, in the executors' sandboxes; nothing here runs it.
+``with_eval_pools(train, {name: pool})``: the training pool unchanged, followed by each evaluation
+pool's tasks, environments and shared state files under ``NAME/`` (``eval_task_id``), so two pools
+may use the same ids without one's code or state serving the other's task (the sandbox caches by
+env id and state ref). Nothing here runs pool code.
 
-Shared states of the evaluation pools are read here, once (they live under the evaluation pool's
-directory, not the training pool's root), and carried in the union; the union's ``meta`` is the
-training pool's with the evaluation pools' declared packages added, so the executors check those
-too. An evaluation task id that is also a training task id is a ``PoolError``.
+Evaluation pools' shared states are read here, once, and carried in the union; the union's
+``meta`` adds their declared packages, so the executors check those too. An evaluation task id
+that is also a training task id is a ``PoolError``.
 
 May import: envs.pool, envs.spec, the standard library.
 """

@@ -1,17 +1,11 @@
 """Static agreement between an environment's tool schemas and its class's methods.
 
-Reads the class source with ``ast`` (nothing is executed, so this is safe outside the sandbox) and
-compares every OpenAI function schema with the method of the same name:
-
-- the method must exist on the class (or on a base class defined in the same source), be public;
-- every schema parameter must be accepted by the signature (unless it takes ``**kwargs``);
-- every ``required`` name must be declared in ``properties``;
-- every method parameter without a default must be declared in the schema (a schema-valid call
-  would otherwise raise ``TypeError``); when it is declared but not ``required`` that is only a
-  warning (published pools often under-declare ``required``).
-
-When the class is not a plain top-level ``class`` statement (built dynamically) nothing can be said
-statically: the sandbox load reports a missing class.
+Reads the class source with ``ast`` (nothing runs) and compares every OpenAI function schema with
+the public method of the same name (on the class or a base class in the same source): every
+schema parameter accepted by the signature (unless ``**kwargs``), every ``required`` name declared
+in ``properties``, every parameter without a default declared in the schema (declared but not
+``required``: a warning only; published pools often under-declare it). A class built dynamically
+cannot be checked statically: the sandbox load reports it.
 
 May import: envs.spec and the standard library.
 """

@@ -5,23 +5,18 @@
 - ``ToolCall``     one tool invocation: tool name + JSON arguments (a reference-solution step).
 - ``Environment``  an executable environment: Python class source, OpenAI function-calling
                    tool schemas, and the system prompt parts (introduction + rules).
-- ``UserSpec``     what makes a task conversational: a simulated user plays the task's instruction
-                   (its persona and goal) and the agent sees only what that user says.
-- ``TaskSpec``     one environment-task pair: instruction, initial state (inline, or a reference
-                   to a state file shared by many tasks), verifier checks, optional reference
-                   solution, optional structured operation description, optional ``user``
-                   (conversational), metadata.
-- ``PoolMeta``     the contents of ``pool.yaml``, including ``packages``: the Python import
-                   names the pool's environments need (the sandbox provides and checks them).
+- ``UserSpec``     what makes a task conversational (a simulated user plays the instruction).
+- ``TaskSpec``     one environment-task pair: instruction, initial state (inline or a shared
+                   state file), checks, optional reference solution, operation description,
+                   ``user`` and metadata.
+- ``PoolMeta``     the contents of ``pool.yaml``, including ``packages`` (``sandbox.packages``).
 
-Environment contract (the same as EnvScaler's, so published pools run unchanged): the class source
-is exec'd into a fresh module; the instance is ``cls(initial_state)`` falling back to ``cls()``,
-then every key of the initial state is set as an attribute. The state is ``vars(instance)``
-without dunder keys. Tools are public methods named like their schema that return
-``{"success": True, "data"|"message": ...}`` or ``{"success": False, "error": ...}``.
-
-Reward = fraction of checks passed; a check that raises or returns a non-bool counts 0 and stays
-in the denominator.
+Environment contract (EnvScaler's, so published pools run unchanged): the class source is exec'd
+into a fresh module; the instance is ``cls(initial_state)`` falling back to ``cls()``, then every
+key of the initial state is set as an attribute; the state is ``vars(instance)`` without dunder
+keys. Tools are public methods returning ``{"success": True, "data"|"message": ...}`` or
+``{"success": False, "error": ...}``. Reward = fraction of checks passed; a check that raises or
+returns a non-bool counts 0 and stays in the denominator.
 
 May import: pydantic and the standard library only.
 """
@@ -109,13 +104,11 @@ class Environment(_Strict):
 class UserSpec(_Strict):
     """A conversational task's simulated user (tau-bench's mode; docs/adapters.md).
 
-    The task's ``instruction`` is then the user's persona and goal: it goes to the user simulator
-    only, never into the agent's prompt. The agent's first user message is the simulator's
-    opening line; each plain-text reply of the agent goes to the user, whose answer continues
-    the episode until it contains ``stop_marker`` (or a rollout limit hits). ``reply_tool``: an
-    environment tool that records each reply in the state (tau-bench's ``respond``, which its
-    check reads); it is hidden from the agent, and the loop calls it with ``{"content": reply}``
-    for every reply, so the action trace replays to the same state."""
+    The task's ``instruction`` (the user's persona and goal) goes to the user simulator only; the
+    agent's plain replies go to the user until its answer contains ``stop_marker``. ``reply_tool``:
+    the environment tool that records each reply in the state (tau-bench's ``respond``); hidden from
+    the agent, called by the loop with ``{"content": reply}``, so the trace replays to the same
+    state."""
 
     reply_tool: Optional[str] = Field(
         default=None, description="environment tool recording each agent reply, called as "

@@ -1,17 +1,13 @@
 """The one JSON writer for values an environment controls: strict JSON, never ``NaN``/``Infinity``.
 
-Python's ``json`` writes a non-finite float as the bare tokens ``NaN``, ``Infinity`` and
-``-Infinity``, which are not JSON: strict parsers (``jq``, JavaScript, Go, Rust's serde) refuse
-the whole file. A tool observation, a check's value, a reward computed from them or a metric can
-hold one, so every file the project writes from such values (``envsched rollout --out``,
-``pool validate --json``, ``metrics.jsonl``, ``groups.jsonl``, ``eval.jsonl``, trajectories,
-summaries) goes through ``dumps``.
+Python's ``json`` writes non-finite floats as bare ``NaN``/``Infinity``, which strict parsers
+refuse; every file written from environment-controlled values (rollout outputs, ``pool validate
+--json``, ``metrics.jsonl``, ``groups.jsonl``, ``eval.jsonl``, trajectories, summaries) goes
+through ``dumps``.
 
-Decision: a non-finite float becomes ``null`` (what JavaScript's ``JSON.stringify`` does; a
-number field that is null reads as "no value" rather than as a made-up number), and a non-finite
-float used as a dict key becomes the string ``"NaN"``/``"Infinity"``/``"-Infinity"``. The output
-is then encoded with ``allow_nan=False``, so nothing non-standard can slip through. The common
-case (no non-finite value) costs one ordinary ``json.dumps``.
+Decision: a non-finite float becomes ``null`` (as JavaScript's ``JSON.stringify``), and as a dict
+key the string ``"NaN"``/``"Infinity"``/``"-Infinity"``; the output is encoded with
+``allow_nan=False``. The common case costs one ordinary ``json.dumps``.
 
 May import: the standard library only.
 """

@@ -2,15 +2,12 @@
 printed to a terminal.
 
 - ``decode_utf8(data, name)`` / ``read_utf8(path, name)``: strict UTF-8, or ``NotUtf8Error``
-  naming the file, the byte offset, the offending byte and its line, so a bad file is one line
-  of error instead of a ``UnicodeDecodeError`` traceback.
-- ``lone_surrogate(value)``: where a parsed record holds a lone surrogate (rejected by the pool
-  loader: a task instruction with one broke every rollout's tokenizer).
-- ``printable(text)``: ``text`` with control characters (C0, DEL, C1; newlines included, so one
-  pool string cannot forge extra report lines), lone surrogates (``json.loads`` makes them from
-  ``"\\ud800"``; printing one raises ``UnicodeEncodeError``) and bidirectional overrides
-  escaped as ``\\n``, ``\\xNN`` or ``\\uNNNN``. Apply it to everything that came from a pool
-  before printing it.
+  naming the file, byte offset, offending byte and line.
+- ``lone_surrogate(value)``: where a parsed record holds a lone surrogate (the pool loader refuses
+  them: one broke every rollout's tokenizer).
+- ``printable(text)``: control characters (newlines included, so a pool string cannot forge
+  report lines), lone surrogates and bidirectional overrides escaped. Apply it to everything that
+  came from a pool before printing it.
 
 May import: the standard library only.
 """

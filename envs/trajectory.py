@@ -6,35 +6,15 @@
 - ``Trajectory``    one rollout: token ids, rollout log-probs, loss mask, per-token policy
                     versions, the action trace, final reply, verifier results, reward, status,
                     fault, policy version (of its oldest token), episode seed, timings.
-- ``Group``         the K episodes of one task selected at ``step``, for the ticket ``ticket_id``
-                    (``actors.ticket.Ticket.id``; ids count per ticket kind, -1 for a group no
-                    ticket asked for): ``trajectories`` are the K' valid ones (trained, absorbed),
-                    ``dropped`` the ones lost to infrastructure faults after their retries.
+- ``Group``         the K episodes of one task selected at ``step``, for ticket ``ticket_id``
+                    (-1: none): ``trajectories`` the K' valid ones, ``dropped`` those lost to
+                    infrastructure faults after their retries.
 
-Failures (``FAILED_STATUSES``: the episode ended on a failure) are attributed by ``fault``, one of
-``FAULTS`` (docs/architecture.md, "Faults", has the table of who is blamed for what):
-
-- ``"task"``: the task's code, its verifier or the sandbox limits it hit (what the sandbox
-  reported, ``sandbox.errors.SandboxError.origin == "sandbox"``, or one of the agent loop's
-  deadlines on a sandbox call). The trajectory keeps its reward (0 for what did not run) and its
-  status, is trained like any other, and counts towards the task's quarantine
-  (``scheduling.quarantine``).
-- ``"infra"``: the machinery around the task (executor actor died, Ray errors, a session that
-  could not be opened, an engine deadline). Retried; after the retries the trajectory is moved to
-  ``Group.dropped``: never trained, never absorbed, never a reward.
-
-Policy versions (partial rollouts, ``rollout.partial_rollouts``): ``token_versions[t]`` is the
-version of the weights that sampled token t (so the version its ``logprobs[t]`` is under), and
-``NO_VERSION`` (-1) on every token the policy did not sample (prompt, tool responses, the masked
-end token of a turn cut at its limit): the positions the agent loop's ``loss_mask`` has 0 (the
-learner may mask more, e.g. ``loss.malformed_credit``; the versions stay). ``policy_version`` is the oldest version among the sampled tokens (the one
-the staleness law bounds). With partial rollouts off an episode is sampled by one version;
-with them on, a weight update between two of its turns gives the later turns the newer one.
-An empty ``token_versions`` (trajectories written before it existed) means every sampled token
-is ``policy_version``.
-
-A failed trajectory without a fault (written before faults existed) is the task's: it was kept and
-trained then, and keeping it is the side an environment cannot exploit.
+Failures (``FAILED_STATUSES``) carry a ``fault`` in ``FAULTS``: ``"task"`` (kept, trained,
+counted towards quarantine; also a failure without a fault) or ``"infra"`` (retried, then
+dropped); docs/architecture.md, "Who is blamed". ``token_versions[t]``: the version that sampled
+token t, ``NO_VERSION`` where ``loss_mask`` is 0; ``policy_version`` is the oldest sampled one
+(the one the staleness law bounds; an empty ``token_versions`` means all are it).
 
 Dataclasses (not pydantic) because these are created per episode on the hot path; ``to_dict`` /
 ``from_dict`` give the JSON form written to trajectory files and checkpoints.

@@ -1,41 +1,21 @@
 """Reading files of an untrusted tree — a pool, or an adapter's ``--src`` checkout — with bounds.
 
 The driver that reads pools may run as root, so a pool file is data, never a way to reach the
-host:
+host (threat model: docs/pools.md, "Pools are untrusted code"):
 
-- **Symlinks that leave the tree are refused.** ``open_beneath(root, rel)`` resolves ``rel``
-  under ``root`` (symlinks that stay inside the tree are followed: checkouts use them, and a
-  link inside reads nothing the tree does not already hold), and refuses a path whose resolution
-  leaves the tree, naming the first link that leaves and its target (``symlink A -> T leaves the
-  pool``), before anything is opened — so a missing host file and a present one answer the same.
-  The resolved path is then opened one component at a time from the tree's root directory with
-  ``O_NOFOLLOW`` (``openat``): a link swapped in after the check (TOCTOU) makes the open fail
-  instead of being followed. The root itself is the caller's choice and may be a link. Only
-  regular files are read (a FIFO would block, a device never ends): the last open is
-  ``O_NONBLOCK`` and ``fstat`` must say ``S_ISREG``. Not covered: hard links (a hard link to a
-  host file is that file; ``fs.protected_hardlinks=1``, the default, keeps a user from making one
-  to a file they cannot read) and bind mounts set up by root.
-- **Sizes are bounded**: a whole file ``MAX_FILE_BYTES``, one JSONL line ``MAX_LINE_BYTES``
-  (``iter_lines`` streams a JSONL file, so its total is bounded by the task count, not memory).
-- **Parsing is bounded**: ``parse_yaml`` refuses aliases (``*name``, hence merge keys too: an
-  alias bomb — "billion laughs" — expands exponentially; pool YAML never needs them) and nesting
-  deeper than ``MAX_DEPTH``; ``parse_json`` refuses nesting deeper than ``MAX_DEPTH`` before
-  parsing (``json`` recurses, so a deep line would raise ``RecursionError``), the non-standard
-  constants ``NaN``/``Infinity`` and numbers that overflow to infinity.
-
+- **Symlinks that leave the tree are refused** (``open_beneath``), naming the first link that
+  leaves; the path is then opened component by component with ``O_NOFOLLOW``, regular files only.
+- **Sizes are bounded**: a file ``MAX_FILE_BYTES``, a JSONL line ``MAX_LINE_BYTES``.
+- **Parsing is bounded**: ``parse_yaml`` refuses aliases (alias bombs) and nesting deeper than
+  ``MAX_DEPTH``; ``parse_json`` refuses deep nesting before parsing (``json`` recurses),
+  ``NaN``/``Infinity`` and numbers that overflow.
 - **Writes into the tree never go through a link** (``atomic_writer``, ``write_bytes_atomic``,
-  ``open_for_append``: the graph cache, op descriptions and their answer cache, written as root
-  into a pool someone else made): *every* symlink on the path under the root — a folder or the
-  file itself, leaving the tree or not — is refused naming it (``symlink graph.npz ->
-  /etc/cron.d/x in the pool; refused``), as is a file that is not regular. Folders are created
-  and entered one at a time with ``O_NOFOLLOW`` (``mkdirat`` / ``openat``); a whole file is
-  written to a fresh ``O_EXCL | O_NOFOLLOW`` temporary beside it and ``os.replace``-d in
-  (atomic, and a rename replaces a link swapped in at the destination instead of following
-  it); an append opens with ``O_NOFOLLOW | O_APPEND``. ``beneath(root, path)`` says which tree a
-  user-given output path is written under.
+  ``open_for_append``): every symlink on the path under the root, and any non-regular file, is
+  refused naming it; whole files go through an ``O_EXCL | O_NOFOLLOW`` temporary and
+  ``os.replace``. ``beneath(root, path)`` says which tree a user-given output path is under.
 
 Every refusal is ``UntrustedFileError`` naming the file (relative to the tree) and, where known,
-the line. These bounds are the one place each limit is defined.
+the line. This module is the one place each limit is defined.
 
 May import: yaml, the standard library.
 """

@@ -2,21 +2,17 @@
 
 Three passes over a pool directory:
 
-1. static load (``envs.pool.load_pool``): bad YAML/JSON, a bad JSON line, missing fields, duplicate
-   task ids, unknown env ids, missing or escaping state files;
-2. static code checks (nothing executes): tool schemas against the class's method signatures
-   (``envs.schema_check``), every check's source compiled and required to define
-   ``check_func(final_state)``;
-3. sandboxed execution (``sandbox``): each environment's class is loaded in an isolated worker; each
-   task with a reference solution is replayed from its initial state and verified; a reward below
-   1.0, a check that raises or returns a non-bool, or a reference step the environment rejects is
-   reported. Tasks without a reference solution get their checks run on the initial state; errors
-   there are warnings only (a check may legitimately read a record the agent must create).
+1. static load (``envs.pool.load_pool``);
+2. static code checks (nothing executes): tool schemas against the class's methods
+   (``envs.schema_check``), every check's source compiled and defining ``check_func(final_state)``;
+3. sandboxed execution: each environment loaded in an isolated worker; each reference solution
+   replayed and verified (a reward below 1.0, a raising or non-bool check, a rejected step is
+   reported); tasks without one get their checks run on the initial state, errors there being
+   warnings only.
 
 ``strict=True`` raises ``PoolError`` at the first problem; otherwise bad tasks are skipped and
-listed in the ``ValidationReport``. A problem with an environment makes each of its tasks bad.
-``format()`` escapes what came from the pool (``PoolProblem`` prints through ``envs.text``), so
-control characters and lone surrogates in tool output or errors cannot garble or lose the report.
+listed in the ``ValidationReport`` (a bad environment makes each of its tasks bad). ``format()``
+escapes what came from the pool (``envs.text``).
 
 May import: envs.*, the standard library; sandbox (the worker, its errors) inside functions only.
 """

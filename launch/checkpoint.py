@@ -1,33 +1,18 @@
 """Run checkpoints: everything needed to continue a run as if it had never stopped.
 
-Layout ``RUN_DIR/checkpoints/step_000012/``:
+Layout ``RUN_DIR/checkpoints/step_000012/``: ``controller.pkl`` (the ledger's state: counters,
+RNG states, tickets in flight, buffered groups), ``scheduler.pkl`` (the scheduler actor's
+``state_dict``), ``learner/`` (``LearnerGroup.save(path)``) and ``meta.json`` (step, wall time,
+the size of every other file: the manifest ``load`` verifies), written last.
 
-- ``controller.pkl`` — counters (learner step, ticket counter, admission counters), RNG states,
-  the tasks in flight when the checkpoint was taken (re-issued first on resume, with the same
-  episode seeds) and the accepted groups waiting in the buffer (kept as data: the scheduler has
-  already absorbed them, so re-issuing them would count them twice).
-- ``scheduler.pkl`` — the scheduler actor's ``state_dict`` (scheduler, hand-out queue, step
-  counter, filter log).
-- ``learner/`` — whatever ``LearnerGroup.save(path)`` writes (weights, optimiser, schedule).
-- ``meta.json`` — step, wall time and the size of every other file (the manifest ``load``
-  verifies); written last.
+Writing is atomic: files are fsynced inside ``step_N.tmp``, renamed to ``step_N`` when complete,
+then ``latest`` is rewritten; ``keep`` prunes older ones. A failed write removes its
+``step_N.tmp``; running out of space (ENOSPC, or torch's ``basic_ios::clear: iostream error``
+told apart by the free space left) raises ``launch.errors.CheckpointDiskFull``.
 
-Writing is atomic: every file is written and fsynced inside ``step_N.tmp``, the directory is renamed
-to ``step_N`` when complete, and only then is ``latest`` rewritten (itself through a temporary
-file). ``keep`` prunes all but the newest ``keep`` checkpoints older than the one just written.
-A write that fails removes its ``step_N.tmp``, so the newest good checkpoint stays the newest; a
-write that ran out of space (ENOSPC, or the ``basic_ios::clear: iostream error`` that torch's
-writer gives instead, told apart by the free space left) raises
-``launch.errors.CheckpointDiskFull``: one line naming the directory, the bytes needed and free,
-and the intact checkpoint.
-
-Loading verifies: meta.json parses and names the directory's step, every file of the manifest is
-there with its size, both pickles load. ``latest_checkpoint`` takes the newest intact checkpoint,
-warning (``CheckpointWarning``) about every newer one it skipped and why; an explicitly requested
-step is never replaced by another.
-
-``truncate_logs`` cuts ``metrics.jsonl`` and ``eval.jsonl`` back to the checkpoint's step on resume,
-so steps logged after the checkpoint (and lost with the process) are not logged twice.
+``latest_checkpoint``: the newest intact one, warning (``CheckpointWarning``) about each newer one
+skipped; ``truncate_logs`` cuts the logs back to its step (docs/architecture.md, "Checkpoint and
+resume").
 
 May import: the standard library, launch.errors.
 """
@@ -162,10 +147,9 @@ def _abandon(run_dir: Path, step: int, tmp: Path, keep: int, error: BaseExceptio
              ) -> Optional[CheckpointDiskFull]:
     """Remove the partial ``tmp``; return a ``CheckpointDiskFull`` if the write ran out of space.
 
-    torch's and DeepSpeed's writers hide ENOSPC behind ``basic_ios::clear: iostream error``
-    (no errno), so space is judged at the failure too: less than ``SPACE_MARGIN`` free then
-    means the write filled the disk. The bytes needed are the newest intact checkpoint's size
-    (the new one is about as large), else at least what was written before the failure."""
+    torch's and DeepSpeed's writers hide ENOSPC behind ``basic_ios::clear: iostream error``, so less
+    than ``SPACE_MARGIN`` free at the failure also means a full disk. The bytes needed are the
+    newest intact checkpoint's size, else at least what was written."""
     root = checkpoint_root(run_dir)
     full = _no_space(error) or (root.is_dir() and shutil.disk_usage(root).free < SPACE_MARGIN)
     written = _bytes_under(tmp)

@@ -1,20 +1,14 @@
 """Starting or joining Ray, and the resources each role asks for.
 
-- ``cluster.address: null`` (default): an embedded local Ray started in-process
-  (``ray.init(address="local")`` with its own temp dir, no dashboard), stopped by ``shutdown``.
-- ``auto`` joins the cluster this machine belongs to (also what ``ray job submit`` gives: the
-  job's driver sees ``RAY_ADDRESS``); ``ray://host:port`` connects through Ray Client.
+``cluster.address``: null (default) starts an embedded local Ray (own temp dir, no dashboard),
+stopped by ``shutdown``; ``auto`` joins this machine's cluster (what ``ray job submit`` gives);
+``ray://host:port`` connects through Ray Client.
 
-``role_options(res)`` turns ``cluster.<role>`` (``RoleResources``) into
-``.options(num_cpus=..., num_gpus=..., resources=..., runtime_env=...)`` for the role's actors:
-GPUs for the rollout workers (optionally a custom resource), CPUs for the scheduler. Executors and
-learner ranks take theirs from their own sections (``executors.num_cpus_per_executor``,
-``learner.num_gpus_per_rank``), so the executor count is independent of the GPU count.
-``role_plan(cfg)`` gives the options of one actor of each role started from here.
-
-DeepSpeed's accelerator is chosen per role from its resources (``DS_ACCELERATOR`` in the actor's
-runtime env: 'cuda' for an actor holding a GPU, 'cpu' otherwise), never job-wide: a driver on a
-CPU node (or one that exported ``DS_ACCELERATOR=cpu``) would otherwise put GPU ranks on the CPU.
+``role_options(res)`` turns ``cluster.<role>`` (``RoleResources``) into ``.options(...)`` for the
+role's actors; executors and learner ranks take theirs from their own sections, so the executor
+count is independent of the GPU count. ``role_plan(cfg)`` gives one actor's options per role.
+DeepSpeed's accelerator is chosen per role (``DS_ACCELERATOR`` in the actor's runtime env: 'cuda'
+with a GPU, else 'cpu'), never job-wide, so a CPU driver cannot put GPU ranks on the CPU.
 
 Whether the roles fit on the connected cluster is ``launch.doctor.check_fits``.
 

@@ -1,25 +1,17 @@
 """The training run's configuration: one pydantic ``TrainConfig`` mirrored 1:1 by YAML.
 
-Sections owned here: ``run`` (seed, steps, batch shape), ``pool`` (a directory, or a generated
-pool), ``scheduler`` (which ``scheduling/`` scheduler and its parameters), ``controller``
-(staleness, concurrency, timeouts, retries, checkpoints), ``cluster`` (Ray address and per-role
-resources), ``policy`` (model path and rollout engine), ``sft`` (the demo's warm start, run when
-``policy.path`` is unset), ``eval`` (the fixed-set evaluation, defined in
-``launch.eval_config``). Sections owned by the role modules are declared here with their owners'
-classes, not redefined: ``executors`` (``actors.executor_config.ExecutorConfig``), ``rollout``
-(``actors.rollout.config.RolloutConfig``), ``learner`` (``actors.learner.config.LearnerConfig``),
-``logging`` (``launch.loggers.LoggingConfig``) and ``user_sim``
-(``actors.user_sim.config.UserSimConfig``), so every default lives in exactly one place and a
-function that needs one section takes that section's class. None of them imports Ray: loading a
-config never does. A value that follows another is derived when the config is built, not
-repeated: ``learner.total_steps`` unset = ``run.steps``; the scheduler's B is always
-``run.batch_size``. A section is validated once, here, and handed on as that object (through
-Ray too: pydantic models pickle).
+Sections owned here: ``run``, ``pool``, ``scheduler``, ``controller``, ``cluster``, ``policy``,
+``sft`` (the demo's warm start) and ``eval`` (``launch.eval_config``). Sections owned by the role
+modules are declared here with their owners' classes, not redefined: ``executors``
+(``actors.executor_config.ExecutorConfig``), ``rollout`` (``actors.rollout.config.RolloutConfig``),
+``learner`` (``actors.learner.config.LearnerConfig``), ``logging``
+(``launch.loggers.LoggingConfig``) and ``user_sim`` (``actors.user_sim.config.UserSimConfig``).
+None of them imports Ray. A value that follows another is derived when the config is built
+(``learner.total_steps`` unset = ``run.steps``; the scheduler's B is ``run.batch_size``). A
+section is validated once, here, and handed on as that object (pydantic models pickle).
 
-Loading: ``load_config(path, overrides)`` reads YAML (none = ``configs/cpu_demo.yaml``), applies
-dotted overrides ``key.sub=value`` (values parsed as YAML scalars: ``3``, ``1e-6``, ``true``,
-``[1, 2]``), then validates. Unknown keys and bad values raise ``ConfigError`` naming the dotted
-field, the value given and the fix (the closest known key, the expected type).
+``load_config(path, overrides)``: YAML (none = ``configs/cpu_demo.yaml``) plus dotted overrides
+``key.sub=value``, validated; errors (``ConfigError``) name the field, the value and the fix.
 
 May import: pydantic, yaml, the standard library, envs.text (strict UTF-8 reading),
 launch.eval_config, the role config modules named above, actors.rollout.engine_args and
@@ -82,11 +74,9 @@ class PoolConfig(_Section):
 
 class SchedulerConfig(_Section):
     """Which scheduler (a ``scheduling.registry`` name that training runs,
-    ``registry.train_names()``) and its parameters, validated against the registry's params
-    model when the config is built: a typo, a wrong type or a simulator-only name (``dapo+NAME``:
-    training has no draw-until-B loop) fails here, before any pool is generated or SFT runs. B, K
-    and the seed are the run's (``run.batch_size``, ``rollout.k``, ``run.seed``), never scheduler
-    parameters."""
+    ``registry.train_names()``) and its parameters, validated against the registry's params model
+    when the config is built, before any pool is generated or SFT runs. B, K and the seed are the
+    run's, never scheduler parameters."""
 
     name: str = Field("envsched", description="a scheduling.registry name training runs "
                       "(dapo+NAME is envsched simulate only)")

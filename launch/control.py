@@ -1,10 +1,9 @@
 """Live control of a running training job through ``RUN_DIR/control.json``.
 
-A run polls this file once per loop iteration (a ``stat``; read only when its mtime changes) and
-applies what changed. Today it carries one knob, ``{"executors": N}``: every rollout worker's
-executor pool is resized to N executors while the run goes on (on a Ray cluster the autoscaler can
-add the nodes their resources need). ``envsched scale RUN_DIR --executors N`` writes it; a bad
-file is reported once per change and ignored, never fatal.
+A run polls this file once per loop iteration (read only when its mtime changes). One knob,
+``{"executors": N}``: every rollout worker's executor pool is resized to N executors.
+``envsched scale RUN_DIR --executors N`` writes it; a bad file is reported once per change and
+ignored, never fatal.
 
 May import: the standard library.
 """

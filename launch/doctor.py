@@ -1,26 +1,15 @@
 """Pre-flight checks of a run: is this machine and this Ray cluster ready for this config?
 
 Each check gives ``Check(name, status, detail, fix)``, printed as one line; ``status`` is ``ok``,
-``warn`` (the run can start, something deserves a look) or ``fail`` (a blocker: the run would
-stop or hang). ``envsched doctor`` prints all of them; ``envsched train`` runs ``static_checks``
-before anything starts and ``check_fits`` runs ``resource_checks`` once Ray is up.
+``warn`` (the run can start, something deserves a look) or ``fail`` (a blocker). ``envsched
+doctor`` prints all of them (the list: docs/cluster.md, "Pre-flight"); ``envsched train`` runs
+``static_checks`` before anything starts and ``check_fits`` once Ray is up.
 
-- ``versions``: Python, torch, DeepSpeed, Ray, transformers, vLLM (when the engine is vLLM, and
-  the torch vLLM was built for);
-- ``cuda``: devices and NCCL, when the config asks for GPUs;
-- ``accelerator``: DeepSpeed's accelerator per role (``launch.cluster.role_plan``);
-- ``sandbox``: bubblewrap, unshare, docker, and the configured backend;
-- ``logging``: the packages of the configured logger backends (``launch.loggers``);
-- ``policy``, ``pool``, ``eval pools``, ``graph cache``, ``disk``: the model (local directory or hub
-  id in the local cache), the pool directory, each pool of ``eval.pools``, ``RUN_DIR/graph.pkl``,
-  free space for checkpoints;
-- ``resource_checks(cfg, nodes)``: what each role asks per actor (rollout: CPUs and GPUs = tensor
-  parallel size, learner ranks, the scheduler, executors: ``cluster.rollout.num x
-  executors.num_executors`` actors with their CPUs and custom resources) against the nodes'
-  resources: each actor must fit on one node, and all of them on the cluster. Pure: ``nodes`` is a
-  list of per-node resource dicts (``ray.nodes()``'s ``Resources``);
-- ``check_fits(cfg)``: ``resource_checks`` on the connected Ray cluster, a ``UserError`` naming
-  every blocker.
+- ``resource_checks(cfg, nodes)``: what each role asks per actor against the nodes' resources
+  (each actor must fit on one node, all of them on the cluster). Pure: ``nodes`` is a list of
+  per-node resource dicts (``ray.nodes()``'s ``Resources``);
+- ``check_fits(cfg)``: ``resource_checks`` on the connected cluster, a ``UserError`` naming every
+  blocker.
 
 When the driver is not where the actors run (``--address``), driver-side findings about CUDA and
 the sandbox are warnings: the cluster's resources decide.
@@ -391,9 +380,8 @@ def blockers(checks: Iterable[Check]) -> list[Check]:
 
 def check_fits(cfg: TrainConfig) -> None:
     """Fail fast, naming the config key, when an actor of a role fits on no node of the connected
-    Ray cluster, or all roles together ask for more than it has (otherwise Ray leaves actors
-    pending until a call times out). The checks are
-    ``resource_checks`` (also printed by ``envsched doctor``)."""
+    Ray cluster, or all roles together ask for more than it has (else Ray leaves actors pending
+    until a call times out); the checks are ``resource_checks``."""
     failed = blockers(resource_checks(cfg, ray_nodes()))
     if failed:
         raise UserError("; ".join(f"{c.detail} (fix: {c.fix})" for c in failed))

@@ -2,16 +2,12 @@
 
 - ``UserError``: something the user can fix before the run (a bad pool path, a bad flag); exit 2.
 - ``RunStopped``: a run stopped on a fault it could not recover from; the line says what failed,
-  where, and the command that continues the run (``command``, filled in by ``launch.trainer``,
-  which knows the run directory and the Ray address); exit 1. Its kinds:
-  ``LearnerLost`` (the learner group died and could not be rebuilt: no checkpoint yet, or
-  ``controller.learner_restarts`` used up) and ``CheckpointDiskFull`` (a checkpoint write ran out
-  of space; the newest intact checkpoint is untouched) and ``RunStalled`` (every training group
-  of a long run of them failed after all its retries: nothing can train).
+  where, and the command that continues the run (``command``, filled in by ``launch.trainer``);
+  exit 1. Its kinds: ``LearnerLost``, ``CheckpointDiskFull``, ``RunStalled``
+  (docs/architecture.md, "Faults").
 
-Raised anywhere under ``launch/``; ``launch.cli.main`` and ``launch.commands.train`` catch them.
-Kept apart from the CLI so that the run driver and the plain modules raise them without importing
-the command line. ``ENVSCHED_DEBUG=1`` makes ``envsched train`` show the full traceback instead.
+Kept apart from the CLI so plain modules raise them without importing it; ``launch.cli.main`` and
+``launch.commands.train`` catch them. ``ENVSCHED_DEBUG=1`` shows the full traceback instead.
 
 May import: the standard library.
 """

@@ -65,13 +65,11 @@ class EvalPoolConfig(_Section):
 class EvalConfig(_Section):
     """Evaluation of the current policy on a fixed task set, independent of the scheduler.
 
-    The scheduled batch's mean reward mixes policy improvement with the scheduler's task choice
-    (EnvSched prefers tasks near 1/2 success), so learning is measured here instead: the same tasks,
-    K samples each with the same episode seeds at every evaluation (common random numbers: two
-    evaluations of the same weights give the same reward), at the start (step 0), every ``every``
-    steps and after the last step. Evaluation groups share the rollout workers with training but
-    never reach the scheduler or the learner. ``pools`` adds benchmark pools, each evaluated the
-    same way and reported apart (``eval_reward@NAME``).
+    The scheduled batch's mean reward mixes policy improvement with the scheduler's task choice, so
+    learning is measured here: the same tasks, K samples each with the same episode seeds, at step
+    0, every ``every`` steps and after the last step. Evaluation groups share the rollout workers
+    but never reach the scheduler or the learner. ``pools`` adds benchmark pools, reported apart
+    (``eval_reward@NAME``).
     """
 
     enabled: bool = False

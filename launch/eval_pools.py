@@ -2,21 +2,14 @@
 fixed task set evaluated on each.
 
 ``load_eval_pools(cfg, train_dir)`` loads every entry statically (``envs.pool.load_pool``: no
-code runs; compiling and running environments happens only in the executors' sandboxes) and
-checks it the way the training pool is checked, before SFT or Ray start. A bad entry is a
-``UserError`` of one line naming the entry (``eval.pools[1] (tau_test)``) and the problem: the
-directory is missing or not a pool, a task or environment in it is malformed (file and line), it
-is the training pool itself (a held-out part of that is ``pool.heldout_*``), ``envs`` names an
-environment it does not have, or it declares a package the sandbox cannot import.
+code runs) and checks it as the training pool is checked, before SFT or Ray start. A bad entry is
+a one-line ``UserError`` naming the entry (``eval.pools[1] (tau_test)``) and the problem
+(docs/evaluation.md, "Checks at start-up").
 
-``EvalPool``: the entry's name, directory, the loaded pool (the rollout workers' copy of it is
-loaded by them from ``path``, ``envs.pool_union``), and its evaluated set
-(``launch.evaluation.EvalSet``): ``eval_tasks`` on the pool restricted to ``envs``, with the
-entry's ``tasks`` and ``k`` (else ``eval.tasks``, ``eval.k``) and ``eval.seed``, task ids
-namespaced ``NAME/task_id`` as on the rollout workers. The choice depends only on the pool, the
-entry and ``eval.seed``: the same at every evaluation and for every run of a comparison.
-
-``worker_pools(pools)``: {name: directory}, what each rollout worker is given.
+``EvalPool``: the entry's name, directory, loaded pool and evaluated set
+(``launch.evaluation.EvalSet``, task ids ``NAME/task_id`` as on the rollout workers), which
+depends only on the pool, the entry and ``eval.seed``. ``worker_pools(pools)``: {name: directory},
+what each rollout worker is given.
 
 May import: envs.pool, envs.pool_union, launch.errors, launch.evaluation, sandbox.packages, the
 standard library.

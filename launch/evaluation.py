@@ -1,37 +1,18 @@
 """Fixed-set evaluation of the policy: which tasks, which episode seeds, and what to report.
 
-The controller (``launch/controller.py``) runs the groups; this module holds the plain parts:
+The controller runs the groups; this module holds the plain parts:
 
-- ``EvalSet``: one part of an evaluation: the training pool (name ``""``, its task ids, with a
-  held-out split ``split_of``) or an evaluation pool of ``eval.pools`` (its name, its task ids as
-  the rollout workers know them, ``NAME/task_id``, ``envs.pool_union``); ``k`` samples per task.
-- ``eval_tasks(pool, cfg)``: the evaluated task ids, fixed for the whole run. ``cfg.tasks == 0``
-  takes every task; otherwise N tasks dealt round-robin over the environments (sorted ids), each
-  environment's tasks in a seeded shuffle, so a small evaluation still covers every environment.
-- ``eval_seed(cfg, index, name)``: the episode seed of the index-th task of set ``name``, the
-  same at every evaluation (common random numbers: a change in the evaluated reward comes from
-  the weights, not from the draw of environment seeds); a set's seeds do not depend on the other
-  sets (adding a pool changes no other pool's seeds).
-- ``eval_tickets(sets, cfg)``: every set's tasks as ``EVAL`` tickets, ids consecutive over sets.
-- ``eval_record(step, groups, failed, seconds)``: the training pool's part of the line written to
-  ``RUN_DIR/eval.jsonl`` and merged into that step's metrics: ``eval_reward`` (mean reward over
-  every trajectory), ``eval_success`` (share of trajectories with reward 1),
-  ``eval_task_solved`` (share of tasks with at least one success), ``eval_reward_var`` (mean
-  within-group variance, ``scheduling.variance.group_variance``),
-  ``eval_groups``, ``eval_failed`` (groups that failed every retry; excluded from the means);
-  with a held-out split (``launch/split.py``) ``eval_reward_<split>`` / ``eval_success_<split>``
-  for ``train``, ``heldout_task`` and ``heldout_env``.
-- ``eval_records(step, sets, groups, dropped, seconds)``: the whole line: the training pool's
-  keys as above, and each evaluation pool's the same keys suffixed ``@NAME``
-  (``eval_reward@tau_test``, ``eval_groups@tau_test`` ...).
-- ``task_rewards(groups)``: {task id: mean reward}, which ``eval.jsonl`` adds to the record to
-  show which tasks moved.
-- ``eval_curves(rows)``: {key: [(step, value)]} of every reward series of ``eval.jsonl`` (the
-  training pool, each held-out part, each evaluation pool): what ``envsched report`` draws.
-
-``read_eval(run_dir)`` reads ``eval.jsonl`` back (``[]`` when the run has none).
-
-``append_eval(run_dir, record, groups)`` writes one line.
+- ``EvalSet``: the training pool (name ``""``, with a held-out split ``split_of``) or a pool of
+  ``eval.pools`` (task ids ``NAME/task_id``, ``envs.pool_union``).
+- ``eval_tasks(pool, cfg)``: every task, or N dealt round-robin over the environments, each in a
+  seeded shuffle; ``eval_seed(cfg, index, name)``: the same episode seed at every evaluation
+  (common random numbers), independent of other sets; ``eval_tickets``: ``EVAL`` tickets.
+- ``eval_record`` / ``eval_records``: ``eval_reward``, ``eval_success`` (reward 1),
+  ``eval_task_solved``, ``eval_reward_var``, ``eval_groups``, ``eval_failed`` (excluded from the
+  means), per held-out split ``eval_reward_<split>`` / ``eval_success_<split>``, and each
+  evaluation pool's keys suffixed ``@NAME``.
+- ``task_rewards``, ``eval_curves``, ``read_eval``, ``append_eval``: per-task rewards, the curves
+  ``envsched report`` draws, reading and writing ``eval.jsonl``.
 
 May import: numpy, the standard library, actors.ticket (no Ray), envs.strict_json, launch.metrics,
 scheduling.variance.

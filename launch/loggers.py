@@ -1,19 +1,12 @@
 """Metric logger backends, chosen by the ``logging`` section: where each learner step's record goes
-besides ``RUN_DIR/metrics.jsonl``.
+besides ``RUN_DIR/metrics.jsonl`` (always written: ``envsched report`` and resume read it).
 
-``metrics.jsonl`` is always written (``launch.metrics.MetricsLogger``): ``envsched report``, the
-run summary and resume read it. ``logging.backends`` adds any of:
-
-- ``tensorboard`` (default): ``RUN_DIR/tensorboard`` event files (tensorboard is a dependency);
-- ``wandb``: Weights & Biases, ``logging.wandb_mode`` online / offline (files under
-  ``RUN_DIR/wandb``, ``wandb sync`` uploads them later); extra ``envsched[wandb]``;
-- ``mlflow``: MLflow tracking at ``logging.mlflow_tracking_uri``, by default a local file store
-  ``RUN_DIR/mlruns`` (``mlflow ui --backend-store-uri RUN_DIR/mlruns``; MLflow 3 keeps that store
-  in maintenance mode, so ``MLFLOW_ALLOW_FILE_STORE`` is set for it); extra ``envsched[mlflow]``.
-
-A backend whose package is missing fails when the run starts, with one line naming the extra to
-install (``MissingExtra``). Every backend gets the numeric fields of the record at its step; a
-resumed run resumes the same wandb run (its id is derived from the run directory).
+``logging.backends`` adds any of ``tensorboard`` (default; ``RUN_DIR/tensorboard``), ``wandb``
+(online / offline under ``RUN_DIR/wandb``; extra ``envsched[wandb]``) and ``mlflow`` (by default
+a local file store ``RUN_DIR/mlruns``, for which ``MLFLOW_ALLOW_FILE_STORE`` is set; extra
+``envsched[mlflow]``). A missing package fails at start with one line naming the extra
+(``MissingExtra``). Every backend gets the record's numeric fields at its step; a resumed run
+resumes the same wandb run (id derived from the run directory).
 
 May import: pydantic, the standard library; torch.utils.tensorboard, wandb, mlflow lazily.
 """

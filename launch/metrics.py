@@ -1,37 +1,20 @@
 """Per-step training metrics: computed from the step's groups, written to JSONL and TensorBoard,
-shown on a live progress bar.
+shown on a live progress bar. The list of keys: docs/architecture.md, "Metrics".
 
 ``step_metrics`` turns one learner step's inputs into a flat record. Definitions (ours where the
 issue is silent):
 
-- ``reward_mean``: mean trajectory reward over the step's B groups' valid trajectories
-  (``trajectories`` of them: K per group, less those dropped for infrastructure faults, which
-  have no reward; ``envs.trajectory.Group``).
-- ``reward_var_mean``: mean over groups of the within-group population variance
-  ``var_g = mean_k (r_gk - mean_k r_gk)^2`` (ddof = 0, the quantity GRPO's signal depends on).
-- ``zero_var_share``: share of groups whose K rewards are all equal (no GRPO signal).
-- ``envs_per_batch``: distinct environments among the step's groups; ``tools_per_batch``:
-  distinct (environment, tool) pairs actually called in the step's trajectories.
-- ``phase_<name>``: groups selected in each scheduler phase (cold-start/coverage/...).
-- ``pred_var_mean`` vs ``reward_var_mean``: the scheduler's predicted variance for the selected
-  tasks (selection score ``v_hat`` or ``variance`` when the scheduler gives one) against the
-  realised one; ``pred_var_corr`` their Pearson correlation over groups (when defined).
-- ``staleness_mean/max``: learner version at training minus the policy version each trajectory
-  was sampled with (its oldest token's: ``Trajectory.policy_version``).
-- version spread (partial rollouts: one trajectory may hold tokens of several versions;
-  ``Trajectory.version_lags``): per trajectory the lag of its newest token, of its oldest and the
-  mean over its sampled tokens; ``version_lag_min`` / ``version_lag_mean`` are the means over the
-  step's trajectories of the first and third, ``version_lag_max`` the largest oldest-token lag
-  (= ``staleness_max``), ``version_spread_mean`` / ``_max`` the oldest minus the newest lag, and
-  ``mixed_version_share`` the share of trajectories sampled by more than one version.
-- timings ``time_<phase>_s`` and ``learner_idle_share`` are filled in by the controller;
-  ``rollout_idle_share`` and ``rollout_occupancy`` by ``Occupancy``, from the groups in flight
-  over wall time.
-- faults (docs/architecture.md, "Faults"), over every group that came back since the previous row,
-  trained or failed (``launch.ledger.Ledger.take_counts``): ``task_errors`` (valid trajectories the task's code
-  failed: kept with their reward), ``infra_errors`` (episode attempts the infrastructure lost:
-  retried, or dropped), ``trajectories_dropped``; from the scheduler actor, ``quarantined_tasks``
-  (tasks removed for repeated task faults, ``scheduling.quarantine``).
+- ``reward_mean``: mean reward of the step's valid trajectories (infra-dropped ones have none).
+- ``reward_var_mean``: mean over groups of ``var_g = mean_k (r_gk - mean_k r_gk)^2`` (ddof = 0,
+  the quantity GRPO's signal depends on); ``zero_var_share``: groups whose K rewards are equal.
+- ``pred_var_mean`` / ``pred_var_corr``: the scheduler's predicted variance of the selected tasks
+  (``v_hat`` or ``variance``) against the realised one, Pearson over groups when defined.
+- ``staleness_mean/max``: learner version at training minus ``Trajectory.policy_version``.
+- version spread (``Trajectory.version_lags``): ``version_lag_*``, ``version_spread_*``,
+  ``mixed_version_share``, defined in docs/rollout.md, "Partial rollouts".
+- faults, over every group back since the previous row (``launch.ledger.Ledger.take_counts``):
+  ``task_errors``, ``infra_errors``, ``trajectories_dropped``, ``quarantined_tasks``.
+Timings and idle shares are filled in by the controller and ``Occupancy``.
 
 May import: numpy, scheduling.base (the phases), scheduling.variance (Eq. 2), the standard
 library; tqdm and launch.loggers (its backends) lazily.
@@ -267,12 +250,10 @@ def format_summary(summary: dict[str, Any]) -> str:
 class Occupancy:
     """Rollout-worker occupancy over wall time, from the number of groups in flight.
 
-    ``update(n)`` says n groups are in flight from now on; the previous count is charged for the
-    time since the last update. With ``workers`` W and least-busy placement, min(n, W) workers
-    have an episode to run; ``take()`` returns, since the previous ``take``, the share of
-    worker-time without one (``rollout_idle_share``) and the mean in-flight groups over
-    ``max_groups`` (``rollout_occupancy``). A group finished on a worker but not yet collected
-    counts as running (an under-estimate of idleness by at most the driver's collect latency)."""
+    ``update(n)``: n groups in flight from now on. With ``workers`` W and least-busy placement,
+    min(n, W) workers are busy; ``take()`` returns, since the previous ``take``, the idle share of
+    worker-time (``rollout_idle_share``) and the mean in-flight groups over ``max_groups``
+    (``rollout_occupancy``). A finished group not yet collected counts as running."""
 
     def __init__(self, workers: int, max_groups: int):
         self.workers, self.max_groups = max(1, workers), max(1, max_groups)

@@ -3,35 +3,17 @@ same process, as a resume would; where it cannot, it stops with one line naming 
 
 ``Recovery(cfg, roles, run_dir, make_controller)``: ``start(ckpt)`` makes the controller
 (restored from ``ckpt``, or new); ``run(policy_dir)`` runs it to ``run.steps`` and exports the
-policy. A ``LearnerDied`` from any learner call on the way (a step, a weight publish, a checkpoint
-save, the export) is caught here, in this one place: the newest intact checkpoint is loaded; if
-there is none, or ``controller.learner_restarts`` rebuilds were done already, or the new group
-cannot start, the run stops with ``LearnerLost`` (one line; ``launch.trainer`` adds the command
-that continues or restarts the run). Otherwise every group in flight is taken from the ledger
-and cancelled, ``Roles.rebuild_learner`` starts a fresh learner group (with its weight sync) and scheduler actor, and a fresh
-controller restores the checkpoint into them, which loads the learner and publishes its weights
-to the rollout workers as version s.
+policy. A ``LearnerDied`` from any learner call on the way is caught here, in this one place:
+with no intact checkpoint, ``controller.learner_restarts`` rebuilds done, or a new group that
+cannot start, the run stops with ``LearnerLost`` (one line). Otherwise every group in flight is
+cancelled, ``Roles.rebuild_learner`` starts a fresh learner group and scheduler actor, and a
+fresh controller restores the checkpoint into them (loading the learner and publishing its
+weights as version s).
 
-Decision where the issue left it open: the whole driver state is restored, not only the learner.
-A checkpoint of step s holds the learner's weights and optimiser at s together with the
-controller (policy version s, admission counters, RNG, tickets open, buffered groups, selections
-issued) and the scheduler at s; steps s+1..v lived only in the dead learner. Loading the learner
-at s under a driver at v would publish the weights of s as version v, break the staleness
-accounting and leave groups in the logs that are in no surviving weights. Restored whole, the run
-from s on is the resumed run of ``tests/launch/test_controller.py`` (selections equal an
-uninterrupted run's), so after a rebuild from step s:
-
-- the policy version, admission counters, scheduler state and the rollout engines' weights are
-  those of step s; the tickets open at s are re-issued first with their seeds, the buffered ones
-  kept, and the restored scheduler hands out the same selections under the same ticket ids;
-- ``metrics.jsonl``, ``eval.jsonl`` and ``groups.jsonl`` are cut back to step s (steps s+1..v are
-  trained again and logged once): ``groups.jsonl`` lists each ticket at most once, and the final
-  weights hold each listed group exactly once. What the dead learner trained after s is lost
-  with its weights, as are the rollouts since s (the price: those steps again, plus a learner
-  start); the rebuilt scheduler absorbs each accepted group once;
-- ``learner_restarts`` (rebuilds in this process) is in every later metrics row, and
-  ``learner_recovery_s`` (learner found dead -> the first step after the rebuild done) in the
-  row of that step.
+Decision where the issue left it open: the whole driver state of step s is restored, not only the
+learner (a learner at s under a driver at v would publish the weights of s as version v and break
+the staleness accounting). So the run from s on is the resumed run: logs are cut back to s, steps
+s+1..v are trained again and logged once (docs/architecture.md, "Faults").
 
 May import: launch.*, actors.learner.learner_actor (``LearnerDied``), the standard library.
 """

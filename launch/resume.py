@@ -3,19 +3,15 @@
 ``open_run(cfg, run_dir, resume, resume_changed) -> Checkpoint | None``:
 
 - a directory with a checkpoint is continued from its newest intact one (``launch.checkpoint``);
-  ``resume=True`` makes a missing checkpoint an error; a directory with metrics but no checkpoint
-  is refused (nothing to continue from, and starting over would mix two runs' logs);
-- a directory that already has a ``config.yaml`` is compared with the new config, key by key
-  (the stored one validated first, so keys added to the config models since count as their
-  defaults, not as changes). Changed keys other than ``RESUMABLE`` refuse the run with the list
-  of them, unless ``resume_changed``. Any change is recorded, never silently overwritten: the old
-  file is kept as ``config.step_N.yaml`` (N: the checkpoint's step, 0 without one) and a line
-  ``{step, time, forced, changes: {key: [old, new]}}`` is appended to ``config_changes.jsonl``;
-  then ``config.yaml`` is the new config.
+  ``resume=True`` makes a missing checkpoint an error; metrics without a checkpoint are refused
+  (starting over would mix two runs' logs);
+- an existing ``config.yaml`` is compared with the new config key by key (the stored one validated
+  first, so new keys count as their defaults). Changed keys other than ``RESUMABLE`` refuse the run
+  unless ``resume_changed``. Any change is recorded: the old file kept as ``config.step_N.yaml``,
+  a line appended to ``config_changes.jsonl``.
 
 Decision where the issue is silent: ``RESUMABLE`` keys (how long to train, where Ray runs, the
-progress bar) do not change what a step computes, so extending a run (``run.steps=40``) needs no
-flag; the change is still recorded.
+progress bar) do not change what a step computes, so they need no flag.
 
 May import: yaml, the standard library, launch.checkpoint, launch.config, launch.cli.
 """

@@ -2,37 +2,17 @@
 ``launch/controller.py`` drives.
 
 ``Roles(cfg, pool, pool_dir, run_dir, model_path, eval_pools)`` creates, on the connected Ray
-cluster: the executor pool (``actors.executor_pool.ExecutorPool``, sized by
-``executors.num_executors`` per rollout worker, resizable while the run goes on), the single scheduler actor
-(``actors.scheduler_actor``), the rollout workers (``actors.rollout_worker``,
-``cluster.rollout.num`` of them; each serves the training pool and the evaluation pools,
-``launch.eval_pools.worker_pools``, in its executors' sandboxes), the learner group
+cluster: the executor pool (``actors.executor_pool.ExecutorPool``), the single scheduler actor
+(``actors.scheduler_actor``), the rollout workers (``actors.rollout_worker``; each serves the
+training pool and the evaluation pools, ``launch.eval_pools.worker_pools``), the learner group
 (``actors.learner.learner_actor.LearnerGroup``) with its weight sync and, when the pool has
-conversational tasks (``envs.spec.UserSpec``), the user simulators (``actors.user_sim_actor``,
-``cluster.user_sim.num`` of them, configured by ``user_sim``; every worker gets every handle).
+conversational tasks, the user simulators (``actors.user_sim_actor``).
 
-Fault policy (the ledger decides on re-issue and deadlines, this module on restarts):
-- every ``ray.get`` has a timeout (``controller.call_timeout_s``); a group the ledger finds
-  overdue is cancelled here (``cancel``);
-- a group whose worker died reports the ``RayActorError``; the worker is replaced by a fresh
-  actor, which gets the learner's weights (those of the published version: a group finds a
-  death only between a step's publish and the next step's end) before it serves anything; a
-  weight publish (or
-  a metrics or resize call) that finds a dead or unresponsive worker replaces it the same way and
-  publishes again, so the run goes on;
-- a dead scheduler actor is replaced by a fresh one rebuilt from the last snapshot (the state
-  saved with the latest checkpoint, or loaded on resume) plus every ``next_tasks`` and ``absorb``
-  since, kept by ``SchedulerJournal`` (``launch/scheduler_journal.py``): no group is lost or
-  absorbed twice; after ``REBUILDS`` failed rebuilds in one call the run ends with ``RoleError``;
-- a dead learner rank surfaces as ``LearnerDied`` from the learner call that found it (a step,
-  a publish, a checkpoint save, the export); ``launch/recovery.py`` decides what follows and, to
-  go on, cancels every group in flight and calls ``rebuild_learner``: the learner group and its
-  weight sync are replaced by fresh ones and the scheduler actor by a fresh one, for the restore
-  of a checkpoint into them (which loads the learner and publishes its weights).
-
-The decisions (replace-once, when to give up, the step's role metrics) are the plain
-``launch/roles_core.py:RolesCore``; placement and deadlines are the ledger's. This module holds
-no run state but the actors' handles: it makes the Ray calls.
+It makes the Ray calls (every ``ray.get`` with a timeout) and the restarts: a replaced rollout
+worker gets the published weights before it serves anything; a dead scheduler actor is rebuilt
+from the ``SchedulerJournal``; ``rebuild_learner`` serves ``launch/recovery.py``. When to restart
+and when to give up are ``launch/roles_core.py:RolesCore``'s, re-issue and deadlines the
+ledger's (docs/architecture.md, "Faults"). It holds no run state but the actors' handles.
 
 May import: ray, actors.*, launch.*, envs.*, the standard library.
 """
@@ -347,10 +327,9 @@ class Roles:
     # ---- start, metrics and shutdown ---------------------------------------------------------
     def wait_ready(self, timeout_s: float) -> Optional[str]:
         """Wait until every rollout worker's executors have started their sandboxes
-        (``Executors.wait_ready``), so that the run's first step does not include their start
-        (the trainer counts the wait in ``startup_seconds``). None when all are up; else what
-        is not, as a message: the run goes on, since the executor pool replaces an executor that
-        failed to start, as it did before this wait existed."""
+        (``Executors.wait_ready``), so the run's first step does not include their start (the
+        trainer counts it in ``startup_seconds``). None when all are up, else what is not: the run
+        goes on, since the executor pool replaces an executor that failed to start."""
         try:
             ray.get([w.wait_ready.remote(timeout_s) for w in self.workers],
                     timeout=timeout_s + 60)

@@ -1,29 +1,22 @@
 """What ``launch/roles.py:Roles`` decides, without Ray: whom to restart, when to give up, and
 the step's role metrics (placement and deadlines of groups are ``launch.ledger.Ledger``'s).
 
-``RolesCore(clock)`` holds the rollout workers' current handles (opaque here: Ray actor handles
-in ``Roles``, anything in a test) and the restart counters.
+``RolesCore(clock)`` holds the rollout workers' current handles (opaque here) and the restart
+counters.
 
-- Restarts: a worker is replaced once per death, however many of its groups report it:
-  ``first_report(w, handle)`` is true only while the dead handle is still worker w's current one;
-  ``replaced(w, handle)`` installs the new handle and counts the restart. A weight publish that
-  fails is repeated after replacing the dead workers, ``PUBLISHES`` attempts in all, and gives up
-  at once when no worker is dead (``check_publish``); a dead scheduler actor is rebuilt at most
-  ``REBUILDS`` times within one call (``check_rebuild``). Giving up raises ``RoleError``.
-- Learner rebuilds (``launch/recovery.py`` decides them): ``learner_rebuilt(lost_at)`` counts the rebuild and remembers when the learner was found dead,
-  so the next step's record has ``learner_recovery_s`` (found dead -> that step done).
-- Metrics: ``step_extras(scheduler, per_worker)`` merges the scheduler actor's metrics with the
-  sums over workers (cumulative seconds generating, inside executors, whole episodes; executor
-  waits, waiting callers, executors alive), the worst p95 executor wait, ``executor_share``
-  (executor seconds over episode seconds, the signal to scale executors), the restart counts
-  (``rollout_restarts``, ``scheduler_restarts``, ``learner_restarts``),
-  ``rollout_engine_idle_share``: since the previous call, 1 - the workers' summed engine-busy
-  seconds over their summed up time (``actors.rollout.partial.BusyClock``; a replaced worker
-  counts from its new clock), and ``rollout_slot_idle_share``: 1 - the episode-seconds run over
-  the workers' episode capacity times their up time (``EpisodeGate.episode_s``); with
-  conversational tasks also the user messages, the seconds episodes waited for them
-  (``rollout_time_user_s``) and, from ``user_sim_extras(per_simulator)``, the simulators' calls,
-  failures, re-sends, seconds and completion tokens summed (``user_sim_*``).
+- Restarts: a worker is replaced once per death, however many of its groups report it
+  (``first_report(w, handle)``, then ``replaced(w, handle)``). A failed weight publish is repeated
+  after replacing the dead workers, ``PUBLISHES`` attempts in all, and gives up at once when no
+  worker is dead (``check_publish``); a dead scheduler actor is rebuilt at most ``REBUILDS`` times
+  within one call (``check_rebuild``). Giving up raises ``RoleError``.
+- ``learner_rebuilt(lost_at)`` counts a learner rebuild and sets the next step's
+  ``learner_recovery_s``.
+- ``step_extras(scheduler, per_worker)``: the scheduler actor's metrics, the sums over workers,
+  the worst p95 executor wait, ``executor_share``, the restart counts,
+  ``rollout_engine_idle_share`` (1 - summed engine-busy over up time since the previous call,
+  ``actors.rollout.partial.BusyClock``), ``rollout_slot_idle_share`` (1 - episode-seconds over
+  capacity times up time) and, with conversational tasks, the user and ``user_sim_*`` figures
+  (``user_sim_extras``).
 
 May import: the standard library (no Ray: tests/launch/test_roles_core.py runs it alone).
 """

@@ -1,14 +1,12 @@
 """Rolling out groups without training: the plain driver behind ``envsched rollout`` and
 ``envsched bench rollout``.
 
-``run_groups(...)`` starts ``workers`` RolloutWorker actors on a connected Ray (``launch.cluster``),
-runs one group per task id on them (a ``Ticket.direct`` each: selection step 0, the given seed),
-their episodes on the sandboxed executor pool, and stops them;
+``run_groups(...)`` starts ``workers`` RolloutWorker actors on a connected Ray, runs one group per
+task id (a ``Ticket.direct`` each) on the sandboxed executor pool, and stops them.
 ``rollout_config`` / ``executor_config`` / ``user_sim_config`` validate the ``--set`` /
-``--executor-set`` / ``--user-set`` overrides (``override_tree``) into the role configs, once:
-the models themselves go to the workers. A mistake is one ``UserError`` line, as is an unusable
-chat template or tool parser (``check_chat_format``, before any actor starts) or a
-conversational pool without a user simulator (``check_users``, a run's ``user_sim`` too).
+``--executor-set`` / ``--user-set`` overrides into the role configs once. A mistake, an unusable
+chat template or tool parser (``check_chat_format``) or a conversational pool without a user
+simulator (``check_users``) is one ``UserError`` line before any actor starts.
 
 May import: the standard library, pydantic, launch.config, launch.errors, launch.cluster, and
 the rollout role modules (``actors.rollout``, ``actors.rollout_worker``,
@@ -135,12 +133,10 @@ def run_groups(pool_dir: str, task_ids: list[str], engine: str, model: Optional[
                users: Optional[UserSimConfig] = None) -> tuple[list, float, float]:
     """Run one group per task on ``workers`` actors, their episodes on the sandboxed executor
     pool; returns (groups in task order, wall seconds, seconds the workers' executors took to
-    start). The wall clock starts once every worker and its executors are up: a worker answers
-    its ping when its engine is loaded, but its executors start their sandboxes in the background
-    after that, and that one-off start is not
-    episodes/s. ``users``: a ``UserSimConfig``, the simulated user of conversational tasks
-    (one inside each worker). Raises TimeoutError naming the unfinished tasks when ``timeout``
-    passes."""
+    start). The wall clock starts once every worker and its executors are up (executors start
+    their sandboxes after the worker answers its ping), so that one-off start is not counted in
+    episodes/s. ``users``: a ``UserSimConfig`` for a simulated user inside each worker. Raises
+    TimeoutError naming the unfinished tasks when ``timeout`` passes."""
     import ray
 
     from actors.rollout.engine_args import gpus_per_engine

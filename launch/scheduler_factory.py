@@ -1,14 +1,9 @@
 """Building the configured scheduler from a pool, through ``scheduling.registry``.
 
-``build_scheduler(cfg, pool, run_dir)`` returns ``registry.build(cfg.scheduler.name, ...)``: the
-same construction ``envsched simulate`` uses, with B = ``run.batch_size``, K = ``rollout.k`` and
-the seed ``run.seed``. Schedulers whose registry entry ``needs_graph`` get the dual-relation graph,
-cached at ``RUN_DIR/graph.pkl`` so ``envsched explain`` and resumed runs rebuild the same scheduler
-without recomputing it. ``scheduler.params`` were validated against the registry's params model
-when the config was loaded.
-
-The identifier filter's replay runs on the run's shared executor pool through a replay port
-(``scheduling.replay``); the scheduler actor gets the port from ``launch/roles.py``.
+``build_scheduler(cfg, pool, run_dir)`` returns ``registry.build(cfg.scheduler.name, ...)`` (the
+construction ``envsched simulate`` uses) with B = ``run.batch_size``, K = ``rollout.k`` and the
+seed ``run.seed``. Schedulers that ``needs_graph`` get the dual-relation graph, cached at
+``RUN_DIR/graph.pkl`` so ``envsched explain`` and resumed runs do not recompute it.
 
 May import: scheduling, envs, the standard library; launch.split inside a function.
 """

@@ -1,19 +1,14 @@
 """What the scheduler actor was told since its last snapshot, so a dead one can be rebuilt exactly.
 
-The scheduler actor's state is a function of its initial state and the calls that change it, in
-order: ``next_tasks(n)`` (selects, advances the hand-out queue) and ``absorb(group)`` (observes).
-``SchedulerJournal`` keeps the last snapshot (the state saved with the latest checkpoint, the
-state a resumed run loaded, or ``None``: the actor as constructed) and every such call since.
-``replay`` feeds them, in the original order, to a fresh actor: each accepted group is absorbed
-exactly once (an ``absorb`` whose actor died is journaled before the call, so it is replayed and
-never retried), and each hand-out is repeated and compared with what the dead actor handed out.
+``SchedulerJournal`` keeps the last snapshot (saved with the latest checkpoint, loaded on resume,
+or ``None``: as constructed) and every state-changing call since, in order: ``next_tasks(n)`` and
+``absorb(group)``. ``replay`` feeds them to a fresh actor: each accepted group is absorbed exactly
+once (an ``absorb`` is journaled before the call, so it is replayed, never retried) and each
+hand-out is repeated and compared with the original.
 
-Deviation: the identifier filter's checks of replayed groups run again (their outcomes were in the
-dead actor's memory); if a check ends differently (a replay timing out this time), a replayed
-selection can differ; ``replay`` reports every such difference instead of hiding it.
-
-The journal holds the groups absorbed since the last checkpoint (at most about
-``checkpoint_every`` x B groups plus those in flight); ``checkpoint_every: 0`` keeps them all.
+Deviation: the identifier filter's checks of replayed groups run again; if one ends differently
+(a replay timing out this time), a replayed selection can differ, and ``replay`` reports it.
+The journal holds about ``checkpoint_every`` x B groups (``checkpoint_every: 0`` keeps them all).
 
 May import: the standard library.
 """

@@ -1,16 +1,13 @@
 """The held-out split of a real training run (``pool.heldout_env_frac``, ``pool.heldout_task_frac``,
 ``pool.split_seed``), and the fixed evaluation sets it gives.
 
-``pool_split(pool, cfg.pool)`` applies ``scheduling.split.heldout_split`` (the simulator's own
-definition) to the pool's tasks, environments in sorted id order: ``PoolSplit.train`` are the only
-tasks the scheduler is given (``launch/trainer.py`` builds it on ``pool.subset(train)``), so no
-scheduler can select a held-out task; executors keep the whole pool so the held-out tasks can be
-evaluated. With both fractions 0 (the default) every task is a training task.
+``pool_split(pool, cfg.pool)`` applies ``scheduling.split.heldout_split`` (the simulator's
+definition) to the pool's tasks: ``PoolSplit.train`` are the only tasks the scheduler is given;
+executors keep the whole pool so held-out tasks can be evaluated. Both fractions 0 (the default):
+every task trains.
 
-``eval_sets(pool, split, cfg.eval)``: ``{"train": ..., "heldout_task": ..., "heldout_env": ...}``
-(empty splits left out), each chosen by ``launch.evaluation.eval_tasks`` on that part of the pool,
-so ``eval.tasks`` caps each set and the choice is the same for every scheduler and seed of a
-comparison (it depends only on the pool, the split and ``eval.seed``).
+``eval_sets(pool, split, cfg.eval)``: ``{"train", "heldout_task", "heldout_env"}`` (empty ones left
+out), each chosen by ``launch.evaluation.eval_tasks``, the same for every scheduler and seed.
 
 May import: numpy, envs.pool, scheduling.split, launch.evaluation, the standard library.
 """

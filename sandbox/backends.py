@@ -1,36 +1,19 @@
 """Isolation backends: how a sandbox child process is started and killed.
 
-- ``bwrap``   bubblewrap: new ipc/pid/net/uts(/cgroup) namespaces (a user namespace too when not
-              root), an empty, read-only root with read-only binds of /usr, the interpreter's
-              prefixes and site-packages and the project; ``scratch_mb`` tmpfs mounts on /tmp
-              (the scratch dir) and /dev/shm, the only writable places; ``--die-with-parent``,
-              ``--new-session``, cleared environment. As root all capabilities but SETUID/SETGID
-              and NET_ADMIN (to take the loopback down) are dropped, and the child drops to its
-              own uid, losing those too. Not as root: its own user namespace, CAP_NET_ADMIN of
-              it only (the child takes the loopback down, then empties every capability set);
-              /dev holds bound device nodes, not bwrap's ``--dev`` (whose devpts makes bwrap
-              nest a second user namespace, with no capability over the network namespace).
-- ``unshare`` ``unshare --net --pid --fork --kill-child --mount``: no network, its own pid
-              namespace (killing it kills every process it forked); the child remounts every
-              host mount read-only in its mount namespace and puts ``scratch_mb`` tmpfs mounts on
-              /tmp, /var/tmp and /dev/shm, the only writable places; the host tree stays
-              visible (world-readable files can be read), except below a directory the
-              sandbox uid cannot enter that holds what it imports from (e.g. /root of a pyenv
-              interpreter): a read-only tmpfs covers it, with those directories bound back in
-              (``sandbox.importpaths``). Needs root (or unprivileged user
-              namespaces, then without the uid drop). A mount that refuses the read-only
-              remount is a refusal, at ``backend_problem`` (which probes exactly that in a
-              throwaway namespace, so ``auto`` does not pick it) and at the child's start.
+- ``bwrap``   bubblewrap: new ipc/pid/net/uts(/cgroup) namespaces, an empty read-only root with
+              read-only binds, ``scratch_mb`` tmpfs on /tmp and /dev/shm, ``--die-with-parent``.
+- ``unshare`` ``unshare --net --pid --fork --kill-child --mount``; the child remounts every host
+              mount read-only and puts tmpfs on /tmp, /var/tmp, /dev/shm; hidden import roots
+              are bound back in (``sandbox.importpaths``). A mount that refuses the read-only
+              remount is refused at ``backend_problem`` (so ``auto`` does not pick it) and at
+              the child's start.
 - ``docker``  see ``sandbox.docker_backend``.
 - ``none``    a plain subprocess with rlimits only. No isolation: for debugging.
 - ``auto``    bwrap when it works here, else unshare, else an ``unavailable`` error (never a
               silent fallback to ``none``).
 
-SysV IPC (``sandbox.ipc``): every isolating backend's IPC namespace is emptied at each episode's
-end; its limits are lowered where the child starts as its root (bwrap and unshare as root), and
-creating SysV IPC objects is refused by the seccomp filter elsewhere (bwrap not as root, docker).
-
-All backends get the same rlimits, applied by the child itself (``sandbox.child``).
+All backends get the same rlimits, applied by the child itself (``sandbox.child``); the rest:
+docs/sandbox.md, "Backends".
 
 May import: sandbox.config, sandbox.docker_backend, sandbox.errors, sandbox.importpaths, the
 standard library.

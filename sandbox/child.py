@@ -1,16 +1,12 @@
 """The sandbox worker's child process: ``python -m sandbox.child CONFIG_JSON``.
 
-Runs inside the isolation the backend built (see ``sandbox.backends``) and confines itself further
-*before* anything else (``sandbox.confine``): it takes the protocol pipes off fds 0/1 (so
-``print`` and writes to fd 1 go to /dev/null), mounts, limits, drops privileges, installs its
-seccomp filter, and only then answers ``ready`` and serves requests (``sandbox.protocol``) one at
-a time until its stdin closes.
-
-This process is the *clean parent*: it never runs environment or check code. Each episode runs in
-a fork of it (``sandbox.episode``), each verify in another (``sandbox.verifier``); only this
-process holds the host-facing pipes (forks close them; it is not dumpable, so their
-``/proc/<pid>/fd`` cannot reopen them), and it checks every reply of its forks before it answers
-the host (``sandbox.child_server``).
+Runs inside the backend's isolation and confines itself further first (``sandbox.confine``): it
+takes the protocol pipes off fds 0/1, mounts, limits, drops privileges, installs its seccomp
+filter, then answers ``ready`` and serves requests (``sandbox.protocol``) one at a time until its
+stdin closes. It is the *clean parent*: it never runs environment or check code (episodes and
+verifies run in forks: ``sandbox.episode``, ``sandbox.verifier``), only it holds the host-facing
+pipes, and it checks every reply of its forks before it answers the host
+(``sandbox.child_server``).
 
 May import: envs.spec, envs.trajectory, sandbox.*, the standard library.
 """

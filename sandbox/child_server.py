@@ -8,19 +8,14 @@ state_key, blob|None, checks, actions, seed), ``end``, ``ping``. Replies are JSO
 ``ok``; failures carry ``kind``/``message``/``where`` of a ``SandboxError``. A reset whose state
 key is not cached and comes without its blob answers ``kind="state_missing"``; the parent resends.
 
-Caches (the parent's, so no episode can change them): compiled sources by ``env_id`` (recompiled
-when the source changes; compiling runs none of it), compiled checks, initial states by key (LRU,
-``state_cache_entries``), so a 2 MB shared state crosses the host pipe once per worker and reaches
-each episode by ``fork``, not by a pipe.
-
-Episodes and verifiers are spares (``sandbox.spares``): forks made after the previous answer, so
-a reset or verify wakes a waiting process instead of waiting for a new one to be scheduled.
+Caches (the parent's, so no episode can change them): compiled sources by ``env_id``, compiled
+checks, initial states by key (LRU, ``state_cache_entries``), so a shared state crosses the host
+pipe once per worker and reaches each episode by ``fork``. Episodes and verifiers are spares
+(``sandbox.spares``).
 
 End of an episode (next reset/replay/load, ``end``, a failed call): every other process of the
-sandbox but the spares is SIGKILLed (``spares.sweep`` inside the sandbox's own pid namespace; the
-episode's process group on the ``none`` backend), all are reaped (the child is their subreaper, so
-the CPU they used counts in ``cpu``), the files the sandbox uid left in its scratch dirs are
-deleted, and so are the SysV IPC objects of the sandbox's IPC namespace (``sandbox.ipc``).
+sandbox but the spares is killed and reaped (``spares.sweep``; their CPU counts in ``cpu``), and
+the sandbox uid's scratch files and SysV IPC objects (``sandbox.ipc``) are deleted.
 
 May import: envs.spec, envs.trajectory, sandbox.*, the standard library.
 """

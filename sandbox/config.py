@@ -2,28 +2,21 @@
 
 Mirrored 1:1 by the ``sandbox:`` section of the YAML configs. Every default lives here.
 
-Limits and what enforces them:
-- ``memory_mb``        RLIMIT_AS of the worker process (docker: the container memory limit)
-- ``cpu_seconds``      RLIMIT_CPU: CPU budget of one worker process over its life; the parent
-                       replaces a worker that has used 90 % of it before the kernel kills it
-- ``call_timeout_s``   wall clock the parent waits for any one reply; past it the worker is
-                       killed and replaced and the call raises ``SandboxError(kind="timeout")``
-- ``tool_timeout_s``   soft per-tool-call / per-check limit inside the worker (SIGALRM): the
-                       call comes back as an error step and the worker lives on
-- ``max_output_bytes`` largest reply the worker may send (an observation, a diff, a replay)
-- ``scratch_mb``       size of each of the sandbox's writable tmpfs mounts (/tmp, its scratch
-                       dir, and /dev/shm; on the unshare backend also /var/tmp) and of the SysV
-                       shared memory its IPC namespace may hold (bwrap and unshare as root):
-                       what an episode may write there; emptied between episodes, so the quota
-                       is per episode
-- ``docker_cpus``      CPU quota (``--cpus``) of a docker worker's container; the other backends
-                       have no CPU quota
+What enforces each limit:
+- ``memory_mb``        RLIMIT_AS (docker: the container memory limit)
+- ``cpu_seconds``      RLIMIT_CPU over a worker's life; the parent replaces a worker at 90 % of it
+- ``call_timeout_s``   the parent's wait for one reply; past it the worker is killed and replaced
+                       (``SandboxError(kind="timeout")``)
+- ``tool_timeout_s``   SIGALRM inside the worker: an error step, the worker lives on
+- ``max_output_bytes`` the largest reply accepted
+- ``scratch_mb``       each writable tmpfs and the SysV shared memory of the IPC namespace,
+                       emptied between episodes (a per-episode quota)
+- ``docker_cpus``      ``--cpus`` of a docker worker (the other backends have no CPU quota)
 - ``max_file_mb``      RLIMIT_FSIZE;  ``max_open_files`` RLIMIT_NOFILE;
-  ``max_processes``    RLIMIT_NPROC, counted per uid: when started as root the worker drops to
-                       its own uid from ``uid_range`` so the count is per worker.
+  ``max_processes``    RLIMIT_NPROC, per uid: a root-started worker drops to its own uid from
+                       ``uid_range``.
 
-``PROJECT_ROOT`` is the project's source tree, which the isolating backends
-(``sandbox.backends``, ``sandbox.docker_backend``) mount read-only for the child.
+``PROJECT_ROOT`` is the project's source tree, mounted read-only for the child.
 
 May import: pydantic, sandbox.importpaths (``PROJECT_ROOT``) and the standard library.
 """

@@ -1,22 +1,16 @@
 """How the sandbox child confines itself before it answers ``ready`` (``sandbox.child``), in order:
 
-1. where the child is the root of its IPC namespace (bwrap and unshare as root): the
-   namespace's SysV IPC limits are lowered (``sandbox.ipc``); elsewhere (bwrap not as root,
-   docker) the seccomp filter of step 7 refuses to create SysV IPC objects;
-2. unshare backend (its own mount namespace, as root): every inherited mount is remounted
-   read-only (bind remounts: the host's mounts keep their flags), then fresh size-limited tmpfs
-   mounts on /tmp, /var/tmp and /dev/shm — the only writable places (``scratch_mb`` each); a
-   mount that refuses is fatal (``ReadOnlyRootError``: the worker does not start);
-   then the directories it imports from are made reachable by the sandbox uid at their own
-   paths (``sandbox.importpaths.expose``: a read-only tmpfs over a directory it could not
-   traverse, e.g. /root, with those directories bound back in; a failure is fatal too);
-3. the loopback interface is brought down (bwrap brings it up; the unshare backend's is down);
+1. as root of its IPC namespace (bwrap and unshare as root), the SysV IPC limits are lowered
+   (``sandbox.ipc``); elsewhere the seccomp filter of step 7 refuses SysV IPC;
+2. unshare backend: every inherited mount is remounted read-only, size-limited tmpfs mounts go on
+   /tmp, /var/tmp and /dev/shm (``scratch_mb`` each), and the import roots are made reachable
+   (``sandbox.importpaths.expose``); any failure is fatal (``ReadOnlyRootError``);
+3. the loopback interface is brought down;
 4. rlimits (address space, CPU, file size, open files, processes, no core dumps);
-5. the uid drop (started as root: to the worker's own uid), then every capability set emptied
-   (a non-root bwrap child holds CAP_NET_ADMIN of its user namespace until here) and checked;
-6. ``no_new_privs``, not dumpable (so processes of the same uid can neither ptrace this one nor
-   open its ``/proc/<pid>/fd`` — the host-facing pipes), child subreaper (orphans of an episode
-   are reparented here, killed and reaped, and their CPU counted);
+5. the uid drop (started as root), then every capability set emptied and checked;
+6. ``no_new_privs``, not dumpable (same-uid processes can neither ptrace it nor reopen its
+   host-facing pipes through ``/proc/<pid>/fd``), child subreaper (an episode's orphans are
+   reparented here, killed, reaped and their CPU counted);
 7. a seccomp filter (``sandbox.seccomp``) where the architecture is supported;
 8. ``sys.path`` keeps only directories this uid can neither write nor create.
 

@@ -1,24 +1,19 @@
 """Per-episode determinism: seeded ``random``/``secrets``, deterministic ``uuid`` and clock.
 
-Real pools' environments mint ids with ``uuid.uuid4()`` and read the clock (19 and 14 of 33
-sampled EnvScaler environments). For a replay to reproduce an episode, those must be functions of
-the episode seed and of the calls made so far. Instead of patching the process-wide modules (which
-would also change the host's clock when the runtime runs in-process), environment and check code
-is exec'd with its own ``__builtins__`` whose ``__import__`` hands out shim modules for
-``random``, ``secrets``, ``uuid``, ``time`` and ``datetime``; every other import is the real one.
+Real pools mint ids with ``uuid.uuid4()`` and read the clock; for a replay to reproduce an
+episode, those must be functions of the episode seed and the calls so far. Environment and check
+code is exec'd with its own ``__builtins__`` whose ``__import__`` hands out shim modules for
+``random``, ``secrets``, ``uuid``, ``time`` and ``datetime`` (the host's modules stay untouched).
 
 Decisions where the spec is silent:
-- The clock starts at ``EPOCH`` (2025-01-01T00:00:00Z) for every episode, whatever the seed, so a
-  task's date logic does not depend on the seed; each read advances it by 1 ms so successive
-  timestamps differ and stay ordered. Monotonic/perf counters and ``sleep`` stay real.
-- The episode time zone is UTC: ``datetime.now()``, ``fromtimestamp(t)`` and ``time.localtime()``
-  answer in UTC whatever the host's TZ.
-- ``uuid4``/``uuid1`` and ``random`` draw from two separate generators seeded from the episode
-  seed, so adding a random draw does not shift every later id.
-- Shim ``datetime``/``date`` classes return real ``datetime``/``date`` instances (``__new__`` and
-  an ``isinstance`` hook), so states stay picklable and comparable with host objects.
-- numpy's global generator is seeded by the runtime (not here) only when the environment imports
-  numpy.
+- The clock starts at ``EPOCH`` (2025-01-01T00:00:00Z) whatever the seed, and each read advances
+  it by 1 ms; monotonic/perf counters and ``sleep`` stay real.
+- The episode time zone is UTC whatever the host's TZ.
+- ``uuid4``/``uuid1`` and ``random`` draw from two generators, so a new random draw does not
+  shift every later id.
+- Shim ``datetime``/``date`` classes return real instances, so states stay picklable and
+  comparable.
+- numpy's global generator is seeded by the runtime only when the environment imports numpy.
 
 May import: the standard library only.
 """

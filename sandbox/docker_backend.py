@@ -11,28 +11,11 @@ the protocol frames exactly as a process child's pipes do; its stderr goes to th
       --mount type=bind,src=ROOT,dst=ROOT,readonly,bind-nonrecursive=true ...
       IMAGE  PYTHON -m sandbox.child CONFIG
 
-- Image: ``sandbox.docker.image`` (debootstrap minbase rootfs, ``docker import``, never pulled).
-- Read-only mounts at the same paths as on the host: the interpreter's prefix (unless it lives
-  under /usr, then the image's Debian Python of the same release runs), its site-packages, what
-  their .pth files add and the project (``sandbox.importpaths``); each host mount under one of
-  them is bound read-only on its own (``read_only_binds``: ``--volume ROOT:ROOT:ro`` left
-  them writable). Nothing else of the host is visible.
-- Users and capabilities: the child starts as the container's root holding only NET_ADMIN (to
-  bring the loopback down: ``--network none`` leaves it up), SETUID and SETGID, and before it
-  answers ``ready`` (before any environment code) drops to the worker's own uid from
-  ``uid_range``, which empties its capability sets; with ``no_new_privs`` (docker's and its own)
-  nothing regains them. RLIMIT_NPROC counts per worker uid, as on bwrap.
-- The child is pid 1 of the container: it is the subreaper of every process an episode leaves
-  (``sandbox.confine``), and signals from inside the container cannot kill it.
-- The child applies the same rlimits as on every backend (``sandbox.child``); writable space is
-  the ``scratch_mb`` /tmp only (charged to the container's memory limit too); no /dev/shm
-  (``--ipc none``: a private IPC namespace, whose SysV objects the child's seccomp filter
-  refuses to create, as /proc/sys is read-only here); no log file on the daemon side
-  (``--log-driver none``); no ptys: an empty read-only tmpfs over /dev/pts, where docker's own
-  devpts instance has no ``max`` (``ptmx_flood`` could take hundreds of ptys), so /dev/ptmx, a
-  symlink to pts/ptmx, opens nothing.
-- A worker killed with SIGKILL leaves its container to exit on stdin EOF (idle) or at RLIMIT_CPU
-  (busy); the next process that starts a docker child removes containers whose owner is gone.
+Import roots are mounted read-only at their host paths, each nested host mount on its own
+(``read_only_binds``); the child drops to a worker uid before ``ready`` and is pid 1. Why each
+flag: docs/sandbox.md, "Docker backend". A worker killed with SIGKILL leaves its container to
+exit on stdin EOF or at RLIMIT_CPU; the next docker child's start removes containers whose owner
+is gone.
 
 May import: sandbox.config, sandbox.confine (its mountinfo parser), sandbox.docker,
 sandbox.errors, sandbox.importpaths, the standard library. Not ``sandbox.backends``, which

@@ -1,21 +1,16 @@
 """Episode processes: every piece of environment code runs in a fork of the sandbox child (the
-clean parent, which imported the runtime but never ran environment code), one fork per episode
-(a spare, ``sandbox.spares``, whose descriptors are only its own two pipes and stderr).
+clean parent, which never ran environment code), one fork per episode (a spare,
+``sandbox.spares``).
 
 ``serve_episode`` executes the environment's (pre-compiled) source and answers the first request:
-``load`` (a probe: does the source import and define its class), ``reset`` or ``run`` (reset + a
-replay's actions). Later requests: ``step``, ``snapshot`` and ``export`` (the state by value for
-the verifier: a JSON header and one or two raw frames, see ``sandbox.handoff``).
+``load`` (a probe), ``reset`` or ``run`` (reset + a replay's actions); later ``step``,
+``snapshot`` and ``export`` (the state by value for the verifier, ``sandbox.handoff``).
 
-The parent side (``EpisodeProcess``) sends pickled requests carrying a fresh nonce, reads JSON
-replies only, checks each against its op's exact shape and nonce (``protocol.check_reply``) and
-refuses an episode that sends anything unasked (checked before every request): whatever
-environment code writes to its pipe can at worst answer its own episode's calls, which it controls
-anyway, never another episode's or the host's.
-
-Because the episode is a fork, class attributes, module globals, threads, children and
-``gc``-reachable objects of earlier episodes do not exist in it; ``sandbox.child_server`` kills
-the whole episode (every process of the sandbox) at its end.
+The parent side (``EpisodeProcess``) sends pickled requests with a fresh nonce, reads JSON replies
+only, checks each against its op's shape and nonce (``protocol.check_reply``) and refuses an
+episode that sends anything unasked: environment code can at worst answer its own episode's calls.
+Because the episode is a fork, nothing of earlier episodes exists in it; ``sandbox.child_server``
+kills the whole episode at its end.
 
 May import: envs.*, sandbox.*, the standard library.
 """

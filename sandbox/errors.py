@@ -1,7 +1,6 @@
 """The sandbox's own exceptions: one typed error for every way a sandboxed call can fail.
 
-``SandboxError.kind`` says what happened, so callers (the agent loop, the scheduler's replay
-filter) can decide without parsing messages:
+``SandboxError.kind`` says what happened, so callers can decide without parsing messages:
 
 - ``timeout``       the call ran past its wall-clock limit; the worker was killed and replaced
 - ``crash``         the worker process died (signal, os._exit, memory limit, killed its parent)
@@ -13,15 +12,12 @@ filter) can decide without parsing messages:
 - ``closed``        the worker or session was already closed
 - ``executor``      the EnvExecutor actor holding the session died or did not answer
 
-``SandboxError.origin`` says where it arose, which the environment cannot choose (one of
-``ORIGINS``): ``"sandbox"`` when the sandbox worker raised it about a call that ran the task's
-code (``load``, ``reset``, ``step``, ``verify``, ``snapshot``, ``replay``): a reply of the sandbox
-child, or the child itself dying, hanging, garbling or overflowing during such a call (the task's
-code can do that too: ``envsched sandbox selftest``'s kill_parent and self_stop end as a host-side
-crash and timeout); ``"host"`` (the default) for everything raised outside the sandbox: the
-executor actor, Ray, deadlines above the sandbox worker, a backend that cannot start, a closed
-session, a request the host refused. The trainer blames the task for the first and the
-infrastructure for the second (``envs.trajectory.FAULTS``).
+``SandboxError.origin`` (one of ``ORIGINS``) says where it arose, which the environment cannot
+choose: ``"sandbox"`` when the sandbox worker raised it about a call that ran the task's code
+(``load``, ``reset``, ``step``, ``verify``, ``snapshot``, ``replay``), the child's own failures
+during such a call included; ``"host"`` (the default) for everything raised outside. The trainer
+blames the task for the first, the infrastructure for the second (``envs.trajectory.FAULTS``;
+docs/architecture.md, "Who is blamed").
 
 Errors pickle by value (``__reduce__``) so they cross Ray and process boundaries intact.
 

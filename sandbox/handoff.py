@@ -1,16 +1,12 @@
 """An episode's state handed by value from the episode process to the verifier process.
 
-The episode process ran environment code, so the bytes it hands over are untrusted. They are a
-pickle that the verifier reads with ``load_state``, an unpickler that may construct only plain
-data (``ALLOWED``: builtin containers and scalars, ``datetime`` types, ``Decimal``,
-``SimpleNamespace``): no other global can be named, so no ``__reduce__`` of the environment's can
-run code in the verifier.
+The bytes are untrusted (the episode ran environment code): a pickle the verifier reads with
+``load_state``, an unpickler that may construct only plain data (``ALLOWED``), so no
+``__reduce__`` of the environment's can run code in the verifier.
 
-``dump_state`` (in the episode process) converts what ``load_state`` could not build into plain
-data first: subclasses of builtin types become the builtin (``OrderedDict`` -> ``dict``, a
-``namedtuple`` -> ``tuple``, an ``IntEnum`` -> ``int``), an ``Enum`` its scalar ``value``, an
-object with a ``__dict__`` a ``SimpleNamespace`` of its attributes (checks still read
-``obj.attr``), anything else (functions, classes, modules, objects with ``__slots__``) its
+``dump_state`` (in the episode process) first turns what ``load_state`` could not build into plain
+data: builtin subclasses into the builtin, an ``Enum`` into its ``value``, an object with a
+``__dict__`` into a ``SimpleNamespace`` (checks still read ``obj.attr``), anything else into its
 ``repr``.
 
 May import: the standard library, sandbox.statediff.

@@ -1,20 +1,15 @@
 """Identifier mapping for replaying action traces recorded without a seed.
 
-A trace recorded elsewhere holds ids the recording's environment minted (``uuid4``, clock-based
-ids). Replaying its actions mints different ids, so later arguments that quote a recorded id
-would miss. ``IdMapper`` learns, after each replayed step, which recorded strings correspond to
-which replayed ones, and substitutes them in later arguments.
+A trace recorded elsewhere quotes ids its environment minted (``uuid4``, clock-based ids), which
+a replay mints differently. ``IdMapper`` learns, after each replayed step, which recorded strings
+correspond to which replayed ones, and substitutes them (as whole tokens, recursively) in later
+arguments.
 
-Alignment: the recorded and replayed observations are walked in parallel (dict keys, list
-positions; a string observation such as EnvScaler's ``str(return_value)`` is parsed with
-``ast.literal_eval`` when possible). Where two leaf strings differ, they are split into tokens
-(``[\\w-]+`` runs, so a uuid is one token); when both have the same number of tokens, each pair
-of differing tokens whose recorded side does not occur in the initial state's strings is a
-minted id: ``recorded -> replayed``. Ids in the initial state are never remapped, and a recorded
-id keeps its first mapping.
-
-Substitution replaces whole tokens inside every string of the arguments (recursively), so an id
-embedded in a sentence is mapped too.
+Alignment: the recorded and replayed observations are walked in parallel (a string observation
+parsed with ``ast.literal_eval`` when possible); where two leaf strings differ and split into the
+same number of ``[\\w-]+`` tokens, each differing pair whose recorded side is not in the initial
+state is a minted id. Ids in the initial state are never remapped, and a recorded id keeps its
+first mapping.
 
 May import: the standard library only.
 """

@@ -2,25 +2,14 @@
 
 The child imports the standard library, site-packages and the project *after* its uid drop
 (``sandbox.confine``). The directories that hold them (``import_roots``: the interpreter's
-prefixes, its site-packages, what their .pth files add (editable installs) and the project, as
-real paths) often sit below a directory the sandbox uid cannot traverse: a pyenv, conda or venv
-interpreter under /root (0700) or a home (0750 on Ubuntu). Then every module not imported before
-the drop fails to import (``_strptime`` for ``datetime.strptime``, ``html``, ``sqlite3``, every
-third-party package).
+prefixes, its site-packages, what their .pth files add and the project, as real paths) often sit
+below a directory the sandbox uid cannot traverse (an interpreter under /root or a home).
 
-Each backend makes the roots reachable *at their own paths*, so ``sys.path``, ``sys.prefix``,
-the ``__file__`` of modules imported before the drop and .pth entries all stay right and
-nothing is rewritten:
-- bwrap: the roots are bound read-only into an empty root whose missing ancestors bwrap creates
-  0755 (``sandbox.backends.bwrap_prefix``);
-- docker: the same through docker's volume mounts (the image's own /root is made 0755);
-- unshare: the host tree is visible as it is, so the child, root of its mount namespace and
-  before the uid drop, mounts a small tmpfs (0755, read-only once filled) over the topmost
-  directory on a root's path the sandbox uid cannot traverse — which also hides everything
-  else in it — and binds each root it hid back read-only at its own path inside it
-  (``hold`` then ``expose``). The bind source is an ``O_PATH`` descriptor taken before any
-  mount, so a root the private /tmp hides (a venv or checkout under /tmp) comes back too.
-  Directories made inside the private /tmp are root's, 0755: the sandbox uid cannot remove them.
+Each backend makes the roots reachable *at their own paths*, so ``sys.path``, ``sys.prefix`` and
+.pth entries stay right and nothing is rewritten: bwrap binds them read-only into its empty root
+(``sandbox.backends.bwrap_prefix``); docker mounts them; unshare covers the topmost untraversable
+directory with a read-only tmpfs and binds each hidden root back (``hold`` then ``expose``, from
+``O_PATH`` descriptors taken before any mount). Details: docs/sandbox.md, "Imports".
 
 Not covered: a root that is itself unreadable by the sandbox uid (binding keeps its mode).
 

@@ -1,26 +1,20 @@
 """SysV IPC inside a sandbox: bounded per worker, emptied at the end of every episode.
 
-Every isolating backend gives a worker its own IPC namespace (bwrap ``--unshare-ipc``, unshare
-``--ipc``, docker ``--ipc none``), and all episodes of the worker share it: a shared-memory
-segment, semaphore set or message queue made by one episode would still be there for the next
-(``ipc_state_leak``), and a detached segment keeps its pages, which no rlimit counts.
+Every isolating backend gives a worker its own IPC namespace, shared by all its episodes: an
+object one episode made would still be there for the next (``ipc_state_leak``), and a detached
+segment keeps pages no rlimit counts.
 
 - ``limit_sysv_ipc(scratch_mb)``: run by the child before it drops privileges, where it is the
   root of its IPC namespace (bwrap and unshare as root): the namespace's ``kernel.shm*``,
-  ``kernel.msg*`` and ``kernel.sem`` sysctls are lowered (``LIMITS``): at most ``scratch_mb`` MiB
-  of segments in all, 32 segments, 16 message queues of 64 KiB, 32 semaphore sets. Environment
-  code, running as another uid, cannot raise them again. Where the child is not that root (bwrap
-  started by a non-root user; docker, whose /proc/sys is read-only) the limits cannot be
-  lowered, and the seccomp filter refuses ``shmget``, ``semget`` and ``msgget`` instead
-  (``backends.child_config``: ``sysv_ipc`` is ``limited`` or ``refused``).
-- ``remove_sysv_ipc()``: the clean parent creates no IPC object, so at the end of an episode it
-  removes every one its namespace lists in ``/proc/sysvipc``. The episode ran as the parent's uid
-  and cannot change an object's creator, so ``IPC_RMID`` is always permitted; a segment still
-  attached dies with its last process, which the sweep has just killed.
+  ``kernel.msg*`` and ``kernel.sem`` sysctls are lowered (``LIMITS``). Elsewhere (bwrap not as
+  root; docker, whose /proc/sys is read-only) the seccomp filter refuses ``shmget``, ``semget``
+  and ``msgget`` instead (``sysv_ipc`` is ``limited`` or ``refused``).
+- ``remove_sysv_ipc()``: at the end of an episode the clean parent (which creates none) removes
+  every object ``/proc/sysvipc`` lists; ``IPC_RMID`` is always permitted (same uid, creator
+  unchangeable).
 
-POSIX message queues are in no directory the parent could list without mounting ``mqueue``, so
-the seccomp filter refuses ``mq_open`` instead (``sandbox.seccomp``); POSIX shared memory and
-semaphores are files in /dev/shm, a ``scratch_mb`` tmpfs emptied with scratch.
+POSIX message queues are refused by seccomp (``sandbox.seccomp``: the parent could not list
+them); POSIX shared memory lives in /dev/shm, emptied with scratch.
 
 May import: the standard library only.
 """

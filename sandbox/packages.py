@@ -2,22 +2,15 @@
 the host before a sandbox serves the pool, so a missing one is one clear line at start instead of
 a ``ModuleNotFoundError`` in every episode (which environment code may catch and score wrong).
 
-What environment code may import: the whole standard library and every package installed in the
-sandbox interpreter's site-packages, declared or not — those directories are bound read-only and
-reachable by the sandbox uid (``sandbox.importpaths``). Declaring a package adds the check, not
-the visibility.
+Environment code may import the standard library and everything in the sandbox interpreter's
+site-packages, declared or not (``sandbox.importpaths``); declaring adds the check, not the
+visibility. The sandbox's own server needs ``CHILD_PACKAGES`` (pydantic), checked the same way
+before an executor's first sandbox.
 
-The sandbox's own server (``sandbox.child_server``) imports ``CHILD_PACKAGES`` (pydantic, for
-``envs.spec``): an executor checks them the same way before its first sandbox, so a host where
-they are installed only on ``PYTHONPATH`` gets one line naming the package and the fix instead of
-sandboxes that die at start.
-
-A declared name is an import name (``dateutil``, ``yaml``) or a distribution name
-(``python-dateutil``, ``PyYAML``). It is present when the sandbox's interpreter finds it (the
-module's spec, else the distribution's metadata) *inside* the directories the sandbox binds
-(``import_roots``): one found only through ``PYTHONPATH`` or an editable install elsewhere would
-not import in the sandbox, and is refused as well. A ``SandboxConfig.python`` other than this
-interpreter is asked through ``python -m sandbox.packages NAME ...`` (one JSON line).
+A declared name is an import or a distribution name; it is present when found *inside* the
+directories the sandbox binds (``import_roots``): one visible only through ``PYTHONPATH`` is
+refused. A ``SandboxConfig.python`` other than this interpreter is asked through
+``python -m sandbox.packages NAME ...`` (one JSON line). See docs/sandbox.md, "Imports".
 
 May import: sandbox.errors, sandbox.importpaths, the standard library.
 """

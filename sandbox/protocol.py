@@ -1,17 +1,15 @@
 """Framing and reply validation between a ``SandboxWorker`` (host), its child (the clean parent
-inside the sandbox, which never runs environment code) and the child's episode processes.
+inside the sandbox) and the child's episode processes.
 
 A frame is a 4-byte big-endian length and a payload. Requests (host -> child -> episode) are
-pickles: the receiver trusts its sender. Replies travel the other way and are JSON, never pickles:
-unpickling bytes that environment code could have forged would run code in the receiver.
+pickles: the receiver trusts its sender. Replies are JSON, never pickles: unpickling bytes that
+environment code could have forged would run code in the receiver.
 
-Every reply is checked by ``check_reply(op, message)`` against the exact shape of that op's answer
-(``REPLY_FIELDS``): required keys, no extra keys, field types, JSON-shaped values no deeper than
-``sanitize.MAX_DEPTH``; strings are sanitised on the way (``sandbox.sanitize``). Anything else is
-``FrameError("garbled")``, which the worker turns into a ``SandboxError(kind="protocol")``.
-Depth is also tested where it can be answered better: tool arguments deeper than
-``MAX_ARGUMENT_DEPTH`` are a bad call (``argument_depth_error``, before they reach the sandbox),
-and an episode process tests its own reply (``too_deep``) before it sends it.
+``check_reply(op, message)`` checks every reply against its op's exact shape (``REPLY_FIELDS``:
+required keys, no extra keys, types, JSON values no deeper than ``sanitize.MAX_DEPTH``) and
+sanitises its strings; anything else is ``FrameError("garbled")`` (``SandboxError(kind=
+"protocol")``). Tool arguments deeper than ``MAX_ARGUMENT_DEPTH`` are a bad call
+(``argument_depth_error``), and an episode process tests its own reply (``too_deep``).
 
 May import: sandbox.errors (its kinds), sandbox.sanitize, the standard library only.
 """

@@ -1,27 +1,19 @@
 """The in-process episode engine: what runs *inside* a sandbox worker (no isolation here).
 
 ``EpisodeRuntime(env)`` execs an environment's class source into a fresh namespace (EnvScaler's
-contract, see ``envs.spec``), then per episode: ``reset(initial_state, seed)`` builds
-``cls(state)`` (falling back to ``cls()``) and sets every key as an attribute; ``step(tool,
-arguments)`` calls one tool and returns an ``ActionStep`` with the observation and the recursive
-state diff; ``verify(checks)`` runs each ``check_func(final_state)`` with ``initial_state`` (the
-snapshot taken at reset) as a global and returns the reward = fraction of checks passed.
-``replay`` runs a fixed action list from a fresh reset (see ``sandbox.idmap`` for traces recorded
-without a seed).
+contract, see ``envs.spec``), then per episode: ``reset(initial_state, seed)``; ``step(tool,
+arguments) -> ActionStep`` (observation and recursive state diff); ``verify(checks)`` runs each
+``check_func(final_state)`` with ``initial_state`` as a global, reward = fraction passed;
+``replay`` runs a fixed action list from a fresh reset (``sandbox.idmap`` for unseeded traces).
 
-Errors: a bad environment raises ``EnvLoadError`` naming env id, line and exception; a bad tool
-call (unknown tool, non-dict arguments, arguments that do not bind, the tool raising, the tool
-running past ``timeout_s``) is *not* raised: it comes back as an ``ActionStep`` whose ``error`` is
-set and whose observation is ``{"success": False, "error": ...}``, as the agent would see it. A
-check that raises (any ``BaseException``: ``SystemExit``, ``KeyboardInterrupt``, a custom subclass),
-returns anything but ``True`` (exactly ``bool``, or ``numpy.bool_``: a truthy object of another
-type fails) or runs past its time passes False with ``error`` set. A tool raising any
-``BaseException`` is an error step like any other raise; so are arguments nested deeper than
-``MAX_ARGUMENT_DEPTH`` (a model's bad call, refused before the tool runs).
+Errors: a bad environment raises ``EnvLoadError`` naming env id, line and exception. A bad tool
+call (unknown tool, arguments that do not bind or nest deeper than ``MAX_ARGUMENT_DEPTH``, the
+tool raising any ``BaseException`` or running past ``timeout_s``) is not raised: it is an
+``ActionStep`` with ``error`` set and observation ``{"success": False, "error": ...}``, as the
+agent sees it. A check passes only on exactly ``True`` (``bool`` or ``numpy.bool_``); one that
+raises or runs past its time fails with ``error`` set.
 
-Determinism: see ``sandbox.determinism``; the episode seed is ``self.seed``.
-Per-call timeouts use SIGALRM and so only apply on the main thread (the sandbox child); the
-worker's wall-clock kill is the backstop for code that swallows the alarm.
+Per-call timeouts use SIGALRM (main thread only); the worker's wall-clock kill is the backstop.
 
 May import: envs.spec, envs.trajectory, sandbox.*, the standard library (numpy lazily).
 """
@@ -260,13 +252,11 @@ class EpisodeRuntime:
     # ----------------------------------------------------------------- verify
     def verify(self, checks: Iterable[Check], timeout_s: Optional[float] = None) -> VerifyResult:
         """Reward = fraction of checks passed (in this interpreter: trusted pools and tests; the
-        sandbox runs checks in a separate verifier process, ``sandbox.verifier``).
+        sandbox uses ``sandbox.verifier``).
 
-        Checks share the *live* final state (no copy: a 2 MB state would cost tens of ms) and one
-        fresh copy of the initial snapshot, made only when some check names ``initial_state`` and
-        a step ran since reset (right after reset the live state is the initial state).
-        A check that mutates ``final_state`` changes what later checks and steps see, as with
-        EnvScaler's shared snapshot; ``initial_state`` is fresh for every ``verify``."""
+        Checks share the *live* final state (no copy) and one fresh copy of the initial snapshot,
+        made only when a check names ``initial_state`` and a step ran since reset; a check that
+        mutates ``final_state`` changes what later checks see (as EnvScaler's shared snapshot)."""
         self._require_episode()
         checks = list(checks)
         final = state_view(self.instance)

@@ -1,17 +1,10 @@
 """Text that crossed the sandbox boundary, made safe for everything downstream.
 
-Environment code controls tool observations, error messages and state, so a reply may carry lone
-surrogates (``"\\ud800"``: any ``.encode()``, a tokenizer or a ``print`` fails on them) and control
-characters (terminal escapes, NUL). ``clean(value)`` walks a decoded JSON value and
-
-- replaces each lone surrogate with U+FFFD,
-- replaces each C0 control except tab/newline/carriage return, DEL and each C1 control with its
-  visible escape ``\\xNN`` (so the text still says what was there),
-- rejects what is not JSON-shaped (non-str keys, other types) or nested deeper than ``MAX_DEPTH``
-  with ``ValueError`` naming the path, so a hostile reply cannot crash a recursive consumer.
-
-Dict keys are cleaned like values. ``escape_text`` is the same rule for one string (also for
-printing anything that came from a pool).
+A reply may carry lone surrogates (any ``.encode()``, tokenizer or ``print`` fails on them) and
+control characters. ``clean(value)`` walks a decoded JSON value (keys too): lone surrogates become
+U+FFFD, C0 controls but tab/newline/CR, DEL and C1 controls their visible escape ``\\xNN``; a
+value that is not JSON-shaped or nests deeper than ``MAX_DEPTH`` is a ``ValueError`` naming the
+path. ``escape_text`` is the same rule for one string (also for printing pool text).
 
 May import: the standard library only.
 """

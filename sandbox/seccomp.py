@@ -1,32 +1,23 @@
 """A seccomp filter for the sandbox child and everything it forks (x86_64 only).
 
-No maintained Python binding of libseccomp installs into an arbitrary interpreter from PyPI
-(``pyseccomp`` needs the C library; Debian's ``python3-seccomp`` is built for the system Python
-only), so the filter is a short classic-BPF program installed with ``prctl(PR_SET_SECCOMP)``.
-It answers ``EPERM`` to:
+A short classic-BPF program installed with ``prctl(PR_SET_SECCOMP)`` (no maintained libseccomp
+binding installs from PyPI; docs/sandbox.md, "What is bounded"). It answers ``EPERM`` to:
 
 - new namespaces: ``unshare``, ``setns``, ``clone`` with any ``CLONE_NEW*`` flag (``clone3`` answers
   ``ENOSYS``, so the C library falls back to ``clone``, whose flags the filter can read);
 - other processes' memory: ``ptrace``, ``process_vm_readv``/``writev``;
 - the kernel keyring: ``keyctl``, ``add_key``, ``request_key``;
-- POSIX message queues (``mq_*``): they would outlive an episode in the worker's IPC namespace,
-  where the parent cannot list them to remove them (``sandbox.ipc``);
+- POSIX message queues (``mq_*``: the parent could not list them to remove them, ``sandbox.ipc``);
 - mounts and kernel state: ``mount``, ``umount2``, ``pivot_root``, the new mount API, ``bpf``,
   ``perf_event_open``, ``userfaultfd``, ``io_uring_*``, module and kexec calls, ``personality``,
   ``acct``, ``swapon``/``swapoff``, ``reboot``, ``quotactl``, ``syslog``, handle-based opens;
 - the x32 ABI (syscall numbers with bit 30 set); another architecture's calls kill the process;
-- with ``refuse_sysv_ipc``: ``shmget``, ``semget``, ``msgget`` (where the sandbox's IPC
-  namespace cannot be bounded, ``sandbox.ipc``).
+- with ``refuse_sysv_ipc``: ``shmget``, ``semget``, ``msgget``.
 
-Sockets are an allow-list (``EAFNOSUPPORT`` otherwise, what code that probes for a family
-expects): ``socket()`` of ``AF_INET`` and ``AF_INET6`` (inside the sandbox's empty network
-namespace) and ``AF_NETLINK`` with protocol ``NETLINK_ROUTE`` only (the C library's
-``getaddrinfo``/``getifaddrs`` read that namespace's interfaces through it; other netlink families,
-e.g. the host's uevents, are refused); ``socketpair()`` of ``AF_UNIX`` stream and seqpacket
-sockets only (``multiprocessing.Pipe``, asyncio's self-pipe: connected, nameless, and ``sendto``
-on them cannot name another socket). So no pathname ``AF_UNIX`` socket of the host (a Ray
-session's, D-Bus) can be connected to, ``AF_VSOCK`` (the host's port space) and every other
-family cannot be opened, nor can a datagram socketpair ``sendto`` a host socket path.
+Sockets are an allow-list (``EAFNOSUPPORT`` otherwise): ``socket()`` of ``AF_INET``/``AF_INET6``
+(the empty network namespace) and ``AF_NETLINK``/``NETLINK_ROUTE`` only; ``socketpair()`` of
+``AF_UNIX`` stream and seqpacket only. So no host unix socket (a Ray session's, D-Bus), no
+``AF_VSOCK``, no datagram pair that could ``sendto`` a host path.
 
 On other architectures ``install`` returns False and installs nothing (docs/sandbox.md says so).
 

@@ -1,26 +1,15 @@
 """The hostile suite: environments, tools and checks that attack the sandbox, one property each.
 
 ``run_selftest(config)`` runs every ``HostileCase`` on one ``SandboxWorker`` and, after each, a
-benign episode (the order desk's reference solution, reward 1.0) on the *same* worker object.
-A case passes when (1) the attack ended in one of its expected outcomes (an error step, a failed
-check, or a typed ``SandboxError``), (2) its containment probe holds on the host (the secret did
-not leak, the file was not written, the host's listener got no connection, the host process and a
-bystander worker are alive), and (3) the benign episode afterwards was served with reward 1.0.
+benign episode (reward 1.0) on the *same* worker. A case passes when (1) the attack ended in one
+of its expected outcomes (an error step, a failed check, or a typed ``SandboxError``), (2) its
+containment probe holds on the host (no leak, no write, no connection, host process and a
+bystander worker alive), and (3) the benign episode afterwards scored 1.0.
 
-Most cases are one tool call or one check; the integrity cases (``sandbox.selftest_integrity``:
-state leaking between episodes, an environment tampering with the verifier, forged protocol
-frames, processes outliving their episode, scratch surviving it) and the limit cases
-(``sandbox.selftest_limits``: IPC objects surviving an episode, /dev/shm, SysV memory, the
-sandbox's own root, capabilities) play several episodes through ``HostileCase.run`` or attack
-one limit each.
-
-The isolation cases (``sandbox.selftest_isolation``), the standard-library case
-(``sandbox.selftest_stdlib``) and the nested-mount case (``sandbox.selftest_mounts``) are
-``HostileCase`` specs too. ``format_table`` prints one backend's reports, ``format_matrix`` the
-reports of several backends, one column each (``envsched sandbox selftest --backend all``).
-
-Used by ``envsched sandbox selftest``, tests/sandbox/test_sandbox_selftest.py (bwrap, unshare)
-and tests/sandbox/test_docker_backend.py (docker).
+The cases live here and in ``sandbox.selftest_integrity``, ``sandbox.selftest_limits``,
+``sandbox.selftest_isolation``, ``sandbox.selftest_stdlib`` and ``sandbox.selftest_mounts``
+(docs/sandbox.md, "Threat model", lists what each proves). ``format_table`` prints one backend's
+reports, ``format_matrix`` several backends', one column each.
 
 May import: envs.spec, sandbox.*, the standard library.
 """

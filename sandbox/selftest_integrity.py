@@ -1,19 +1,10 @@
-"""The hostile suite's integrity cases (issue 12): attacks on rewards, on the protocol and on the
-limits, written as ``HostileCase`` keyword specs that ``sandbox.selftest`` turns into cases.
-
-- episode isolation: class attributes, module globals, daemon threads and ``gc``-reachable objects
-  of one episode must not exist in the next (``episode_state_leak``); neither its processes
-  (``lingering_processes``) nor its files (``scratch_persists``);
-- verifier isolation: an environment that patches the runtime and verifier modules must not make
-  its own or another environment's failing check pass (``verifier_tamper``);
-- protocol: forged reply frames on every descriptor, the nonce read from the caller's frame
-  included (``forged_frames``), the parent's pipes reopened through ``/proc``
-  (``parent_fd_reopen``);
-- limits: /tmp beyond ``scratch_mb`` (``tmp_filler``), the loopback (``loopback``), host paths
-  (``host_path_write``), new user namespaces, ptrace and the keyring (``user_namespace``,
-  ``ptrace_parent``, ``keyctl``) — more in ``sandbox.selftest_limits``;
-- output: lone surrogates and control characters in an observation and in an error
-  (``unicode_output``, ``unicode_error``).
+"""The hostile suite's integrity cases: attacks on rewards, on the protocol and on the limits, as
+``HostileCase`` keyword specs that ``sandbox.selftest`` turns into cases: episode isolation
+(``episode_state_leak``, ``lingering_processes``, ``scratch_persists``), verifier isolation
+(``verifier_tamper``), the protocol (``forged_frames``, ``parent_fd_reopen``), limits
+(``tmp_filler``, ``loopback``, ``host_path_write``, ``user_namespace``, ``ptrace_parent``,
+``keyctl``; more in ``sandbox.selftest_limits``) and output (``unicode_output``,
+``unicode_error``). docs/sandbox.md, "Threat model", says what each proves.
 
 May import: envs.spec, sandbox.errors, sandbox.examples, the standard library (the worker is passed
 in).

@@ -1,18 +1,9 @@
-"""The hostile suite's isolation cases (issue 30), as ``HostileCase`` keyword specs that
-``sandbox.selftest`` turns into cases:
-
-- checks judged alone (``sandbox.verifier``): a check that forges its siblings' verdicts and the
-  verifier's answer, first and last of its verify (``check_forges_verdict``); checks raising
-  ``BaseException`` subclasses (``check_base_exception``) or returning truthy non-bools
-  (``check_truthy_nonbool``) fail alone;
-- a tool raising ``BaseException`` subclasses is an error step and the episode goes on
-  (``tool_base_exception``);
-- the host out of reach: a pathname unix socket of the host (``unix_socket_host``), ``AF_VSOCK``
-  (``vsock``), host ptys (``ptmx_flood``), a host file bind-mounted into the tree and a mount
-  whose path needs mountinfo's escapes (``file_bind_mount_write``, ``nonascii_mount_write``; the
-  host mounts are made only when this process may, as root);
-- tool arguments and replies nested past the protocol's depth limit are error steps, not a
-  replaced worker (``deep_arguments``, ``deep_reply``).
+"""The hostile suite's isolation cases, as ``HostileCase`` keyword specs that ``sandbox.selftest``
+turns into cases: checks judged alone (``check_forges_verdict``, ``check_base_exception``,
+``check_truthy_nonbool``), a tool raising ``BaseException`` (``tool_base_exception``), the host out
+of reach (``unix_socket_host``, ``vsock``, ``ptmx_flood``, ``file_bind_mount_write``,
+``nonascii_mount_write``; host mounts made only as root), and nesting past the protocol's depth
+limit (``deep_arguments``, ``deep_reply``). docs/sandbox.md, "Threat model", says what each proves.
 
 May import: envs.spec, sandbox.confine (MAX_PTYS), the standard library (the worker is passed in).
 """

@@ -1,13 +1,8 @@
-"""The hostile suite's cases on what an episode can keep or hold beyond its limits (issue 12,
-second audit), as ``HostileCase`` keyword specs that ``sandbox.selftest`` turns into cases:
-
-- ``ipc_state_leak``: SysV shared memory, a semaphore and a message queue, and a POSIX message
-  queue, counted over three episodes of one worker: each must start with none (``sandbox.ipc``);
-- ``shm_filler``, ``sysv_shm_filler``: /dev/shm and detached SysV segments beyond ``scratch_mb``;
-- ``rootfs_write``: files in the sandbox's own /, /dev and /etc (bwrap's root tmpfs belongs to a
-  non-root caller and has no size limit unless it is read-only);
-- ``capabilities``: any capability left in the episode process (a uid drop keeps the inheritable
-  set; a non-root bwrap child holds CAP_NET_ADMIN until it has taken the loopback down).
+"""The hostile suite's cases on what an episode can keep or hold beyond its limits, as
+``HostileCase`` keyword specs that ``sandbox.selftest`` turns into cases: ``ipc_state_leak`` (SysV
+and POSIX IPC objects over three episodes of one worker, ``sandbox.ipc``), ``shm_filler`` and
+``sysv_shm_filler`` (beyond ``scratch_mb``), ``rootfs_write`` (the sandbox's own /, /dev, /etc) and
+``capabilities`` (any capability left in the episode process).
 
 May import: envs.spec, the standard library (the worker is passed in).
 """

@@ -1,14 +1,9 @@
 """The hostile suite's nested-mount case, as a ``HostileCase`` keyword spec that
-``sandbox.selftest`` turns into a case:
-
-- ``nested_mount_write``: a host tmpfs mounted, and a host file bind-mounted, *under the project
-  tree*, which every backend shows the sandbox read-only at its own path; environment code
-  writes into both. A bind that is read-only only at its top leaves such mounts writable (docker's
-  ``--volume ROOT:ROOT:ro`` did, on a daemon without recursive read-only binds), so every backend
-  must make each of them read-only itself. The mount point's name has a space, a comma and an é
-  (mountinfo's ``\\040``, the docker CLI's CSV ``--mount`` syntax, raw UTF-8). The mounts are
-  made only when this process may (root); otherwise the same paths are plain files and
-  directories of the (read-only in the sandbox) project tree.
+``sandbox.selftest`` turns into a case: ``nested_mount_write`` writes into a host tmpfs and a
+bind-mounted host file *under the project tree* (which every backend shows read-only), so every
+backend must make each nested mount read-only itself; the mount point's name has a space, a comma
+and an é. The mounts are made only as root; otherwise the same paths are plain files of the
+(read-only) project tree.
 
 May import: sandbox.config (PROJECT_ROOT), sandbox.selftest_isolation (WRITER), sandbox.worker,
 the standard library.

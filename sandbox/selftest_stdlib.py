@@ -1,12 +1,9 @@
-"""The hostile suite's standard-library case (issue 30 item 1), as a ``HostileCase`` keyword spec
-that ``sandbox.selftest`` turns into a case:
-
-- ``stdlib_complete``: an episode imports modules the clean parent never imports before its uid
-  drop (``_strptime`` through ``datetime.strptime`` of the episode's determinism shim, ``html``,
-  ``xml``, ``sqlite3``, ``zoneinfo``, ``email``) — they failed with ``ModuleNotFoundError`` on
-  the unshare backend where the interpreter lives under a 0700 directory (/root/.pyenv) — and a
-  bad date must still be a ``ValueError``. Its outcome must be ``ok``: any import that fails is
-  an error step, and the case fails.
+"""The hostile suite's standard-library case, as a ``HostileCase`` keyword spec that
+``sandbox.selftest`` turns into a case: ``stdlib_complete`` imports, in an episode, modules the
+clean parent never imports before its uid drop (``_strptime`` through the determinism shim's
+``datetime.strptime``, ``html``, ``xml``, ``sqlite3``, ``zoneinfo``, ``email``: unreachable when
+the interpreter lives under a 0700 directory, ``sandbox.importpaths``), and a bad date must
+still be a ``ValueError``. Its outcome must be ``ok``.
 
 May import: the standard library only.
 """

@@ -1,25 +1,20 @@
 """Spare processes: clean forks of the sandbox child, made ahead of time, that become an episode or
 a verifier when the child hands them a job; and the sweep that kills an episode's processes.
 
-Why ahead of time: a freshly forked process waits for the scheduler (tens of milliseconds on
-a busy host: docs/benchmarks.md), while waking a process blocked on its pipe takes microseconds.
-The child keeps ``SPARES`` of them and forks replacements after it has answered the host
-(``ChildServer.idle``), off the critical path.
+Ahead of time because a fresh fork waits for the CPU scheduler (tens of milliseconds on a busy
+host: docs/benchmarks.md) while waking a blocked process takes microseconds. The child keeps
+``SPARES`` of them and forks replacements after it has answered the host (``ChildServer.idle``).
 
-A spare is forked from the clean parent: it never ran environment code before its job. Right after
-the fork it puts itself in its own process group, closes every descriptor but its two pipes and
-stderr (the host-facing pipes and other spares' pipes included), freezes the inherited heap for
-the garbage collector (fewer copy-on-write faults), prepares what every job needs (a fresh
-episode clock and its shim modules, touching the memory a job will touch) and blocks on its
-request pipe. The job
-(pickled, from the trusted parent) names the role, the CPU seconds the worker has left (its
-RLIMIT_CPU), and the environment's source and initial state: by key when the spare inherited them
-at its fork, else by value.
+A spare is forked from the clean parent: it never ran environment code before its job. It puts
+itself in its own process group, closes every descriptor but its two pipes and stderr, freezes the
+inherited heap for the garbage collector, prepares what every job needs and blocks on its request
+pipe. The job (pickled, from the trusted parent) names the role, the CPU seconds the worker has
+left, and the environment's source and initial state (by key when inherited at the fork, else by
+value).
 
-``sweep`` ends an episode inside a private pid namespace: it SIGKILLs every process it can see in
-``/proc`` except itself and the spares, reaps (the child is their subreaper), and repeats until
-none is left (a fork bomb's children appear while the first pass runs). Without a pid namespace
-(the ``none`` backend) only the episode's process group is killed.
+``sweep`` ends an episode inside a private pid namespace: it SIGKILLs every process in ``/proc``
+but itself and the spares, reaps, and repeats until none is left (a fork bomb's children appear
+while a pass runs). Without a pid namespace (``none``) only the episode's process group is killed.
 
 May import: envs.*, sandbox.*, the standard library.
 """
@@ -65,14 +60,11 @@ class Spare:
     def give(self, job: dict[str, Any], timeout_s: float = ACK_TIMEOUT_S) -> bool:
         """Hand ``job`` over; True once the spare has said (``ACK``) that it read it.
 
-        Environment code runs as the spares' uid, so an episode can SIGKILL the spares forked
-        for later calls (``kill(-1, 9)``). Such a spare may still look alive (``alive()``: the
-        signal is delivered when it is next scheduled) and take the job into its pipe's buffer,
-        and the next episode would die at its first call: an episode's outcome set by the one
-        before it. The acknowledgement closes that window: a spare answers only after its read
-        returned, and a SIGKILL sent before the hand-over is taken on that return, so an ``ACK``
-        proves the spare outlived whatever the previous episode did; EOF or silence is a spare to
-        discard (the caller takes another)."""
+        An episode can SIGKILL the spares forked for later calls (same uid); such a spare may still
+        look alive and buffer the job, and the next episode would die at its first call. A spare
+        answers only after its read returned, where a pending SIGKILL is taken, so an ``ACK`` proves
+        it outlived the previous episode; EOF or silence is a spare to discard (the caller takes
+        another)."""
         try:
             send_request(self.req_fd, job)
             ready, _, _ = select.select([self.rep_fd], [], [], timeout_s)
@@ -93,11 +85,8 @@ PR_SET_PDEATHSIG = 1
 
 def rearm_parent_death_signal(parent: int) -> None:
     """Be SIGKILLed when the parent dies. The kernel clears this signal on a credential change
-    (the child's uid drop loses the ``setpriv --pdeathsig KILL`` it started with) and on fork (a
-    spare would outlive the clean parent where no pid namespace ends them together: the ``none``
-    backend). Before it was set again, a SIGKILLed pytest left an episode spinning in a tool for
-    28 minutes (tests/sandbox/test_child_dies_with_host.py). Exits at once if the parent died
-    before the call (the signal would never come)."""
+    (the uid drop) and on fork, so it is set again here (test_child_dies_with_host.py); exits
+    at once if the parent died before the call (the signal would never come)."""
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
         err = ctypes.get_errno()

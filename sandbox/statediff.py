@@ -2,13 +2,9 @@
 
 The state of an environment instance is ``vars(instance)`` without dunder keys (EnvScaler's
 convention). A step's diff is ``{"added": {ptr: new}, "removed": {ptr: old}, "changed": {ptr:
-{"old": old, "new": new}}}`` where ``ptr`` is an RFC 6901 JSON Pointer (``/users/u1/name``); dicts
-are compared key by key, any other value (lists included) is compared whole.
-
-Cost: the runtime keeps a *shadow* deep copy of the state and ``sync_diff`` walks it against the
-live state, skipping equal sub-trees with one C-level ``==`` and copying only what changed, so a
-step that edits one record of a 2 MB state copies one record. A state nobody touched costs one
-``==`` per top-level attribute.
+{"old": old, "new": new}}}`` with RFC 6901 JSON Pointers (``/users/u1/name``); dicts are compared
+key by key, any other value (lists included) whole. ``sync_diff`` walks a shadow copy against the
+live state, skipping equal sub-trees with one ``==`` and copying only what changed.
 
 May import: the standard library only.
 """

@@ -1,31 +1,19 @@
 """Verifier processes: checks run in a fresh fork of the sandbox child (which never ran environment
 code), given the episode's final state by value, and each check in a fork of its own.
 
-Environment code that patches the runtime, ``sys.modules`` or builtins in its episode process
-cannot reach the checks judging it: ``verify`` forks the clean parent *after* the episode handed
-its state over (``sandbox.handoff``: plain data only). That verifier process reads the state, then
-judges every check alone: a fork per check (``_Judges``, ``WINDOW`` forks at a time so their
-scheduling waits overlap) that closes every descriptor but the write end of a pipe made for that
-check only, runs it with fresh per-episode determinism shims (seed and clock of the episode), and
-writes one frame, ``{"passed", "error"}``. The verifier takes each verdict from its check's pipe
-and answers them to the parent (one JSON frame) *before* it runs the last check itself (a second
-frame: a fork saved, and a verify of one check forks nothing). So a check can decide only its own
-verdict (which it could anyway, by returning True): it cannot write another check's result, nor
-the verifier's answer for them (``check_forges_verdict``), nor patch the code that judges a later
-check (that runs in another fork). The parent checks both frames (same ids, same order) before it
-computes the reward itself.
+``verify`` forks the clean parent after the episode handed its state over (``sandbox.handoff``:
+plain data only), so environment code that patched its episode process cannot reach the checks.
+That verifier process judges every check in a fork of its own (``_Judges``, ``WINDOW`` at a
+time) whose only open descriptor is its own verdict pipe, answers the verdicts to the parent in
+one frame, then runs the last check itself (a second frame). A check can decide only its own
+verdict; the parent checks both frames (same ids, same order) and computes the reward itself.
 
-A check that raises (any ``BaseException``), returns anything but ``True``, dies (``os._exit``, a
-signal), answers garbage or runs past its time fails, that check only: SIGALRM at
-``tool_timeout_s`` (``runtime.deadline``), then SIGKILL of the check's process group once the
-parent has waited ``backstop_s`` (the fork's start is unseen by the parent); all checks of one
-verify share a wall-clock budget inside the worker's hard limit (``call_timeout_s`` / 2 +
-``tool_timeout_s`` per check), past which the remaining checks fail unrun. Each check sees the
-handed-over state as it arrived: a check that mutates ``final_state`` changes nothing another
-check sees (in-process ``EpisodeRuntime.verify`` shares it, as EnvScaler does). A check that
-kills the verifier process itself (same uid) is a ``crash`` of that verify; one that kills a
-sibling check's process makes that check fail (its own uid can signal it): interference can
-lower a reward, never raise it.
+A check that raises, returns anything but ``True``, dies, answers garbage or runs past its time
+fails, that check only: SIGALRM at ``tool_timeout_s``, SIGKILL of its process group after
+``backstop_s``; all checks of one verify share a wall-clock budget inside the worker's hard limit,
+past which the rest fail unrun. Each check sees the handed-over state as it arrived.
+Interference between checks can lower a reward, never raise it (docs/sandbox.md, "What is
+bounded").
 
 The fork is a spare (``sandbox.spares``) given a verify job: checks, the final state's bytes, the
 initial state's bytes (when a check names ``initial_state``), the episode's seed and clock.
@@ -135,12 +123,10 @@ KILL_GRACE_S = 0.25      # after the soft SIGALRM: a check that ignores it is ki
 
 
 def backstop_s(soft: float) -> float:
-    """How long the parent waits for a check's verdict before it kills the check's process. The
-    check's own SIGALRM fires ``soft`` after the check starts in its fork, which the parent cannot
-    see: on a loaded machine a new fork can wait most of a second to be scheduled, and a
-    backstop of ``soft + KILL_GRACE_S`` killed a reference solution's checks
-    (docs/benchmarks.md). So the backstop allows the fork ``soft`` to start, then
-    ``soft + KILL_GRACE_S``; it only ever ends checks that ignore their alarm."""
+    """How long the parent waits for a check's verdict before it kills the check's process: the
+    fork's unseen start (up to ``soft``: a new fork can wait most of a second to be scheduled on a
+    loaded machine, docs/benchmarks.md) plus ``soft + KILL_GRACE_S``. It only ever ends checks that
+    ignore their own SIGALRM."""
     return 2 * soft + KILL_GRACE_S
 VERDICT_BYTES = 64 << 10  # one verdict frame: a bool and an error message (truncated below)
 ERROR_CHARS = 4000

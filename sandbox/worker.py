@@ -5,23 +5,14 @@ replays, replaced automatically when it crashes or hangs.
     worker.reset(env, initial_state, seed=7, state_key="states/db.json")
     step = worker.step("find_customer", {"name": "Ann"})      # -> ActionStep
     result = worker.verify(task.checks)                       # -> VerifyResult
-    result, steps = worker.replay(env, state, checks, actions, seed=None)
     worker.close()
 
-Every call waits at most ``config.hard_timeout(...)`` seconds. Every reply is checked against the
-exact shape of its op's answer and its strings sanitised (``protocol.check_reply``). A call that
-times out, a child that dies, sends more than ``max_output_bytes`` or any malformed reply (wrong
-types, extra or missing keys, deep nesting): the child is killed (its whole pid namespace /
-process group), the call raises ``SandboxError`` with ``kind`` timeout / crash / output_limit /
-protocol naming the worker and env, and the next call starts a fresh child. An episode process
-that dies (``crash``) or garbles its replies (``protocol``) inside a healthy child ends that
-episode the same way, and a ``protocol`` error replaces the child too. Either way the episode in
-flight is lost: further steps raise ``bad_request`` until the next reset. ``end_episode()`` kills
-the episode's processes at once (threads and children included) instead of at the next reset.
-Environments are re-sent to a fresh child on demand; initial states are sent once per child per
-``state_key`` (the child caches them), so a 2 MB shared state is not re-sent per episode.
-
-Not thread-safe by design beyond one lock: one worker serves one call at a time.
+Every call waits at most ``config.hard_timeout(...)`` seconds and every reply is checked
+(``protocol.check_reply``). A timeout, a dead child, output past ``max_output_bytes`` or a
+malformed reply kills the child and raises ``SandboxError`` (timeout / crash / output_limit /
+protocol, naming the worker and env); the next call starts a fresh child. A dead or garbling
+episode process ends its episode the same way (further steps: ``bad_request`` until the next
+reset). Initial states are sent once per child per ``state_key``. One call at a time (a lock).
 
 May import: envs.spec, envs.trajectory, sandbox.*, the standard library.
 """

@@ -2,26 +2,20 @@
 
 The abstract text is what the abstract view encodes (g_i in Eq. 1, S_abs = cos(g_i, g_j)):
 
-1. each tool name is replaced by its operation type (the description's ``type``) and a shape
-   category (``lookup(type=entity_by_name)``, ``update(type=relation)``, ...);
+1. each tool name is replaced by its operation type and a shape category
+   (``lookup(type=entity_by_name)``, ``update(type=relation)``, ...);
 2. entity identifiers, 3. field names are removed: only value categories of arguments survive;
 4. literal values are replaced by type placeholders (``"active" -> <string>``, ``42 -> <int>``);
 5. the dependency structure (``dep:lookup>update``), gate kinds with provenance, reward-group
    relations and conflict kinds are retained.
 
-Counts are mapped to buckets (1, 2, 3-4, 5-8, 9+) — Appendix D's "numeric values are normalized
-into abstract categories". Free-text ``description``/``reason`` fields are dropped: they may carry
-domain words, and the structured fields already say what the abstraction keeps.
-
-Shape categories (where the paper gives only the examples entity_by_name / entity_field):
-lookup -> entity_by_name | entity_by_id | entity_by_attribute | entity_list (by its inputs);
-update -> relation (it writes a second identifier: relation replacement) | entity_field (one
-value) | entity_fields; create/delete -> relation_record (two or more identifiers) | entity;
-validate -> eligibility (eligib/avail/can/allowed in the tool name) | state; authorize ->
-permission.
-
-The output is a whitespace-separated token string (one token per structural fact, operations in
-order), encoded with word 1-2-grams so the order of operations counts.
+Counts are mapped to buckets (1, 2, 3-4, 5-8, 9+): Appendix D's "numeric values are normalized
+into abstract categories". Free-text ``description``/``reason`` fields are dropped (they may carry
+domain words). Shape categories where the paper gives only examples: lookup -> entity_by_name |
+entity_by_id | entity_by_attribute | entity_list; update -> relation | entity_field |
+entity_fields; create/delete -> relation_record | entity; validate -> eligibility | state;
+authorize -> permission. The output is one token per structural fact, operations in order,
+encoded with word 1-2-grams so the order counts.
 
 May import: the standard library.
 """

@@ -4,27 +4,22 @@ A scheduler is built from a pool's tasks (``TaskInfo`` rows: id, environment, an
 text a method needs) and a config. The training loop and the simulator drive it through:
 
 - ``select(step) -> Batch``: B distinct task ids, each with its phase and the scores that chose it.
-- ``observe(step, group)``: absorb one completed group (``GroupResult``). Groups may arrive late and
-  out of order; a group is credited to the step it was selected at (``group.step``).
-- ``explain(task_id) -> dict``: what the scheduler knew and predicted for one task (EnvSched fills
-  it in Appendix F style; baselines return what they have).
+- ``observe(step, group)``: absorb one completed group (``GroupResult``), credited to
+  ``group.step`` (groups may arrive late and out of order).
+- ``explain(task_id) -> dict``: what the scheduler knew and predicted for one task.
 - ``exclude(task_id, reason)`` / ``eligible(task_id)``: remove a task from selection, query it.
 - ``state_dict()`` / ``load_state_dict()``: restore bit-exactly (same next selections).
 - ``metrics() -> dict``: flat scalars for logging.
 
-``PoolScheduler`` is the skeleton EnvSched, EnvSched-Bayes and every baseline are built on: the
-task index, exclusions, the groups in flight (``pending()``), the select prologue / epilogue, the
-observe guard, ``explain`` / ``metrics`` basics and the ``state_dict`` header. A scheduler
-supplies only its selection rule (``_choose``), its observation update (``_update``) and its own
-state (``_state`` / ``_load_state``); ``DAPOFilter`` wraps a ``Scheduler`` and uses none of it.
-Two class switches state what differs between the methods' published settings:
+``PoolScheduler`` is the skeleton of EnvSched, EnvSched-Bayes and every baseline (task index,
+exclusions, ``pending()``, the select prologue / epilogue, the observe guard, ``explain`` /
+``metrics`` basics, the ``state_dict`` header); a scheduler supplies ``_choose``, ``_update`` and
+``_state`` / ``_load_state``. ``DAPOFilter`` wraps a ``Scheduler`` and uses none of it. Two class
+switches:
 
-- ``strict`` (EnvSched family): ``select`` steps must increase, and every group must answer one
-  selection not yet observed (else ``SchedulerError``). Not strict (baselines, which DAPO draws
-  from repeatedly within a step): any step, and a group for a task not selected (a forced first
-  batch) updates the same way.
-- ``withhold_in_flight`` (baselines): a task whose group is in flight is not offered again and
-  ``select`` needs B such tasks. EnvSched's constraints (C_task) decide repeats themselves.
+- ``strict`` (EnvSched family): ``select`` steps must increase and every group must answer one
+  selection not yet observed (else ``SchedulerError``); not strict, any step and any group.
+- ``withhold_in_flight`` (baselines): a task whose group is in flight is not offered again.
 
 May import: numpy and the standard library (never Ray or torch).
 """

@@ -7,23 +7,18 @@ One batch of B tasks is built greedily over a shared selected set:
   minimal ones, Eq. 5 with the phase score q.
 - then B_exp = B - B_cov exploitation picks: Eq. 5 with q * omega, omega = (1 + c/c0)^(-1/2),
   c = cumulative selections of the task before this step.
-- Eq. 5: i* = argmax_i [score_i - lambda_sim max_{j in batch} S_full(i, j)] (penalty 0 on an empty
-  batch). Ties go to the higher score, then to the earlier task in a permutation of the pool
-  seeded by ``run.seed`` (``tiebreak_rank``), so neither the pool's line order nor the task index
-  decides them and the same seed repeats the same selections.
-  The penalty and its exact lazy argmax are ``scheduling.penalty``'s.
+- Eq. 5: i* = argmax_i [score_i - lambda_sim max_{j in batch} S_full(i, j)] (``scheduling.penalty``;
+  0 on an empty batch). Ties go to the higher score, then to the earlier task in a permutation of
+  the pool seeded by ``run.seed`` (``tiebreak_rank``).
 - Hard constraints: C1 (tasks of one environment in this batch), C3 (tasks of one environment in
   steps t-2, t-1 and t together), C_task (a task already selected at the C_task previous steps in a
   row is not selected now).
 
-Relaxation (the paper is silent on the order): when no candidate satisfies the constraints, the
-pick is retried with, in this order, the progress filter dropped (exploitation only: Appendix C
-calls it a temporary exclusion, the soft constraint), then C3, then C1, then C_task (the hard
-caps, only when nothing else fits). Each relaxed pick adds a line to ``Batch.notes`` and counts
-once per relaxed kind in ``PickContext.relaxed``. Identifier-filtered and excluded tasks are never
-relaxed in; with fewer eligible tasks than B a ``SchedulerError`` says so.
-
-Cold start (Appendix C, the first batch) is ``scheduling.cold_start``.
+Relaxation (the paper is silent on the order): when no candidate fits, the pick is retried with
+the progress filter dropped (exploitation only: the soft constraint), then C3, then C1, then
+C_task; each relaxed pick adds a line to ``Batch.notes`` and counts in ``PickContext.relaxed``.
+Excluded tasks are never relaxed in; fewer eligible tasks than B is a ``SchedulerError``. The cold
+start is ``scheduling.cold_start``.
 
 May import: numpy, scipy, the standard library, scheduling.config / scheduling.base /
 scheduling.penalty.

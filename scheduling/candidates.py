@@ -2,22 +2,17 @@
 
 Order everywhere: similarity descending, ties by task index ascending. Two relations:
 
-- within (``rank_within``): for rows of one environment, the candidates of the same environment
-  except the row itself, by ``X[i] . X[j]`` (S_full). Products in row chunks against the
-  environment's candidates; ``argpartition`` then a stable sort of the kept columns.
+- within (``rank_within``): the same environment's candidates except the row itself, by
+  ``X[i] . X[j]`` (S_full), in row chunks; ``argpartition`` then a stable sort of the kept columns.
 - cross (``rank_cross``): candidates in other environments by S_abs. Tasks with identical abstract
-  text share one abstract vector (``group`` id), so similarities are computed between distinct
-  vectors only (chunks of requesting groups x candidate groups). For a requesting group u, the
-  candidate groups are taken in similarity order until they hold ``L + max_e |candidates in e|``
-  tasks (each group holds at least one task, so that many groups always suffice, and every group
-  tied with the last one taken is added so index tie-breaking stays exact); the pooled tasks are
-  sorted once and each environment of u's requesting rows keeps its first L outside itself.
+  text share one vector (``group`` id), so similarities are computed between distinct vectors
+  only; for a requesting group the candidate groups are taken in similarity order until they hold
+  ``L + max_e |candidates in e|`` tasks (plus every group tied with the last, so tie-breaking stays
+  exact), and each environment keeps its first L outside itself.
 
-Both are used at build time (candidates = all tasks, L = list length); the exact fallback of
-``DualGraph.topk_observed`` (candidates = observed tasks, L = k) uses ``rank_within`` and the
-vectorised ``topk_cross_vectorised`` (many rows, small k).
-
-``one_blas_thread()`` is the context every dense product of the scheduler's queries runs in.
+Used at build time (candidates = all tasks) and by the exact fallback of
+``DualGraph.topk_observed`` (``rank_within``, ``topk_cross_vectorised``). ``one_blas_thread()`` is
+the context every dense product of the scheduler's queries runs in.
 
 May import: numpy, scipy, threadpoolctl.
 """
@@ -34,11 +29,9 @@ _BLAS: list = []
 def one_blas_thread():
     """Context running BLAS on one thread, for reproducible and cheap small products.
 
-    OpenBLAS's result for the same dense product can differ in the last bit with its thread
-    count (which follows the visible cores), and such a bit can swap two percentile ranks and
-    so change a selection: the scheduler's selections would depend on the machine. The products
-    here are small, so threads only add spin and synchronisation (the ridge fits of the progress
-    filter spiked when threaded: docs/benchmarks.md).
+    OpenBLAS's result can differ in the last bit with its thread count (the visible cores), which
+    can swap two percentile ranks and so make selections depend on the machine; the products here
+    are small, so threads only add overhead (docs/scheduler.md, "Performance notes").
     """
     if not _BLAS:                       # built once, after numpy has loaded its BLAS
         from threadpoolctl import ThreadpoolController

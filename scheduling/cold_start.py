@@ -1,14 +1,11 @@
 """EnvSched's first batch, from static structure only: Appendix C's cold start.
 
-One representative per environment, the task with the
-highest mean within-environment S_full (more environments than B: the B representatives chosen
-greedily by global novelty 1 - max S_full to those already chosen); the remaining slots by
-novelty = 0.5 (1 - max S_full to the batch) + 0.5 (1 - max S_full to the batch's tasks of the same
-environment), at most ``cold_start_env_cap`` (2) tasks per environment (relaxed, with a note, if the
-pool cannot fill B that way). The equal 0.5 / 0.5 mix is our choice.
-
-The representatives are ranked with Eq. 5's machinery (``scheduling.penalty``: the penalty and the
-exact penalised argmax).
+One representative per environment, the task with the highest mean within-environment S_full
+(more environments than B: B representatives chosen greedily by global novelty 1 - max S_full to
+those already chosen); the remaining slots by novelty = 0.5 (1 - max S_full to the batch) + 0.5
+(1 - max S_full to the batch's tasks of the same environment), at most ``cold_start_env_cap`` (2)
+tasks per environment (relaxed, with a note, if B cannot be filled so). The equal 0.5 / 0.5 mix is
+our choice. Ranked with Eq. 5's machinery (``scheduling.penalty``).
 
 May import: numpy, the standard library, scheduling.base, scheduling.config, scheduling.penalty.
 """

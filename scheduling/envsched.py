@@ -2,26 +2,22 @@
 (``scheduling.base.PoolScheduler``, ``strict``: steps increase, every group answers a selection).
 
 - ``select(step)``: the first batch is the Appendix C cold start (scheduling/cold_start.py); every
-  later one runs the estimator (scheduling/estimator.py, Eqs. 3-13) for step t, the progress filter
+  later one runs the estimator (scheduling/estimator.py, Eqs. 3-13), the progress filter
   (scheduling/filters.py) and the coverage-then-exploitation builder (scheduling/batch.py, Eq. 5,
-  C1 / C3 / C_task). Steps must increase; skipped steps are allowed.
-- ``observe(step, group)``: Eqs. 2 / 9 statistics of the K rewards, credited to the step the task
-  was selected at (``group.step``), whatever order groups arrive in. A group for a (task, step) that
-  was never selected, or a second group for it, is an error. ``observe``'s ``step`` argument is
-  informational; ``group.step`` decides the credit.
-- The identifier filter (Appendix C) is not run here: the scheduler actor runs it on every
-  completed group (``scheduling.replay.group_check``) and a confirmed task arrives through
-  ``exclude``, which removes it from both phases.
-- ``explain(task_id)``: Appendix F-style record of the latest prediction (half-life h_long
-  neighbour tables, with each neighbour's weight a / (sum a + lambda_g) as in the paper's "Weight"
-  column; both half-lives' fused predictions), plus q, phase and batch rank.
-- ``state_dict()`` / ``load_state_dict()``: all state is integer / float arrays and plain
-  containers; the only randomness is the tie-breaking permutation, a pure function of
-  ``cfg.seed`` (``run.seed``), so a restored scheduler selects exactly the same batches.
-- ``metrics()``: per step, the share of the eligible pool the progress filter blocks
-  (``progress_blocked_share``) and the picks that needed each relaxation (``relaxed_progress``,
-  ``relaxed_C3``, ``relaxed_C1``, ``relaxed_C_task``; progress is relaxed first, the hard caps only
-  when nothing else fits).
+  C1 / C3 / C_task). Skipped steps are allowed.
+- ``observe(step, group)``: Eqs. 2 / 9 statistics of the K rewards, credited to ``group.step``
+  whatever order groups arrive in (the ``step`` argument is informational). A group for a
+  (task, step) never selected, or a second one, is an error.
+- The identifier filter (Appendix C) runs in the scheduler actor
+  (``scheduling.replay.group_check``); a confirmed task arrives through ``exclude``.
+- ``explain(task_id)``: Appendix F-style record of the latest prediction (h_long neighbour tables
+  with each neighbour's weight a / (sum a + lambda_g), both half-lives' fused predictions), plus
+  q, phase and batch rank.
+- ``state_dict()`` / ``load_state_dict()``: plain arrays and containers; the only randomness is
+  the tie-breaking permutation, a function of ``cfg.seed``, so a restored scheduler selects the
+  same batches.
+- ``metrics()``: ``progress_blocked_share`` and the picks that needed each relaxation
+  (``relaxed_progress``, ``relaxed_C3``, ``relaxed_C1``, ``relaxed_C_task``).
 
 May import: numpy, the standard library, scheduling.* (never Ray or torch).
 """

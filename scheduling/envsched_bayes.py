@@ -1,13 +1,9 @@
 """``EnvSchedBayes`` (registry name ``envsched-bayes``): EnvSched's dual-relation graph and
 environment coverage, with per-task Beta posteriors in place of EnvSched's point estimate.
 
-Beyond the paper (issue 13 §3). What it keeps from EnvSched, by import: the graph's observed
-neighbours (``DualGraph.topk_observed``), Eqs. 3 / 4 / 7 (``estimator.relation_estimate``: kernel
-weights, shrinkage to the global reference, the within / cross fusion), the Appendix C cold start
-(``cold_start.cold_start_batch``), the C1 / C3 / C_task caps and their relaxation
-(``batch.pick_one``), the Eq. 5 similarity penalty (``penalty.BatchPenalty`` /
-``penalised_argmax``), the seeded tie-break (``batch.tiebreak_rank``), the exposure counters
-(``batch.ExposureState``) and Eq. 2 / 9 group statistics (``estimator.group_stats``).
+Beyond the paper (docs/scheduler.md, "Beyond the paper: envsched-bayes": the comparison with
+EnvSched, the parameters). EnvSched's own modules are reused by import (Eqs. 2-5, 7, 9, the cold
+start, the caps and their relaxation, ``batch.tiebreak_rank``, ``batch.ExposureState``).
 
 Model, for task i, with each group's K rewards r (mean m, Eq. 9 dispersion d):
 
@@ -18,8 +14,7 @@ Model, for task i, with each group's K rewards r (mean m, Eq. 9 dispersion d):
 - Prior strength n0 (empirical Bayes, one value per step): the leave-one-out residuals
   e_i = mbar_i - mu0_i of observed tasks estimate the spread tau^2 = mean(e^2) - mean(noise_i),
   noise_i = vbar_i / ((K - 1) N_i); the Beta prior with that spread has
-  n0 = mean(mu0 (1 - mu0)) / tau^2 - 1, clipped to [N0_MIN, K * N0_GROUPS]. The more the graph
-  predicts a task's success, the more an unseen task trusts it.
+  n0 = mean(mu0 (1 - mu0)) / tau^2 - 1, clipped to [N0_MIN, K * N0_GROUPS].
 - Posterior p_i ~ Beta(n0 mu0_i + S_i, n0 (1 - mu0_i) + F_i); dispersion dhat_i =
   (N_i dbar_i + lambda_s d0_i) / (N_i + lambda_s) (Eq. 4's shrinkage).
 - Expected group variance (population variance of K rewards, fractional rewards with
@@ -32,28 +27,15 @@ Batch of B at step t (after the cold start; exploitation picks first, coverage f
 - Live environments: those whose best eligible task has V_i >= ``live_variance``.
 - B_cov = min(#live environments, floor(max_coverage B)), or floor(coverage B) when ``coverage``
   is set; the other B - B_cov slots are exploitation.
-- Exploitation: the best V (the posterior expectation, which already discounts uncertain tasks;
-  no exposure factor omega, no progress filter). Eq. 5's penalty with ``lambda_sim`` on the
-  percentile rank of V when lambda_sim > 0 (default 0: see docs/scheduler.md).
-- Coverage: each pick is restricted to live environments with the fewest picks in this batch,
-  then the fewest cumulative selections (EnvSched's keys, without its "fewest observations" key),
-  and takes the best Thompson-drawn expected variance there: the most informative candidate
-  inside the most under-seen environment, exploring by posterior draws rather than by
-  observation count. No Eq. 5 penalty (each pick opens a new environment).
-- C1, C3, C_task as EnvSched, relaxed as EnvSched does (``batch.pick_one``: C3, then C1, then
-  C_task, each with a note; there is no progress filter to relax).
-- Ties (equal scores, the cold start's included) go to EnvSched's seeded permutation
-  (``batch.tiebreak_rank``), not to pool order.
+- Exploitation: the best V (no exposure factor omega, no progress filter); Eq. 5's penalty with
+  ``lambda_sim`` on the percentile rank of V when lambda_sim > 0.
+- Coverage: among live environments with the fewest picks in this batch, then the fewest
+  cumulative selections, the best Thompson-drawn V; no Eq. 5 penalty.
+- C1, C3, C_task and ties as EnvSched.
 
-Skeleton: ``scheduling.base.PoolScheduler``, ``strict`` as EnvSched (steps increase, a group must
-answer a selection); in-flight tasks may be selected again, as in EnvSched.
-
-Randomness: the draws of step t use ``default_rng([seed, t])``, so a restored scheduler draws the
-same numbers and ``state_dict`` holds no generator state. Late groups: evidence is discounted in
-arrival order (as MoPPS); a group must answer a selection (as EnvSched).
-
-Not here: the progress filter (off by design: the posterior tracks a task's change itself) and the
-identifier filter (exclusions arrive through ``exclude``, as from the trainer's filter).
+Skeleton: ``scheduling.base.PoolScheduler``, ``strict`` as EnvSched. The draws of step t use
+``default_rng([seed, t])``, so ``state_dict`` holds no generator state. Not here: the progress
+filter (off by design) and the identifier filter (exclusions arrive through ``exclude``).
 
 May import: numpy, pydantic, the standard library, scheduling.* (never Ray or torch).
 """

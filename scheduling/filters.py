@@ -1,22 +1,17 @@
 """EnvSched's progress filter (Appendix C); the identifier filter is scheduling/identifier_filter.py.
 
-Progress filter. Training transitions are adjacent observations (s -> s') of the same task. A
-ridge predictor estimates the later mean reward m' from x = (1, m, m^2, v, s, n_obs up to s,
-one-hot environment category); the transition completed at s' is predicted by a ridge fitted only
-on transitions completed at steps < s' (so each prediction uses earlier completed steps only) and
-is *scorable* when that fit has at least ``progress_min_fit`` transitions. Residual r = m' - pred.
-A task's estimate fuses its own residuals with a reference, exactly like Eq. 4:
+Training transitions are adjacent observations (s -> s') of the same task. A ridge predictor
+estimates the later mean reward m' from x = (1, m, m^2, v, s, n_obs up to s, one-hot environment
+category), fitted only on transitions completed before s'; a transition is *scorable* when that
+fit has at least ``progress_min_fit`` transitions. Residual r = m' - pred, fused as in Eq. 4:
     est_i = (n_i rbar_i + lambda_s ref_i) / (n_i + lambda_s),
     ref_i = mean of (environment mean residual, mean of the neighbours' mean residuals)
-(neighbours: the task's within and cross top-K observed neighbours; missing references dropped;
-0 when none). ``progress_min_transitions`` (3) scorable transitions and est <= 0 removes the task
-from exploitation only. Our choices (paper silent): the ridge penalises every coefficient but the
-intercept (alpha = ``progress_ridge_alpha``, raw feature scales), categories are environment
-categories (default: the environment id) folded into ``progress_max_categories`` buckets by
-sorted index, lambda_s doubles as the residual shrinkage.
+(within and cross top-K observed neighbours; missing references dropped; 0 when none).
+``progress_min_transitions`` scorable transitions and est <= 0 remove the task from exploitation
+only. Our choices where the paper is silent: docs/scheduler.md, "Progress filter".
 
-The filter is soft (Appendix C: it "temporarily excludes"): when exploitation runs out of
-candidates, scheduling/batch.py relaxes it before any hard cap.
+The filter is soft (Appendix C: it "temporarily excludes"): scheduling/batch.py relaxes it before
+any hard cap.
 
 May import: numpy, the standard library, scheduling.config, scheduling.estimator.
 """
@@ -59,11 +54,9 @@ def _features(tr: dict[str, np.ndarray], cat: np.ndarray, n_cat: int) -> np.ndar
 class RidgeCache:
     """Ridge residuals of earlier calls, reused exactly (``progress_estimates(cache=...)``).
 
-    The residuals of the transitions completed at step s depend only on the transitions completed
-    at steps <= s. History is append-only, so they are unchanged since the previous call (at step
-    t_prev, with ``size`` observations) when s < t_prev and no observation added since is credited
-    to a step <= s (a late group for step r can change transitions completed at r or later).
-    Reused entries are the stored values themselves, so results are bit-identical to recomputing.
+    The residuals of transitions completed at step s depend only on transitions completed at steps
+    <= s, so they are reused when s < t_prev and no observation added since is credited to a step
+    <= s. Reused entries are the stored values, so results are bit-identical to recomputing.
     """
 
     def __init__(self) -> None:

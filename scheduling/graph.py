@@ -11,19 +11,11 @@ Representation (never a dense N x N matrix):
 - Ranked candidate lists (``scheduling.candidates``): ``within_*`` (n, Lw) same-environment tasks by
   S_full, ``cross_*`` (n, Lc) other-environment tasks by S_abs; descending, ties by task index,
   padding -1 / 0.0; ``*_complete[i]`` says the list holds every candidate of row i.
-- ``topk_observed`` reads the top-k observed neighbours (|N_in| <= K_within, |N_cross| <= K_cross
-  of Section 2.2) from the lists for all rows at once and recomputes exactly (sparse products
-  against the observed candidates) only rows whose list runs out while observed candidates remain
-  outside it. For the cross relation (whose lists, ~100 of N, hold few observed nodes early in
-  training, so most rows would fall back) it memoises its last answer per k: when the observed
-  set only grew (by at most MERGE_LIMIT nodes), the answer is the old one merged with the new
-  nodes — exact, since top-k(A + D) = top-k(top-k(A) + D) — on the rows a new node can enter.
+- ``topk_observed`` reads the top-k observed neighbours (|N_in| <= K_within, |N_cross| <= K_cross)
+  from the lists, recomputing exactly only rows whose list runs out; the cross answer is memoised
+  per k and merged with up to MERGE_LIMIT new nodes (top-k(A + D) = top-k(top-k(A) + D)).
 
-Decisions where the paper is silent: the weights are used as given (they sum to 1); a view whose
-text is empty for a task contributes 0 to that task's similarities; op descriptions passed in
-``op_descriptions`` win over the pool's, and tasks missing from it go through
-``envs.describe.describe_task``; the cache records a SHA-256 of the config, the environments, the
-tasks and the descriptions passed in, so ``load(path, expected_hash)`` detects a stale cache.
+Decisions where the paper is silent: docs/graph.md.
 
 ``GraphConfig``, ``GraphError`` and ``content_hash`` live in ``scheduling.graph_config`` (so that
 ``scheduling.graph_io`` reads them without importing this module) and are re-exported here.

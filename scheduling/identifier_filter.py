@@ -5,33 +5,18 @@ Pure logic; the replay is injected through the replay port ``ReplayPort``:
 ``port(task_id, actions, seed) -> reward`` (the scheduler actor runs the filter on every completed
 group through ``scheduling.replay.group_check``).
 
-Suspicion (the paper says "identifiers that cannot be obtained from the permitted context or ...
-replacement objects that duplicate existing records"; the exact rules are ours):
-- an argument value is *identifier-shaped* when its text has no whitespace, >= 3 characters and a
-  digit, and is not a plain number (``30,000``, ``400.5``) or a date;
-- it is *suspicious* only when it also refers to a record that exists in the environment state (a
-  key of a collection of records, or the value of an id field: ``id``, ``*_id``, ``*Id``,
-  ``uuid``) and appears in none of the permitted sources: the instruction, the system prompt, the
-  tool descriptions and schema enums (the caller passes all of them as ``context``), the
-  observations of earlier actions and the records earlier actions created. Matching is on
-  normalised tokens: case, quotes and whitespace ignored, numbers without thousands separators
-  or trailing zeros, dates (``2025-04-01``, ``04/01/2025``, ``April 1, 2025``, ``1 Apr 2025``)
-  as ISO dates. A derived value (a computed date, a sum, a password the task asks the agent to
-  choose) is not a record id and is never suspicious. Without a state nothing is
-  identifier-suspicious (only the state says what a record id is).
-- an action whose state diff adds a record equal (ignoring id fields) to an existing record of the
-  same collection is suspicious (duplicate-record creation).
-Every suspicious action of every trajectory with reward >= ``identifier_min_reward`` is examined,
-at most ``identifier_max_checks`` per group (the first ones in trajectory order).
+Suspicion (the paper's "identifiers that cannot be obtained from the permitted context or ...
+replacement objects that duplicate existing records"; our exact rules: docs/scheduler.md,
+"Identifier filter"): an identifier-shaped argument naming an existing record that appears in no
+permitted source, or an action adding a record equal (ignoring ids) to an existing one. Every
+suspicious action of every trajectory with reward >= ``identifier_min_reward`` is examined, at
+most ``identifier_max_checks`` per group.
 
 Confirmation, per suspicious action k: (1) replay the saved actions (once per trajectory);
 |replayed - stored| > ``replay_tolerance`` makes the check inconclusive (logged, task kept);
-(2) remove k and its *dependent edits* and replay: later actions that use an identifier PRODUCED
-by a removed action (a record it created, or a value first returned in its observation), and not
-obtainable anyway (in the permitted context, or returned by a kept earlier action), transitively.
-An identifier the removed action merely *used* taints nothing: a later independent edit of the
-same looked-up record stays. The task is filtered only when the ablated reward is lower than the
-stored one by more than the tolerance.
+(2) remove k and its dependent edits (later actions using an identifier k produced and not
+obtainable otherwise, transitively) and replay. The task is filtered only when the ablated reward
+is lower than the stored one by more than the tolerance.
 
 May import: the standard library, envs.spec / envs.trajectory, scheduling.config.
 """

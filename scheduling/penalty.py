@@ -3,12 +3,9 @@
     i* = argmax_i [score_i - lambda_sim max_{j in batch} S_full(i, j)]
 
 ``BatchPenalty`` caches max_{j in batch} S_full(i, j) per task for one batch under construction;
-``penalised_argmax(cands, score, penalty, lam)`` finds i* exactly. Because the penalty is
-non-negative, it walks the score-sorted candidates only until no later one can win, bringing a
-candidate's penalty up to date only when its bound could: O(walk * |batch|) similarities, never
-O(n |batch|). The loops are compiled (``penalty_kernel``, numba), with similarities summed
-bit-for-bit as numpy's ``add.reduceat`` sums them. ``sort_desc`` orders candidates by score, ties
-by a seeded rank.
+``penalised_argmax(cands, score, penalty, lam)`` finds i* exactly, walking the score-sorted
+candidates only until no later one can win (the penalty is non-negative). The loops are
+``penalty_kernel``'s (numba). ``sort_desc`` orders candidates by score, ties by a seeded rank.
 
 May import: numpy, scheduling.penalty_kernel (numba), the standard library.
 """
@@ -26,17 +23,14 @@ from scheduling import penalty_kernel as kernel
 class BatchPenalty:
     """max_{j in batch} S_full(i, j), cached per task for one batch under construction.
 
-    The batch only grows, so a task's cached maximum stays valid and is brought up to date with
-    the members added since it was last evaluated (``upto``). Members are kept as dense float32
-    columns over the features some member has (``slot`` maps a feature to its row, row 0 is the
-    zero row of every other feature; ~9k of 43k rows at N = 2,550, so the rows a walk gathers
-    stay in cache); a similarity is computed by ``penalty_kernel`` exactly as
-    ``np.add.reduceat`` sums the candidate's stored entries times the member's row, so its value
-    does not depend on when or with which other rows it is evaluated.
+    The batch only grows, so a task's cached maximum stays valid and is brought up to date with the
+    members added since (``upto``). Members are dense float32 columns over the features some member
+    has (``slot``: feature -> row, row 0 the zero row); similarities are ``penalty_kernel``'s, equal
+    whenever and with whatever rows they are evaluated.
 
-    ``reset()`` empties it for the next batch and keeps the buffer (EnvSched keeps one across
-    steps: a fresh 11 MB buffer at N = 2,550 costs page faults every step); it pickles without
-    it. ``refresh(rows)`` / ``get(rows)`` bring rows up to date.
+    ``reset()`` empties it for the next batch and keeps the buffer (EnvSched keeps one across steps
+    to avoid page faults); it pickles without it. ``refresh(rows)`` / ``get(rows)`` bring rows up to
+    date.
     """
 
     def __init__(self, graph: Any, capacity: int = 64) -> None:
@@ -114,14 +108,10 @@ class BatchPenalty:
 def penalised_argmax(cands: np.ndarray, score: np.ndarray, penalty: BatchPenalty,
                      lam: float, mask: Optional[np.ndarray] = None) -> tuple[int, float]:
     """Eq. 5 over ``cands`` (sorted by score desc, index asc), or over those c of them with
-    ``mask[c]`` (a bool array over all tasks; the same as passing ``cands[mask[cands]]``, without
-    building it): (task index, its penalty).
+    ``mask[c]`` (a bool array over all tasks): (task index, its penalty).
 
-    Exact and lazy (``penalty_kernel.penalised_argmax``): the penalty only grows as the batch
-    grows, so a stale cached value gives an upper bound score - lam * cached on the penalised
-    value; candidates are walked in score order, only those whose bound beats the best exact value
-    so far are brought up to date, and the walk stops at the first score that cannot beat it.
-    The same result as evaluating every candidate, ties to the earlier one.
+    Exact and lazy (``penalty_kernel.penalised_argmax``): the same result as evaluating every
+    candidate, ties to the earlier one.
     """
     i = penalty.argmax(cands, score, lam, mask)     # empty batch: the first candidate wins
     if i < 0:

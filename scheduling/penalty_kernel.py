@@ -1,29 +1,20 @@
 """Compiled inner loops of Eq. 5's penalty (numba): the similarities, the exact penalised argmax.
 
 ``S_full(i, m)`` is the dot product of task i's stored features (CSR row, storage order) with
-member m's dense feature row. It is summed exactly as ``np.add.reduceat`` sums one segment of the
-products: the first product, plus numpy's pairwise sum of the rest (blocks of up to 128 summed in
-8 interleaved accumulators, longer runs split in halves rounded down to a multiple of 8), in
-float32. So every value is bit-identical to the numpy expression
-``prod = rows[m][indices]; prod *= data; np.add.reduceat(prod, starts)`` the scheduler used
-before (products rounded to float32, the member rows' dtype, whatever X's dtype), and the golden
-trace (tests/scheduling/test_golden.py) holds; tests/scheduling/test_penalty_kernel.py checks the
-equality on random and real rows.
+member m's dense feature row, summed exactly as ``np.add.reduceat`` sums one segment (the first
+product plus numpy's pairwise sum of the rest, float32), so every value is bit-identical to
+``prod = rows[m][indices]; prod *= data; np.add.reduceat(prod, starts)`` and the golden trace
+(tests/scheduling/test_golden.py) holds; tests/scheduling/test_penalty_kernel.py checks it.
 
 ``penalised_argmax`` walks the candidates in score order and stops when no later candidate can
-win: a candidate's cached penalty (its maximum over the members it has seen) is a lower bound, so
-``score - lam * cached`` bounds its value from above, and only candidates whose bound beats the
-best exact value so far are brought up to date. Ties go to the earlier candidate. A candidate is
-brought up to date in blocks of BLOCK members (one cache line of a feature's member values): when
-a block lifts its penalty so far that it cannot win, the rest waits (``upto`` records the members
-seen, so the cache stays exact and a later walk resumes there). About a third of the
-similarities of a full refresh are never computed (N = 2,550, B = 64). Per call this costs the
-similarities it evaluates, with no per-call numpy overhead.
+win: a candidate's cached penalty (its maximum over the members seen) bounds ``score - lam *
+cached`` from above, so only candidates whose bound beats the best exact value so far are brought
+up to date, in blocks of BLOCK members (``upto`` records the members seen, so the cache stays
+exact). Ties go to the earlier candidate.
 
-Speed without changing a bit: products are gathered entry-major (one contiguous pass per entry)
-and every member's pairwise sum runs in lockstep (``_pairwise_rows``: the same additions per
-member as numpy makes, vectorised across members); members keep only the features some member
-has (``BatchPenalty.slot``), so the rows a walk gathers stay in cache.
+Products are gathered entry-major and every member's pairwise sum runs in lockstep
+(``_pairwise_rows``: numpy's additions, vectorised across members); members keep only the
+features some member has (``BatchPenalty.slot``). Figures: docs/scheduler.md, "Performance notes".
 
 May import: numpy, numba, the standard library.
 """

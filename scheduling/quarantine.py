@@ -1,23 +1,19 @@
 """Quarantine: a task whose own code keeps failing its episodes is removed from selection, the way
 the identifier filter removes a task whose reward can be hacked.
 
-A *task fault* (``envs.trajectory``: a trajectory with ``fault == "task"``) is the environment's
-doing, never the policy's: its tool or verifier crashed its sandbox process, hung past the
-sandbox's deadline, overflowed its output, or its source did not load. (A tool that merely raises
-is an error observation the policy sees and learns from; it is no fault.) Such a trajectory is
-trained with its reward (0 for what did not run), which is right for one episode but, repeated,
-makes the task a source of zero rewards unrelated to what the policy did.
+A *task fault* (``envs.trajectory``: ``fault == "task"``) is the environment's doing: its tool or
+verifier crashed, hung, overflowed or did not load (a tool that merely raises is an observation,
+no fault). One is trained with its reward; repeated, they make the task a source of zero rewards
+unrelated to the policy.
 
-Rule (ours: the paper has no faults): a group *crashed* when at least one of its valid
-trajectories ended on a task fault (``GroupResult.task_faults > 0``); a task is quarantined when
-``QUARANTINE_GROUPS`` of its absorbed groups crashed, in a row or not. Three, not one: a single
-crash may be the host's doing that the sandbox cannot tell from the task's (a host OOM kill of a
-sandbox process reads as the task's crash, ``sandbox.errors``), while three groups, with different
-seeds and usually at different policy versions, are the task. Infrastructure faults never count
-(they are not in ``GroupResult``: dropped from the group before it is absorbed).
+Rule (ours: the paper has no faults): a group *crashed* when one of its valid trajectories ended
+on a task fault (``GroupResult.task_faults > 0``); a task is quarantined when ``QUARANTINE_GROUPS``
+of its absorbed groups crashed, in a row or not. Three, not one: a single crash may be the host's
+(an OOM kill reads as the task's), three groups with different seeds are the task. Infrastructure
+faults never count (dropped before absorption).
 
 ``Quarantine`` is pure bookkeeping: ``observe(result)`` returns the removal reason
-(``"quarantined: ..."``) the moment a task reaches the threshold and None otherwise; the caller
+(``"quarantined: ..."``) when a task reaches the threshold, else None; the caller
 (``actors.scheduler_actor.SchedulerService``) passes it to ``Scheduler.exclude``. ``record(task)``
 is what ``explain`` shows; ``state_dict`` / ``load_state_dict`` round-trip it exactly.
 

@@ -1,34 +1,18 @@
 """The scheduler registry: every scheduler name, its class and its typed parameters, in one place.
 
-``train`` (launch/scheduler_factory.py), ``simulate`` (scheduling/simulate/experiment.py), the CLI
-(``--schedulers``) and config validation (``scheduler.name`` / ``scheduler.params``) all read this
-table, so a name known to one is known to all and a scheduler is built the same way everywhere.
+``train``, ``simulate``, the CLI (``--schedulers``) and config validation all read this table, so
+a scheduler is known and built the same way everywhere.
 
-- ``names()``: the registered names; ``dapo+NAME`` (the DAPO zero-variance filter around NAME) is
-  valid for every registered NAME and is composed on demand.
-- ``get(name) -> Entry``; ``params_model(name)`` the pydantic model of ``scheduler.params``
-  (``extra="forbid"``: a typo or a wrong type is a ``ValidationError`` naming the field).
-- ``validate_params(name, params)``: the params as that model (raises ``ValidationError``).
-- ``build(name, params, *, tasks, batch_size, k, seed, ...)``: the scheduler. B, K and the seed
-  are the run's (``run.batch_size``, ``rollout.k``, ``run.seed``), never scheduler parameters.
-- ``identifier_filter_settings(name, params)``: the identifier filter's settings (an
-  ``EnvSchedParams``) or None, asked the same way for every scheduler (``Entry.identifier_filter``
-  knows where its params keep them).
-- ``train_names()`` / ``check_trainable(name)``: what ``envsched train`` runs; ``dapo+NAME`` is
-  simulator-only (training has no draw-until-B loop), refused at config load.
+- ``names()``; ``dapo+NAME`` (the DAPO filter around NAME) is composed on demand.
+- ``get(name) -> Entry``; ``params_model(name)`` (``extra="forbid"``); ``validate_params(name,
+  params)`` (raises ``ValidationError`` naming the field).
+- ``build(name, params, *, tasks, batch_size, k, seed, ...)``: B, K and the seed are the run's.
+- ``identifier_filter_settings(name, params)``: the filter's settings (``EnvSchedParams``) or None.
+- ``train_names()`` / ``check_trainable(name)``: ``dapo+NAME`` is simulator-only.
 
-Adding a scheduler: write its class (the ``scheduling.base.Scheduler`` interface) and a pydantic
-params model, then add one ``Entry`` to ``ENTRIES``. The default ``make`` calls
-``cls(task_infos, batch_size=B, rollouts=K, seed=seed, **params)``; a scheduler built otherwise
-(e.g. over the graph) gives its own ``make(cls, params, inputs) -> Scheduler``, where ``inputs``
-is an ``Inputs`` (``inputs.graph()`` builds or returns the dual-relation graph; set
-``needs_graph=True`` so callers know to supply one). A scheduler whose tasks the training run's
-identifier filter should check gives ``identifier_filter=`` (typed params -> the filter's
-settings or None).
-
-Decisions: LEEPS represents a task by the graph's ``X_full`` row (Eq. 1's six TF-IDF views) in
-training and in the simulator alike; ``dapo+envsched`` is allowed in the simulator (DAPO wraps
-any scheduler).
+Adding a scheduler: docs/scheduler.md, "One registry of schedulers". Decisions: LEEPS represents
+a task by the graph's ``X_full`` row in training and in the simulator alike; ``dapo+envsched`` is
+allowed in the simulator.
 
 May import: pydantic, the standard library, scheduling.* (scheduler modules imported on first use,
 so validating a config stays cheap). Never Ray, torch or launch.
@@ -210,10 +194,8 @@ def validate_params(name: str, params: Union[Mapping[str, Any], BaseModel, None]
 def identifier_filter_settings(name: str, params: Union[Mapping[str, Any], BaseModel, None]
                                ) -> Optional[EnvSchedParams]:
     """The identifier filter's settings (``identifier_min_reward``, ``identifier_max_checks``,
-    ``replay_tolerance``, read by ``scheduling.identifier_filter.IdentifierFilter``) for scheduler
-    ``name`` with ``params``, or None when it runs no identifier filter (a baseline, or the
-    switch off). The same question for every scheduler, wherever its params keep the switch:
-    ``envsched``'s own params, ``envsched-bayes``'s ``params.envsched``."""
+    ``replay_tolerance``) for scheduler ``name`` with ``params``, or None when it runs none (a
+    baseline, or the switch off); asked the same way for every scheduler."""
     return get(name).identifier_filter(validate_params(name, params))
 
 

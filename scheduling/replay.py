@@ -1,20 +1,14 @@
 """The identifier filter's replay port, its outcome type, and the group check built on them.
 
 - ``ReplayPort`` (defined in ``scheduling.identifier_filter``, re-exported here):
-  ``port(task_id, actions, seed) -> reward``, replaying fixed actions from the task's initial
-  state. The training run implements it on its shared executor pool (the rollout
-  workers' sandboxes, ``actors/replay_port.py``); tests and the simulator pass a plain function.
-- ``FilterOutcome``: what one check concluded about one group (verdict ``clean``, ``filtered``,
-  ``inconclusive`` or ``error``, and the findings).
-- ``group_check(pool, settings, port)``: the check of one completed group
-  (``envs.trajectory.Group``) against the pool's permitted context (instruction, system prompt,
-  tool schemas) and initial state; ``settings`` is what
-  ``scheduling.registry.identifier_filter_settings(name, params)`` answers for the run's
-  scheduler (None: no check).
-
-The scheduler actor runs the check off the critical path and excludes a filtered task; it is the
-only consumer. ``pool`` is duck-typed (``task(id)``, ``environment(env_id)``,
-``initial_state(task)``: an ``envs.pool.Pool``).
+  ``port(task_id, actions, seed) -> reward``; training implements it on the rollout workers'
+  sandboxes (``actors/replay_port.py``), tests and the simulator pass a function.
+- ``FilterOutcome``: one check's verdict on one group (``clean``, ``filtered``, ``inconclusive``
+  or ``error``) and the findings.
+- ``group_check(pool, settings, port)``: the check of one completed group against the pool's
+  permitted context and initial state; ``settings`` from
+  ``scheduling.registry.identifier_filter_settings`` (None: no check). ``pool`` is duck-typed
+  (``task(id)``, ``environment(env_id)``, ``initial_state(task)``).
 
 May import: the standard library, scheduling.config, scheduling.identifier_filter. Never Ray or
 launch.

@@ -5,10 +5,9 @@ One definition, used by the simulator (``scheduling/simulate/world.py``) and by 
 each part). ``heldout_split(env_of, n_envs, env_frac, task_frac, seed)``:
 
 - ``round(env_frac * n_envs)`` environments are held out whole (at least one when ``env_frac > 0``
-  and the pool has >= 4 environments; none with fewer, so a tiny pool keeps all its environments
-  for training), chosen by a generator seeded with ``seed``;
-- of every other environment, ``round(task_frac * size)`` tasks are held out (at least one when
-  ``task_frac > 0`` and the environment has >= 5 tasks), drawn from the same generator.
+  and the pool has >= 4 environments, none with fewer), drawn by a generator seeded with ``seed``;
+- of every other environment, ``round(task_frac * size)`` tasks (at least one when
+  ``task_frac > 0`` and it has >= 5 tasks), from the same generator.
 
 Returns ``(heldout_env, heldout_task)``, boolean arrays over tasks; training tasks are neither.
 

@@ -1,17 +1,13 @@
 """Compiled loops of ``DualGraph.topk_observed`` (numba): reading the lists, merging new nodes.
 
-Both only select and order stored similarities (no arithmetic on them), so their answers are the
-numpy expressions' they replace, element for element:
+Both only select and order stored similarities (no arithmetic on them), so their answers equal
+the numpy expressions' they replace, element for element:
 
-- ``first_observed``: each row's first k observed entries of its ranked candidate list, in list
-  order (what ``hit & cumsum(hit) <= k`` scattered).
-- ``cross_merge``: the incremental cross answer. A row's new candidates are the newly observed
-  nodes of other environments whose similarity (a column of the distinct abstract vectors' Gram
-  block) is at least the row's k-th (every one when it has fewer than k); a row with any gets
-  the top k of (its previous k) + (those) by (similarity descending, index ascending), the order
-  ``np.lexsort((idx, -sim))`` gave, and padding (-1, 0.0) after; the other rows keep their answer.
-  Per row this sorts at most k + (entering) values, where the numpy version built an n x |new|
-  similarity matrix and sorted padded rows.
+- ``first_observed``: each row's first k observed entries of its ranked candidate list, in order.
+- ``cross_merge``: the incremental cross answer: a row whose newly observed other-environment
+  nodes reach its k-th similarity (or that has fewer than k) gets the top k of (its previous k) +
+  (those) by (similarity descending, index ascending), padded with (-1, 0.0); other rows keep
+  their answer.
 
 May import: numpy, numba, the standard library.
 """

@@ -4,16 +4,12 @@ Views a = 1..6 with weights alpha = (0.28, 0.08, 0.16, 0.12, 0.16, 0.20), each i
 ``TfidfVectorizer(min_df=1, max_features=35000, sublinear_tf=True)``, rows L2-normalised:
 
 1. ``instruction_words``   word unigrams + bigrams of the instruction;
-2. ``instruction_chars``   character 3-5-grams of the instruction (``char_wb``: n-grams inside
-                           word boundaries, so they do not straddle two words);
-3. ``check_text``          the verifier checks' descriptions (the string constants of a check's
-                           code when it has no description);
-4. ``check_code``          verifier code structure (``envs.opdesc.CheckFacts.structure``): AST
-                           node types, called names, attributes, compare operators, field keys;
-5. ``initial_context``     the initial-state summary: its top-level attributes, plus the records
-                           the instruction names (a record key or a short string value of it
-                           equal to a 1-4-word phrase of the instruction that matches exactly
-                           one record; at most 8 records);
+2. ``instruction_chars``   character 3-5-grams of the instruction (``char_wb``);
+3. ``check_text``          the checks' descriptions (else the string constants of their code);
+4. ``check_code``          verifier code structure (``envs.opdesc.CheckFacts.structure``);
+5. ``initial_context``     the initial state's top-level attributes, plus the records the
+                           instruction names (a 1-4-word phrase matching exactly one record's key
+                           or short string value; at most 8 records);
 6. ``operation_description`` the complete (concrete) operation description, flattened.
 
 An empty view text gives a zero row (cosine 0 with everything), never an error.

@@ -1,23 +1,16 @@
 """The DeepSpeed learner of one rank: GRPO steps, log-prob recomputation, checkpoints, HF export.
 
-A plain class (no Ray): ``learner_actor.py`` puts one in each Ray actor after setting RANK,
-WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT. On CPU it runs DeepSpeed's CPU accelerator with
-gloo in fp32; on GPUs NCCL in bf16 (``LearnerConfig.dtype``). The optimiser is ``torch.optim.Adam``
-(not DeepSpeed's cpu_adam, which would need a JIT build), wrapped by ZeRO of the configured stage.
+A plain class (no Ray) in each learner Ray actor. CPU: gloo, fp32; GPUs: NCCL, bf16
+(``LearnerConfig.dtype``); ``torch.optim.Adam`` (cpu_adam would need a JIT build) under ZeRO.
 
 One ``train_step`` is one pass over this rank's shard in ``mini_batches`` optimiser steps
-(``mini_batch_runs``; 1 by default): micro-batches of ``micro_batch_size`` accumulate gradients
-within a run (the accumulation boundary is set by hand, so the number of micro-batches may change
-from step to step as long as it is equal on every rank, which ``batching.shard`` guarantees). The
-token-mean normaliser is the run's model-token count over all ranks (all-reduced), multiplied by
-the world size because DeepSpeed averages gradients over ranks; with one run the result is exactly
-the loss of the whole step. Every run takes its ratio against the same "old" log-probs (the
-rollout's, or those recomputed at the step's start), as PPO's mini-batches do, so the clip bounds
-how far the later runs move from them.
+(``mini_batch_runs``). The token-mean normaliser is the run's model-token count over all ranks
+times the world size (DeepSpeed averages gradients over ranks); every run takes its ratio
+against the same "old" log-probs, as PPO's mini-batches do. Micro-batch counts may differ
+between steps but are equal on every rank (``batching.shard``).
 
-Learning rate (paper Section 3.1: cosine, 10 warm-up steps), with s the learner steps taken (set
-on the optimiser at the start of each step, so every optimiser step of a learner step uses it, and
-a resumed run recomputes it from the step counter):
+Learning rate (paper Section 3.1: cosine, 10 warm-up steps), s = learner steps taken, set once
+per learner step (a resumed run recomputes it from the step counter):
     f(s) = (s + 1) / W                                    for s < W
     f(s) = m + (1 - m) * (1 + cos(pi * (s - W) / (T - W))) / 2   after; m = min_lr_ratio, T = total.
 

@@ -3,27 +3,19 @@ directory that ``transformers`` and ``vllm serve`` load.
 
 ``export_checkpoint(learner_dir, out, model_source=None, dtype="auto")``:
 
-1. the full fp32 weights: ZeRO-1/2/3 shards are merged by DeepSpeed's own
-   ``zero_to_fp32.get_fp32_state_dict_from_zero_checkpoint`` (the fp32 master copy, so the export
-   is exact whatever the training dtype); a stage-0 checkpoint holds the module state directly;
-2. the architecture and tokenizer from ``model_source``: the model the run started from, recorded
-   by ``LearnerEngine.save_checkpoint`` in ``learner_dir/model_source.json`` (a directory or a hub
-   id in the local cache); the policy is built on the meta device and the weights assigned, so
-   the export needs one copy of the weights in memory;
-3. written with ``save_pretrained`` (safetensors, config, generation config) and the tokenizer's
-   own ``save_pretrained`` (``save_hf``, which ``LearnerEngine.export_hf`` writes with too), in
-   ``dtype``: ``auto`` = the source config's.
+1. the full fp32 weights, merged by DeepSpeed's ``get_fp32_state_dict_from_zero_checkpoint`` (the
+   fp32 master copy: exact whatever the training dtype); stage 0 holds the module state directly;
+2. the architecture and tokenizer from ``model_source`` (recorded by
+   ``LearnerEngine.save_checkpoint`` in ``learner_dir/model_source.json``), built on the meta
+   device so the export needs one copy of the weights in memory;
+3. written with ``save_pretrained`` and the tokenizer's own (``save_hf``) in ``dtype``
+   (``auto`` = the source config's).
 
-A LoRA checkpoint (``learner.lora``, recorded in ``model_source.json``) holds only the adapter:
-``lora="merged"`` (default) folds it into the source's weights (``actors.lora.merge_into``) and
-writes the model as above; ``lora="adapter"`` writes the PEFT adapter directory
-(``adapter_config.json``, ``adapter_model.safetensors``) for ``PeftModel.from_pretrained`` or
-vLLM's ``--lora-modules``.
+A LoRA checkpoint holds only the adapter: ``lora="merged"`` (default) folds it into the source's
+weights (``actors.lora.merge_into``); ``lora="adapter"`` writes the PEFT adapter directory.
 
 May import: torch, deepspeed, transformers (inside functions), ``actors.policy``,
-``actors.lora``. Not
-``actors.learner.engine``: the engine imports this module (the checkpoint's source record and
-``save_hf``).
+``actors.lora``. Not ``actors.learner.engine``, which imports this module.
 """
 
 from __future__ import annotations

@@ -23,17 +23,11 @@ learner's weights at the start of the step (``'recompute'``); with importance co
 recomputed one is the proximal policy and the rollout one the behaviour policy (decoupled PPO, as
 AReaL does for stale samples).
 
-Every term is per token, so the behaviour policy is per token too: ``behav_t`` (and ``old_t``
-with ``'rollout'``) is the log-prob of token t under the version v_t that sampled it
-(``Trajectory.token_versions``; ``PackedBatch.behaviour_versions``). With partial rollouts one
-trajectory holds tokens of several versions, and each is corrected against its own: the tokens
-of a turn sampled after a weight update get their ratio against the newer policy, those before
-it against the older one; no trajectory-level version enters the loss. ``version_stats`` reports
-how old the step's tokens are (lag = learner version - v_t), and the train/inference mismatch is
-also reported over the tokens of lag 0 alone (``fresh_mismatch_*``: with stale tokens in the
-batch, the plain figures mix the engine's numerical mismatch with the policy's change). Aggregation: ``token_mean`` = sum_t m_t L_t / N with N the number of
-model tokens (the caller may pass N for the whole distributed step); ``seq_mean`` = mean over
-trajectories of each one's token mean.
+The behaviour policy is per token: ``behav_t`` (and ``old_t`` with ``'rollout'``) is under the
+version v_t that sampled token t (``PackedBatch.behaviour_versions``). ``version_stats`` reports
+lags (learner version - v_t) and the mismatch over lag-0 tokens alone (``fresh_mismatch_*``).
+Aggregation: ``token_mean`` = sum_t m_t L_t / N, N the model tokens (the caller may pass N for the
+whole distributed step); ``seq_mean`` = mean over trajectories of each one's token mean.
 
 May import: torch, numpy, the standard library.
 """

@@ -1,21 +1,19 @@
 """The learner as Ray actors: ``LearnerActor`` (one rank, a thin shell over ``LearnerEngine``) and
 ``LearnerGroup`` (the driver-side handle creating N actors that form one DeepSpeed world).
 
-World set-up: rank 0 is created first and reports its node IP and a free port on that node (or
-``LearnerConfig.master_port`` when set), so each group gets its own rendezvous port; every actor then
-sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT and builds its engine concurrently
-(the process-group rendezvous needs all of them). LOCAL_RANK is 0 on CPU (ranks share the node's
-only "device"); on GPUs Ray gives each actor its own GPU, which is device 0 inside the actor.
+World set-up: rank 0 is created first and reports its node IP and a free port (or
+``LearnerConfig.master_port``), so each group gets its own rendezvous port; every actor then sets
+the torch.distributed environment and builds its engine concurrently (the rendezvous needs all
+of them). LOCAL_RANK is 0: on CPU ranks share the node's one "device"; on GPUs Ray gives each
+actor its own GPU, device 0 inside the actor.
 
-A step: the driver builds the step's per-rank batches with ``actors.learner.step.step_shards``
-(advantages over the whole step, so batch whitening sees every trajectory, then
-``batching.shard``), puts each shard into the object store and calls ``train_step`` on every
-rank; it returns rank 0's metrics plus ``loss_per_rank``. Every remote call waits at most
-``LearnerConfig.timeout_s``; a failing rank raises ``LearnerError`` naming the rank, a dead one
-(its actor or process gone, or a step with no answer within ``timeout_s``) ``LearnerDied``: the
-group is lost and only a new group loaded from a checkpoint can go on (``launch.recovery``).
-``poll_train_step`` reports a dead rank as soon as Ray does, without waiting for the ranks that
-are stuck in a collective with it.
+A step: the driver builds the per-rank batches (``actors.learner.step.step_shards``: advantages
+over the whole step, then ``batching.shard``), puts each into the object store and calls
+``train_step`` on every rank; it returns rank 0's metrics plus ``loss_per_rank``. Every remote
+call waits at most ``LearnerConfig.timeout_s``; a failing rank raises ``LearnerError`` naming the
+rank, a dead or silent one ``LearnerDied`` (the group is lost: ``launch.recovery``).
+``poll_train_step`` reports a dead rank as soon as Ray does, without waiting for the ranks stuck
+in a collective with it.
 
 May import: ray, the learner's plain modules, envs.trajectory (torch/deepspeed only inside actors).
 """

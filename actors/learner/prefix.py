@@ -1,27 +1,17 @@
 """Prefix-shared log-probs: a group's prompt runs through the model once, not once per sample.
 
-The K trajectories of a GRPO group share their prompt (system prompt, tool schemas, instruction):
-in the agentic demo ~2.9k of ~3.9k tokens per trajectory, so a plain forward over the K rows runs
-the prompt K times (docs/benchmarks.md, "Why the demo's learner step ..."). Here a micro-batch is
-cut into *segments*, runs of consecutive rows that share their first P tokens; a segment runs
+A micro-batch is cut into *segments*, runs of consecutive rows sharing their first P tokens (the
+K samples of a group share their prompt; docs/benchmarks.md, "Why the demo's learner step ...");
+a segment runs the shared prefix once, keeping its keys/values, then the rows' suffixes in one
+batch attending to them (expanded over the rows as a view, explicit position ids), with the LM
+head only at scored positions (``batching.scored_logprobs``). Gradients flow through the expanded
+keys/values, so log-probs and gradients equal the plain path's (tested to 1e-5).
 
-1. the shared prefix once, as one row, keeping its keys/values (``use_cache``), then
-2. the rows' suffixes (positions P.. of each row) in one batch, attending to the prefix's
-   keys/values expanded over the rows (a view: no copy), with explicit position ids;
-
-and the LM head runs only at scored positions, as in ``batching.scored_logprobs``. Gradients flow
-through the expanded keys/values into the prefix's forward (autograd sums them over the rows), so
-log-probs and gradients equal the plain path's within float tolerance (tested to 1e-5).
-
-Choices (the issue is silent):
-- P stops before the first scored position of any row of the segment (every scored logit comes
-  from the suffix pass) and leaves every row at least one suffix token; a segment shares only when
-  P >= ``min_prefix`` (default 32 tokens: below that the second pass costs more than it saves);
-  rows that share nothing with their neighbours run together in one plain forward.
-- Not used with gradient checkpointing (transformers drops the cache under it) or for models
-  whose forward takes no ``cache`` (``supports_prefix_sharing``): the plain path runs instead.
-- Rows are made adjacent by ``batching.shard``, which deals a group's trajectories to one rank
-  together where the equal-rows rule allows.
+Choices (the issue is silent): P stops before the first scored position of any row of the
+segment and leaves every row a suffix token; a segment shares only when P >= ``min_prefix``
+(default 32: below that the second pass costs more than it saves). Not used with gradient
+checkpointing (transformers drops the cache under it) or for models whose forward takes no
+``cache`` (``supports_prefix_sharing``). Rows are made adjacent by ``batching.shard``.
 
 May import: torch, transformers, actors.learner.batching, the standard library.
 """

@@ -1,20 +1,15 @@
 """One learner step's inputs, from the step's groups: GRPO advantages and the per-rank shards.
 
-The logic ``LearnerGroup`` (the Ray handle in ``learner_actor.py``) runs on the driver before it
-calls the ranks, kept here so it is tested without Ray:
+What ``LearnerGroup`` runs on the driver before it calls the ranks, kept here to test without Ray:
 
 - ``step_advantages(groups, loss)``: equations (1)-(4) of ``actors.learner.grpo`` over the whole
-  step (so batch whitening sees every trajectory), with the switches of ``loss`` (``GRPOConfig``:
-  ``group_std_norm``, ``whiten``, ``adv_clip`` = c, ``eps``, ``negative_scale``); one list of
-  advantages per group, in the groups' trajectory order. A group's trajectories are its K' valid
-  ones: those lost to infrastructure faults are in ``Group.dropped`` (``envs.trajectory``), so
-  equation (1)'s baseline is the mean (and std) over the K' rewards, as if the group had been
-  sampled with K' (the controller re-issues a group left with fewer than 2);
-- ``step_shards(groups, cfg)``: the step's trajectories with their advantages dealt to
-  ``cfg.ranks`` ranks by ``batching.shard`` (equal row counts, multiples of
-  ``cfg.micro_batch_size``), one ``PackedBatch`` per rank; with ``loss.malformed_credit:
-  no_positive`` a trajectory with a positive advantage first loses the loss mask of its malformed
-  turns (``uncredited``).
+  step (batch whitening sees every trajectory), with ``loss``'s switches (``GRPOConfig``); one list
+  per group. A group's baseline is over its K' valid trajectories (``Group.dropped`` excluded), as
+  if sampled with K' (the controller re-issues a group left with fewer than 2);
+- ``step_shards(groups, cfg)``: the trajectories dealt to ``cfg.ranks`` ranks by
+  ``batching.shard``, one ``PackedBatch`` per rank; with ``loss.malformed_credit: no_positive`` a
+  trajectory with a positive advantage first loses the loss mask of its malformed turns
+  (``uncredited``).
 
 May import: the learner's plain modules (grpo, batching, config), envs.trajectory, the standard
 library. No Ray.

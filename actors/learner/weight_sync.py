@@ -1,35 +1,21 @@
 """Versioned publication of the learner's weights to the rollout engines: one interface, two paths.
 
-``WeightSync.publish(learner, version) -> SyncReport`` (seconds, and the bytes the learner
-published); the version is the learner step, and each engine reports it (``engine.version``)
-for every generation that follows.
+``WeightSync.publish(learner, version) -> SyncReport`` (seconds, bytes published); the version
+is the learner step, which each engine reports (``engine.version``) for every later generation.
 
-A LoRA learner with ``learner.lora.sync: adapter`` (``LearnerGroup.publishes_adapter``) publishes
-only its adapter (``actors.lora.LoraAdapter``), by either class, through the object store:
-``target.update_adapter(adapter_ref, version)``; the engines keep their base weights and apply
-the adapter (vLLM: a ``LoRARequest`` per version; the HF engine: injected LoRA layers). With
-``sync: merged`` it publishes the merged weights through the object store (its parameters are
-the injected model's, not the engines').
-
-- ``ObjectStoreSync`` (CPU, any cluster): learner rank 0 gathers the full state dict (all ranks take
-  part under ZeRO-3), ``ray.put``s it once, and every target gets the same ObjectRef:
-  ``target.update_weights(named_tensors, version)`` (a Ray actor handle or a local engine).
-- ``CollectiveSync`` (vLLM engines): a separate group {learner rank 0, every vLLM worker} built
-  once (``stateless_comm``: NCCL through vLLM's ``StatelessProcessGroup`` + ``PyNcclCommunicator``
-  on GPUs, a gloo group over its own ``TCPStore`` on CPUs; the learner's own DeepSpeed group is
-  untouched). Per publish, rank 0 broadcasts each parameter in turn (gathered first under ZeRO-3
-  by ``GatheredParameters``, all ranks iterating in step) and the workers receive and load it as
-  it arrives (``VLLMWorkerExtension``, loaded in vLLM through ``worker_extension_cls``). Target
-  contract (the vLLM engine actor forwards to its workers with ``collective_rpc``):
+- ``ObjectStoreSync`` (CPU, any cluster): rank 0 gathers the full state dict (every rank takes
+  part under ZeRO-3), ``ray.put``s it once, and every target gets the same ObjectRef
+  (``target.update_weights(named_tensors, version)``); a LoRA learner
+  (``LearnerGroup.publishes_adapter``) sends only its adapter (``target.update_adapter``).
+- ``CollectiveSync`` (vLLM engines): a separate group {learner rank 0, every vLLM worker}
+  (``stateless_comm``: NCCL on GPUs, gloo on CPUs); rank 0 broadcasts each parameter in turn and
+  the workers load it as it arrives (``VLLMWorkerExtension``). Target contract:
   ``num_sync_workers() -> int``, ``init_weight_sync(addr, port, rank_offset, world_size)``,
-  ``receive_weights(meta, version, wait_idle)``. ``wait_idle`` is True unless partial rollout is on:
-  the engine finishes in-flight generation before the first broadcast and holds new requests until
-  the last, so weights never change under a running generation. Only the communicator class
-  differs between the GPU and the CPU run (tests/actors/test_weight_sync_collective.py runs the
-  rest over gloo with a real vLLM engine and a ZeRO-3 learner).
+  ``receive_weights(meta, version, wait_idle)``; ``wait_idle`` (unless partial rollout is on)
+  keeps weights from changing under a running generation.
 
-Not covered here: NCCL needs one GPU per rank; learner rank 0 must not share its GPU with a vLLM
-worker (a known NCCL failure; put them on separate GPUs).
+Not covered: NCCL needs one GPU per rank; learner rank 0 must not share its GPU with a vLLM
+worker (a known NCCL failure). See docs/learner.md.
 
 May import: ray, torch and vllm (inside functions), the learner's plain modules.
 """
@@ -261,11 +247,9 @@ def load_into_runner(runner, weights) -> None:
 
 
 def _repack_cpu_lm_head(model) -> None:
-    """vLLM's CPU backend packs a linear layer's weight once after loading (``cpu_linear``: a
-    oneDNN handle or a packed copy). A tied ``lm_head`` shares the embedding's weight but gets no
-    weights of its own on a reload, so it went on sampling from the packed copy of the old
-    embedding: 1.17 nats off the learner after a sync that changed the embedding, found by the
-    collective-sync test. Pack it again from the (new) shared weight; GPUs have no packed copy."""
+    """vLLM's CPU backend packs a linear layer's weight once after loading; a tied ``lm_head`` gets
+    no weights of its own on a reload and would go on sampling from the old embedding's packed
+    copy. Pack it again from the (new) shared weight; GPUs have no packed copy."""
     head = getattr(model, "lm_head", None)
     if head is None or not hasattr(head, "cpu_linear") or getattr(head, "weight", None) is None:
         return

@@ -9,55 +9,17 @@ Sequence layout (``m`` = loss mask; segments rendered by the tokenizer's own cha
      \n</tool_response><|im_end|>\n<|im_start|>assistant\n" -- tokenised alone      m = 0
     turn 2 ...
 
-Only new segments are tokenised; the conversation is never re-rendered, because re-rendering
-drifts (Qwen3's template drops earlier ``<think>`` blocks, and BPE merges across a boundary can
-differ). ``token_ids``, ``logprobs`` (0 on non-generated tokens) and ``loss_mask`` always have the
-same length, and so does ``token_versions``: the version of the weights that sampled each token
-(``Generation.version``), ``NO_VERSION`` on tokens the policy did not sample (with partial
-rollouts a weight update between two turns gives the later turns a newer version;
-``actors.rollout.partial``). A turn cut at the token limit gets the template's end-of-turn token (masked) before
-the next segment so the sequence stays well formed. Tool calls are parsed by the parser of
-``config.tool_parser`` (``actors.rollout.toolcall``: hermes/Qwen, Llama 3 JSON, Mistral); a
-template that does not render tools gets that parser's tool prompt in the system prompt, and
-text from the pool or the environment is encoded as plain text, never as a special token
-(``actors.rollout.chat``).
+Only new segments are tokenised; the conversation is never re-rendered. ``token_ids``,
+``logprobs`` (0 off generated tokens), ``loss_mask`` and ``token_versions`` (``NO_VERSION`` off
+sampled tokens) always have the same length.
 
-Termination: a plain reply (no tool call) ends the episode with status ``ok``; a tool call
-when ``max_turns`` calls were already made, a sequence that reached ``max_tokens_per_sequence``,
-or a next segment that would not fit, ends it ``truncated`` (the final state is still verified:
-EnvScaler's reward is a property of the state), as does ``max_malformed_streak`` malformed turns
-in a row (``info["ended_by"] = "malformed_streak"``). Malformed turns follow ``config.malformed``
-(see ``actors.rollout.config``) and are counted per kind in ``info["malformed"]``; their token spans
-(``[start, stop)`` into ``token_ids``) are ``info["malformed_spans"]``, so the learner can tell a
-broken call from the turns that earned the reward (``GRPOConfig.malformed_credit``). A sandbox failure
-ends the episode ``env_error`` (``timeout`` when it was a timeout) with reward 0 and a ``fault``
-(``envs.trajectory.FAULTS``): ``task`` when the sandbox reported it (``SandboxError.origin``) or
-``step_timeout_s`` / ``verify_timeout_s`` fired (the task's code held the sandbox then), ``infra``
-otherwise (the executor, Ray, the open, ``generate_timeout_s``); the caller retries ``infra``.
-
-Conversational tasks (``envs.spec.UserSpec``; ``actors.rollout.conversation``): the prompt's user
-message is the simulated user's opening line (the task's instruction, the user's persona and
-goal, goes to the simulator only), the tools exclude ``UserSpec.reply_tool``, and a plain reply
-does not end the episode: it is recorded with ``reply_tool`` (an ``ActionStep``, so the trace
-replays to the same state), sent to the user, and the user's answer is appended as the
-template's user segment (``ChatFormat.user_segment``: plain text, ``m = 0`` like an
-observation) before the next model turn. The episode ends ``ok`` when the user's message holds
-the stop marker (``info["ended_by"] = "user"``), ``truncated`` when the agent replies once more
-after ``max_user_turns`` user messages (``ended_by = "max_user_turns"``) or a segment would not
-fit; ``info["user_turns"]`` and ``info["conversation"]`` record what was said,
-``timings["user_s"]`` the wait for the user. A simulator that fails (``UserSimError``: its
-endpoint unreachable after its retries, or no answer within ``user_timeout_s``) ends the episode
-``env_error`` with fault ``infra``: retried and dropped by the caller, never a reward.
-
-Sessions implement ``actors.executors.Session`` (``actors.executor_session.ExecutorSession``,
-``SandboxSession`` or ``InProcessSession``).
-``run`` also takes a session that is still opening (any awaitable of one; ``GroupRunner`` passes
-its open in flight): the prompt needs nothing from the sandbox, so the first turn is generated
-while the sandbox resets, and the session is awaited only when a tool call or the verifier needs
-it (or earlier, between turns, once it has failed). Opening the sandbox is then hidden behind
-the first turn's prefill instead of leaving the engine idle while every episode of a batch opens
-at once (docs/benchmarks.md). A failed open ends the episode like any sandbox failure, its error
-``opening a session failed: ...``; ``timings["open_wait_s"]`` is how long the loop waited for it.
+Ends: a plain reply ``ok``; the call, token or malformed-streak limits ``truncated`` (the final
+state still verified); a sandbox failure ``env_error`` / ``timeout``, reward 0, fault ``task`` or
+``infra`` (``envs.trajectory.FAULTS``; the caller retries ``infra``). Conversational tasks
+(``envs.spec.UserSpec``) send plain replies to the simulated user
+(``actors.rollout.conversation``). ``run`` takes a session (``actors.executors.Session``) or an
+awaitable of one still opening, awaited only when a tool call or the verifier needs it. Details:
+docs/rollout.md, "The agent loop" and "Conversational episodes".
 
 May import: actors.executors, actors.rollout (config, chat, conversation, toolcall, partial,
 engines.base), actors.user_sim.simulator, envs, sandbox.errors, the standard library. No Ray, no torch.

@@ -1,39 +1,19 @@
 """``ChatFormat``: the token segments of an episode, rendered by the tokenizer's own chat template.
 
-The agent loop never re-renders a conversation (re-rendering drifts: Qwen3's template drops
-earlier ``<think>`` blocks, and BPE merges across a boundary can differ); it appends segments:
+The agent loop never re-renders a conversation; it appends segments:
 
 - ``prompt(system, user, tools)``: ``apply_chat_template(..., tools=tools,
   add_generation_prompt=True)``, tokenised once.
-- ``tool_segment(observation, last_token)``: the tokens from the end of a model turn to the start
-  of the next one. With the reference conversation ``R = [system, user, assistant(call)]``, the
-  template's text for one tool result is ``render(R + [tool], generation prompt)`` minus
-  ``render(R)`` (which must be its prefix: a template that rewrites earlier turns when a tool
-  result is appended cannot be used token-in/token-out, and raises ``TemplateError``), preceded by
-  the template's closing of an assistant turn (``tail``: ``"<|im_end|>\\n"`` for ChatML,
-  ``"<|eot_id|>"`` for Llama 3, ``"</s>"`` for Mistral) less the end token, when the model
-  sampled a stop token. A turn cut at the token limit gets the whole tail, so the sequence stays
-  well formed.
-- ``user_segment(text, stopped)``: the same for a user's message in a conversational episode
-  (``envs.spec.UserSpec``): the template's text after an assistant message that a user message
-  follows, up to the next turn's generation prompt (split at the assistant's content, so a
-  template that renders the last assistant turn differently, as Qwen3's does with its empty
-  ``<think>`` block, still gives the text of a turn that is no longer the last). Rendered on
-  first use: a template that cannot follow a user message after an assistant one fails only a
-  conversational episode (``TemplateError``), never the construction.
+- ``tool_segment(observation, last_token)``: ``render(R + [tool], generation prompt)`` minus
+  ``render(R)`` for a reference conversation ``R = [system, user, assistant(call)]`` (not a prefix:
+  ``TemplateError``), preceded by the template's closing of an assistant turn (``tail``) less the
+  end token the model sampled (a turn cut at its limit gets the whole tail).
+- ``user_segment(text, stopped)``: the same for a user's message, rendered on first use.
 - ``stop_ids``: the end-of-turn token (the tail's first token) and the tokenizer's EOS.
 
-Every model sees its tools. A probe renders a conversation with a tool of a distinctive name;
-when the name does not appear (SmolLM2's ChatML template ignores ``tools``), ``renders_tools`` is
-False and the tool parser's own tool prompt (``actors.rollout.toolcall.tool_instructions``: the
-schemas and the call syntax) is appended to the system prompt, with one warning in the log.
-``tool_parser="auto"`` on such a template, when it names no known call format, is ``hermes``.
-
-Text from outside the policy (system prompt, instruction, tool schemas, observations, a
-simulated user's messages) never
-becomes a special or added token: prompts and tool segments are encoded by
-``actors.rollout.plain_text`` (placeholders, alignment, added tokens only where the template
-put them). With text that holds no token string, the ids are ``tokenizer.encode`` of the render.
+A template that ignores ``tools`` (``renders_tools`` False) gets the parser's tool prompt
+(``actors.rollout.toolcall.tool_instructions``); text from outside the policy goes through
+``actors.rollout.plain_text``. See docs/rollout.md, "Every model sees its tools".
 
 May import: the standard library, actors.rollout.plain_text, actors.rollout.toolcall (the
 tokenizer is passed in).
@@ -127,11 +107,9 @@ class ChatFormat:
         return self.tokenizer.encode(text, add_special_tokens=False)
 
     def prompt(self, system: str, user: str, tools: list[dict[str, Any]]) -> list[int]:
-        """The prompt's tokens (a new list). The K episodes of a group share one prompt, and
-        rendering and tokenising it costs each episode time on the rollout process's one core
-        (docs/benchmarks.md), so the last ``_PROMPTS`` prompts are kept; an entry is reused only
-        for the same strings and the very same ``tools`` object (held by the entry, so its id
-        cannot be reused while it is cached)."""
+        """The prompt's tokens (a new list). The K episodes of a group share one prompt, so the last
+        ``_PROMPTS`` prompts are kept (docs/benchmarks.md); an entry is reused only for the same
+        strings and the very same ``tools`` object (held by the entry: its id cannot be reused)."""
         key = (system, user, id(tools))
         hit = self._prompts.get(key)
         if hit is not None and hit[0] is tools:
@@ -206,7 +184,9 @@ class ChatFormat:
         """Tokens appended after a model turn whose plain reply went to a simulated user, up to
         the next turn's start: the closing of the assistant turn (less the end token when the
         model sampled a stop token, as in ``tool_segment``), the user's message as plain text,
-        and the generation prompt."""
+        and the generation prompt. Split at the assistant's content, so a template that renders
+        the last assistant turn differently (Qwen3's empty ``<think>`` block) still gives the text
+        of a turn that is no longer the last."""
         spans = self._user_spans(text)
         if stopped and self._end_text and spans and spans[0][1] \
                 and spans[0][0].startswith(self._end_text):

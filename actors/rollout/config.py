@@ -3,35 +3,20 @@
 Defaults are the paper's (Section 4, "Implementation Details"): at most 40 turns, 4,096 tokens per
 turn, 32,000 tokens per sequence; sampling at temperature 0.99, top-p 0.99, top-k 100.
 
-Decisions where the paper is silent:
-- ``malformed``: what the loop does with a model turn it cannot execute (invalid JSON, unknown
-  tool, wrong arguments, several calls, no closing tag, runaway length). ``"error_observation"``
-  answers with a tool message describing the error and continues (the turn counts toward
-  ``max_turns``); ``"end_zero"`` ends the episode with reward 0 and status ``malformed``
-  (EnvScaler's rule for a tool call that raises).
+Decisions where the paper is silent (each field's description says what it does):
+- ``malformed``: ``"error_observation"`` answers a turn the loop cannot execute with an error
+  message and goes on (the turn counts toward ``max_turns``); ``"end_zero"`` ends the episode with
+  reward 0 (EnvScaler's rule for a tool call that raises).
 - ``max_turns`` counts model turns that asked for a tool; the final plain reply is not a turn.
-- ``max_malformed_streak`` (0: no limit, the default): under ``error_observation``, the episode
-  ends ``truncated`` (its state verified, as at ``max_turns``) when this many model turns in a row
-  were malformed; ``info["ended_by"]`` says ``malformed_streak``. A small policy that has lost the
-  thread fills its remaining turns with broken calls that earn no reward and make the slowest
-  groups of a step longer while the learner waits (the demo's figures: docs/benchmarks.md).
-- ``tool_parser``: how a turn's tool call is written (``actors.rollout.toolcall``); ``auto`` picks
-  it from the chat template, whose own rendering is used for prompts and tool results. A
-  template that does not render ``tools`` (SmolLM2's) gets the parser's tool prompt in the system
-  prompt (``actors.rollout.chat``); ``auto`` on such a template, naming no known call format, is
-  ``hermes`` (the format most instruction-tuned models have seen), logged once. A template that
-  renders tools in a format no parser knows needs an explicit value.
-- ``max_user_turns`` (conversational tasks, ``envs.spec.UserSpec``): tau-bench bounds a whole
-  conversation by 30 steps; here tool turns keep ``max_turns`` and user messages have their own
-  bound, so a chatty user cannot starve the agent of tool calls or the reverse.
-- Timeouts (seconds) bound every awaited call: one generation, one tool step, one verify, and
-  opening a sandbox session. ``episode_retries`` re-runs an episode that the infrastructure
-  failed (fault ``infra``, ``envs.trajectory``) on a fresh session; when retries are spent the
-  trajectory is dropped from its group. One the task failed (fault ``task``) is kept, not re-run.
-- ``partial_rollouts`` (default false): where a new policy version may enter an episode in
-  flight. False: only between episodes (a weight update waits for the worker's episodes in
-  flight; every trajectory has one version). True: between turns (the next turn of every episode
-  in flight uses the new weights; each token keeps its own version). ``actors.rollout.partial``.
+- ``max_malformed_streak`` (0: no limit): a small policy that has lost the thread fills its turns
+  with broken calls that earn nothing and lengthen the step (docs/benchmarks.md).
+- ``tool_parser``: ``auto`` on a template that names no known call format is ``hermes`` (the
+  format most instruction-tuned models have seen).
+- ``max_user_turns``: user messages have their own bound (tau-bench bounds a whole conversation
+  by 30 steps), so a chatty user cannot starve the agent of tool calls or the reverse.
+- ``episode_retries`` re-runs only infrastructure failures (``envs.trajectory``).
+- ``partial_rollouts`` (default false): whether a new policy version may enter an episode between
+  turns (``actors.rollout.partial``).
 
 May import: pydantic and the standard library only.
 """

@@ -1,23 +1,14 @@
 """The user's side of a conversational episode (``envs.spec.UserSpec``), for the agent loop.
 
 ``Conversation(task, users, timeout_s, seed)`` keeps what was said (``dialogue``: ``(speaker,
-text)`` pairs, speaker ``user`` or ``agent``) and asks the simulated user (``actors.user_sim
-.simulator.UserSimulator``) for each message:
+text)`` pairs) and asks the simulated user (``actors.user_sim.simulator.UserSimulator``) for each
+message: ``await opening()``, ``await answer(reply)``, ``ended(text)`` (``stop_marker`` seen).
+Each request carries the episode's seed for that user turn (``turn_seed(seed, USER_SEEDS + n)``)
+and is bounded by ``timeout_s``; a failure raises ``UserSimError`` (the infrastructure's fault).
+A conversational task on a worker without a simulator is a ``ValueError`` from the constructor.
 
-- ``await opening()``: the user's first message (the agent's prompt ends with it);
-- ``await answer(reply)``: records the agent's plain reply and returns the user's answer;
-- ``ended(text)``: the user ended the conversation (its message holds ``stop_marker``).
-
-Each request carries the episode's seed for that user turn (``turn_seed(seed, USER_SEEDS + n)``,
-apart from the policy's turn seeds) and is bounded by ``timeout_s``. A simulator that fails or
-misses the deadline raises ``UserSimError``, which the loop blames on the infrastructure.
-
-A conversational task on a worker without a simulator is a configuration error (``ValueError``
-from the constructor: the group fails, nothing is trained).
-
-``agent_tools(env, task)``: the tools the agent sees, without ``UserSpec.reply_tool`` (the loop
-calls it for each reply); one list per environment, kept so the prompt cache
-(``ChatFormat.prompt``, keyed by the tools object) still hits.
+``agent_tools(env, task)``: the tools the agent sees, without ``UserSpec.reply_tool``; one list
+per environment, kept so the prompt cache (keyed by the tools object) still hits.
 
 May import: actors.user_sim.simulator, envs.spec, the standard library. No Ray.
 """

@@ -1,18 +1,13 @@
 """Checking ``rollout.engine_kwargs`` (keyword arguments of the rollout engine) at config load.
 
 ``check_engine_kwargs(engine, kwargs)`` returns the kwargs or raises ``ValueError`` naming each
-unknown key with the closest known one:
+unknown key with the closest known one: for ``vllm`` the fields of ``AsyncEngineArgs`` (when
+vllm is importable, else ``VLLM_KNOWN_KEYS``) plus ``VLLMEngine``'s own parameters, refusing the
+keys the engine sets itself (``policy.path`` names the model); for ``hf`` and ``scripted`` the
+engines' keyword parameters, read with ``ast`` so torch is not imported.
 
-- ``vllm``: the fields of vLLM's ``AsyncEngineArgs`` when vllm is importable here (the driver),
-  else ``VLLM_KNOWN_KEYS`` below (the common engine settings, documented in docs/rollout.md), plus
-  ``VLLMEngine``'s own keyword parameters (``update_timeout_s``, ...). Keys the engine sets itself
-  (``model``, ``tokenizer``, ``worker_extension_cls``) are refused: ``policy.path`` names the model.
-- ``hf``: ``HFEngine``'s keyword parameters; ``scripted``: ``ScriptedEngine.from_pool``'s. Both
-  read from the engines' source with ``ast``, so they follow the code without importing torch.
-
-``gpus_per_engine(kwargs)``: GPUs one vLLM engine needs, ``tensor_parallel_size x
-pipeline_parallel_size``; ``cluster.rollout.num_gpus`` must be that (vLLM's workers use the GPUs
-Ray gives the rollout actor).
+``gpus_per_engine(kwargs)``: tensor x pipeline parallel size, what ``cluster.rollout.num_gpus``
+must equal.
 
 May import: the standard library; vllm (only to read ``AsyncEngineArgs``'s fields).
 """

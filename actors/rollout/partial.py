@@ -4,24 +4,17 @@ engine's busy clock that measures what they cost.
 ``rollout.partial_rollouts`` picks where a new policy version may enter an episode:
 
 - ``false`` (the default): at episode boundaries only. ``EpisodeGate.closed()`` holds new
-  episodes (an episode that has its permit waits at the gate before it opens a sandbox), waits
-  until the episodes in flight have finished on the old weights, and only then lets the engine
-  load the new ones. Every trajectory is sampled by one version; the engine runs only the
-  stragglers while it waits, idle for most of a long episode's tail.
-- ``true`` (partial rollouts): at turn boundaries. The update goes straight to the engine, which
-  finishes the generations running (a turn is never sampled by two versions), loads, and serves
-  the next turn of every episode in flight with the new weights. Each sampled token keeps the
-  version and log-prob it was sampled with (``envs.trajectory.Trajectory.token_versions``), the
-  learner's importance correction is per token (``actors.learner.grpo``), and the staleness law
-  bounds the oldest token (``launch.ledger.Ledger``).
+  episodes at the gate (before they open a sandbox) and waits for the episodes in flight to
+  finish on the old weights before the engine loads the new ones: one version per trajectory.
+- ``true``: at turn boundaries. The engine finishes the running generations, loads, and serves
+  the next turn of every episode with the new weights; each token keeps its version
+  (``envs.trajectory.Trajectory.token_versions``), the learner corrects per token
+  (``actors.learner.grpo``), and the staleness law bounds the oldest token.
 
-``BusyClock`` counts the wall time during which at least one generation was in flight on the
-engine (``AgentLoop`` enters it around every ``generate``); a worker reports it with its own
-up time, so ``1 - busy / up`` is the share of time its engine had nothing to do
-(``rollout_engine_idle_share``, docs/rollout.md). ``EpisodeGate.episode_s()`` integrates the
-episodes running past the gate over time: over the worker's episode capacity times its up time,
-``1 - episode_s / (capacity * up)`` is the share of its episode slots left unused
-(``rollout_slot_idle_share``), what waiting for a long episode costs whatever the engine.
+``BusyClock`` counts the wall time with at least one generation in flight (``1 - busy / up`` =
+``rollout_engine_idle_share``); ``EpisodeGate.episode_s()`` integrates the episodes past the gate
+(``1 - episode_s / (capacity * up)`` = ``rollout_slot_idle_share``). See docs/rollout.md,
+"Partial rollouts".
 
 May import: asyncio and the standard library only.
 """

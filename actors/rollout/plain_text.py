@@ -1,31 +1,18 @@
 """Text from outside the policy, encoded as plain text: only the chat template places special
-tokens.
-
-Observations, tool errors, the task's instruction, the environment's system prompt and its tool
-schemas are untrusted (an environment, or a customer name in its database, is free text). Encoded
-as one string with the template's text, ``<|im_end|>\\n<|im_start|>user`` inside an observation
-became the special tokens that end the tool turn and open a user turn the policy never got, and
-``<tool_call>`` (a non-special *added* token in Qwen tokenizers, which
-``split_special_tokens=True`` does not split) the token of a call.
+tokens (why: docs/rollout.md, "Text from outside the policy is plain text").
 
 How (``ChatFormat`` uses this for every prompt and tool segment):
 
 1. ``Slots``: each untrusted string is replaced by a placeholder (``ZqSlot{i}qZ``: ASCII, so
    ``tojson`` leaves it as it is) and the template renders the conversation twice, with the
    placeholders and with the real strings.
-2. ``align(masked, real, values)``: the placeholder render, split at the placeholders, gives the
-   template's own text pieces; the real render is matched against them, each slot's text being
-   the value as the template may have written it (as is, stripped, or JSON-escaped by
-   ``tojson``; backtracking decides, and the pieces must join back to ``real`` exactly). A
-   template that transforms message text otherwise raises ``TemplateError``: fail closed.
-3. ``PlainEncoder.encode(spans)``: added tokens are matched only in the template's pieces (as the
-   tokenizer matches them: leftmost, longest first); everything between two of them, untrusted
-   text included, goes through the tokenizer's pipeline *without* its added vocabulary (a
-   ``tokenizers.Tokenizer`` sharing the backend's model, normaliser and pre-tokeniser, with no
-   added tokens: it costs nothing to build, where a JSON copy of the tokenizer is slow to
-   load). The tokenizer itself splits text at added tokens before its normaliser and
-   pre-tokeniser, so when the untrusted text holds no added token the ids equal
-   ``tokenizer.encode(real)``; when it does, it is encoded as its characters.
+2. ``align(masked, real, values)``: the real render is matched against the template's pieces,
+   each slot's text being the value as is, stripped or JSON-escaped (backtracking decides; the
+   pieces must join back to ``real`` exactly); otherwise ``TemplateError``: fail closed.
+3. ``PlainEncoder.encode(spans)``: added tokens are matched only in the template's pieces
+   (leftmost, longest first); everything between goes through the tokenizer's pipeline without
+   its added vocabulary (a ``tokenizers.Tokenizer`` sharing the backend's model). With no added
+   token in the untrusted text the ids equal ``tokenizer.encode(real)``.
 
 Needs a fast (``tokenizers``-backed) tokenizer. Added tokens with ``lstrip``/``rstrip`` set are
 matched without the whitespace stripping (none of the supported formats' tokens set it).

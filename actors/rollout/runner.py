@@ -1,43 +1,19 @@
 """``GroupRunner``: one ticket (``actors.ticket.Ticket``) -> K concurrent episodes of its task ->
 one complete ``Group``; the logic of the RolloutWorker actor, without Ray.
 
-- Input: ``run_group(ticket)`` reads the task id, selection step, group seed and ``k`` (None:
-  ``config.k``) from the ticket; the ``Group`` it returns carries the ticket's id.
-- Sessions: from an ``actors.executors.Executors`` (the executor pool, ``SandboxSessions``, or
-  ``InProcessSessions`` in tests), always through ``aopen_session``.
-- Concurrency: all episodes of all groups in flight share one asyncio loop; live episodes are
-  capped at ``config.max_concurrent_episodes`` and at the executors' ``capacity`` (the sandboxes
-  this runner can hold), read from the executors each time an episode starts: they own that
-  count, so a resize needs only ``capacity_changed()`` to wake the episodes waiting. An episode
-  holds its sandbox while it waits for the engine, so more live episodes than sandboxes would
-  only queue on ``aopen_session`` and time out there.
-- Stickiness: an episode opens one session (``aopen_session(task, seed)``, with
-  ``session_timeout_s``) and uses it for every tool call and the verifier, then closes it. The open
-  runs while the first turn is generated (``AgentLoop.run`` takes the open in flight): in a
-  batched engine the episodes of a wave start together, and their opens would otherwise leave the
-  engine idle all at once. ``timings``: ``open_s`` is how long the open took, ``open_wait_s``
-  how long the episode waited for it after its first turn (``actors.rollout.summary``).
-- Failures (``envs.trajectory``: a failed episode's ``fault``): one the infrastructure caused
-  (``infra``: the executor died, Ray failed, a session could not be opened) is retried on a fresh
-  session up to ``config.episode_retries`` times with the same seed; after that it goes to
-  ``Group.dropped``, out of the trajectories that are trained and absorbed. One the task caused
-  (``task``: its code crashed, hung or overflowed the sandbox) is not retried (the same seed would
-  replay it, and retrying until it passes would keep only the task's lucky runs): it stays with
-  its reward and status. ``info["failed_attempts"]`` lists the error of every attempt the
-  infrastructure lost (the last one too when it was); a group has K' <= K valid trajectories and
-  K - K' dropped ones.
-- Seeds: episode ``i`` of (task, step, group seed) gets a seed derived by hashing, so a group is
-  reproducible and re-issuing it (same ticket seed) replays the same sandbox randomness.
-- Weight updates (``actors.rollout.partial``): every episode attempt passes ``gate`` after its
-  permit and before it opens a sandbox; ``pause_episodes()`` closes the gate and waits for the
-  episodes in flight, which is how a worker without partial rollouts keeps each episode on one
-  policy version.
-- ``metrics()`` aggregates statuses, malformed kinds, and time spent generating, waiting on the
-  executors (open + steps + verify + close) and in total; with conversational tasks also the
-  user messages (``user_turns``) and the time waiting for the simulated user (``time_user_s``);
-  ``time_engine_busy_s`` and ``time_up_s`` are the loop's ``BusyClock`` (engine idle share =
-  1 - busy / up), ``time_live_episodes_s`` the gate's episode-seconds over ``episode_capacity``
-  slots.
+- ``run_group(ticket)`` reads task id, step, group seed and ``k`` (None: ``config.k``); the
+  ``Group`` carries the ticket's id. Episode ``i`` gets a seed hashed from (task, step, group
+  seed), so a re-issued group replays the same sandbox randomness.
+- Live episodes share one asyncio loop, capped at ``config.max_concurrent_episodes`` and at the
+  executors' ``capacity`` (re-read at each start; ``capacity_changed()`` wakes waiters); each
+  opens one session, while its first turn is generated.
+- Failures (``envs.trajectory``): ``infra`` is retried on a fresh session
+  (``config.episode_retries``, same seed), then goes to ``Group.dropped``; ``task`` is kept, never
+  retried. ``info["failed_attempts"]`` lists every lost attempt's error.
+- Every attempt passes ``gate`` (``actors.rollout.partial``) before it opens a sandbox;
+  ``pause_episodes()`` closes it and waits for the episodes in flight.
+- ``metrics()``: statuses, malformed kinds, time generating / in executors / with the user,
+  ``BusyClock`` time and the gate's episode-seconds.
 
 May import: actors.rollout (agent_loop, partial, summary), actors.executors, actors.ticket, envs, sandbox.errors, the standard
 library. No Ray.

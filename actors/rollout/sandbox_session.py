@@ -1,14 +1,11 @@
 """``SandboxSessions``: the ``actors.executors`` protocols (``Executors``, ``Session``) over local
-``sandbox.worker.SandboxWorker``s, without Ray.
+``sandbox.worker.SandboxWorker``s, without Ray, for drivers outside the training cluster (the
+warm start, ``envsched sft``). Code runs only in the isolated workers, as on the executor pool.
 
-For drivers that play episodes outside the training cluster (the warm start, ``envsched sft``):
-environment and check code runs only in the isolated worker process, never in the caller, exactly
-as on the executor pool, and ``SandboxSessions`` implements the same ``actors.executors.Executors``
-protocol as ``ExecutorPool`` (one contract test holds both). Each worker holds one episode or
-replay at a time; ``aopen_session``/``open_session`` and ``replay`` take an idle worker (raising
-``SandboxError("bad_request")`` when none is, since these drivers open sessions one after another)
-and ``close`` gives it back. Worker calls block on a pipe, so the async variants run them in a
-thread and the agent loop's ``asyncio.wait_for`` timeouts still apply.
+Each worker holds one episode or replay at a time; opening takes an idle worker (raising
+``SandboxError("bad_request")`` when none is: these drivers open sessions one after another) and
+``close`` gives it back. The async variants run the blocking worker calls in a thread, so the
+agent loop's timeouts still apply.
 
 May import: sandbox.worker, sandbox.config, sandbox.errors, envs, the standard library.
 """

@@ -1,16 +1,11 @@
 """``InProcessSessions``: the ``actors.executors.Executors`` protocol over in-process
 ``EpisodeRuntime``s.
 
-No isolation: environment code runs in the calling process. Used only by unit tests of the agent
-loop and the controller (``tests/test_untrusted_paths.py`` keeps every other module from
-importing it); every command runs episodes in the sandbox (the executor pool, or
-``actors.rollout.sandbox_session``). Calls run inline (no thread): the runtime's SIGALRM timeouts
-only work on the main thread, and a tool call on a generated pool takes microseconds.
-
-``workers`` is how many sessions may be open at once (``capacity``; one runtime each, loaded when
-first needed and kept per environment for the next episode); opening one more raises
-``SandboxError("bad_request")``, as ``SandboxSessions`` does. A closed session refuses calls
-(``SandboxError("closed")``): its runtime may already serve another episode.
+No isolation: environment code runs in the calling process, so only unit tests of the agent loop
+and the controller use it (``tests/test_untrusted_paths.py`` keeps every other module from
+importing it). Calls run inline: the runtime's SIGALRM timeouts work only on the main thread.
+``workers`` sessions may be open at once (``capacity``); one more raises
+``SandboxError("bad_request")``, and a closed session refuses calls (``SandboxError("closed")``).
 
 May import: sandbox.runtime (inside functions), sandbox.errors, envs, actors.executors, the
 standard library.

@@ -1,12 +1,10 @@
 """Summaries of rollout groups, shared by ``envsched rollout`` and ``envsched bench rollout``.
 
-Within-group reward variance is the paper's Eq. 2, ``v = 1/K * sum_k (r_k - m)^2`` (population
-variance, its one definition ``scheduling.variance.group_variance``); a group is non-trivial when
-``v > 0``. The executor share is the time episodes spent waiting on their sandbox (the open
-after the first turn, tool steps, verify, close; ``executor_wait_s``) over their wall time.
-``tokens_sha`` hashes every trajectory's token ids in order, so two runs (two engines, two
-settings) can be shown to have sampled the same tokens; ``executors_ready_s`` is how long the
-executors took to start before the wall clock began (``launch.rollout.run_groups``).
+Within-group reward variance is Eq. 2 (``scheduling.variance.group_variance``); a group is
+non-trivial when it is > 0. The executor share is the time episodes waited on their sandbox over
+their wall time. ``tokens_sha`` hashes every trajectory's token ids in order, so two runs can be
+shown to have sampled the same tokens; ``executors_ready_s`` is how long the executors took to
+start before the clock began.
 
 May import: envs.trajectory, scheduling.variance, the standard library.
 """

@@ -8,27 +8,11 @@ A turn is the decoded text of the tokens the policy generated for it. Formats::
     llama3_json (Llama 3.1-3.3)      [<|python_tag|>]{"name": N, "parameters": {...}}
     mistral (v3 tokenizer, Nemo)     [text] [TOOL_CALLS][{"name": N, "arguments": {...}}]
 
-Anything inside ``<think>...</think>`` is ignored (reasoning may mention tags) and end-of-turn
-markers are dropped. A turn without the format's call marker is a final reply (Llama: a turn whose
-visible text does not start with ``{``). Exactly one call per turn (the issue's rule; EnvScaler used
-the first call, we refuse several so the policy learns the format). Arguments may be a JSON object
-or a JSON string holding one (the OpenAI string form); Llama's ``parameters`` and ``arguments``
-are both accepted.
-
-Each parser also owns its tool prompt (``tool_prompt``, ``call_syntax``, ``schemas``; the
-model family's own wording: Qwen2.5/Hermes' ``<tools></tools>`` block, Llama 3.1's "Given the
-following functions", Mistral's ``[AVAILABLE_TOOLS]``), which ``actors.rollout.chat`` writes
-into the system prompt when the chat template does not render ``tools`` itself
-(``tool_instructions``).
-``auto`` on a template that mentions no known call syntax and renders no tools falls back to
-``hermes`` (``FALLBACK``) with that prompt; one that renders tools in an unknown format is refused.
-
-Errors are classified (``MALFORMED_KINDS``) so the loop can count them per kind:
-``invalid_json``, ``unknown_tool``, ``wrong_arguments`` (not an object, a required parameter
-missing, or a parameter the schema does not declare), ``several_calls``, ``no_closing_tag``,
-``no_opening_tag`` (hermes: a closing tag with no opening one is a broken call, not a final
-reply), ``runaway_length`` (the turn hit the per-turn token limit; decided by the loop, not the
-parser).
+``<think>...</think>`` is ignored; a turn without the format's call marker is a final reply. Exactly
+one call per turn (EnvScaler used the first; we refuse several so the policy learns the format);
+arguments may be an object or a JSON string holding one. Each parser owns its tool prompt
+(``tool_instructions``, for templates that do not render ``tools``; ``FALLBACK`` is ``hermes``).
+Errors are classified (``MALFORMED_KINDS``; docs/rollout.md, "The agent loop").
 
 May import: the standard library only.
 """

@@ -1,15 +1,13 @@
 """``UserSimConfig``: the one typed config of the user-simulator role (YAML key ``user_sim``).
 
-Used only when the pool has conversational tasks (``envs.spec.UserSpec``). ``kind``: ``openai``
-calls ``endpoint`` (any OpenAI-compatible server: ``vllm serve``, a hosted API), ``scripted``
-answers from ``scripts`` (task id -> the user's lines; tests and demos). How many simulator
-actors run, and their CPUs, is ``cluster.user_sim`` (``launch.config.ClusterConfig``), apart from
-the rollout workers.
+Used only when the pool has conversational tasks (``envs.spec.UserSpec``): ``kind`` ``openai``
+calls ``endpoint``, ``scripted`` answers from ``scripts``. How many simulator actors run is
+``cluster.user_sim``.
 
-Decisions where tau-bench is silent or differs: ``temperature`` 0 (tau-bench's default for its
-user model) with a per-request ``seed`` derived from ``seed`` and the episode's seed, so a
-re-issued group asks the same questions of a deterministic server; the API key is read from the
-environment variable ``api_key_env`` on the simulator's node, never written into a config.
+Decisions where tau-bench is silent or differs: ``temperature`` 0 (tau-bench's default) with a
+per-request ``seed`` from ``seed`` and the episode's seed, so a re-issued group asks the same
+questions of a deterministic server; the API key is read from the environment variable
+``api_key_env`` on the simulator's node, never written into a config.
 
 May import: pydantic and the standard library only.
 """

@@ -1,25 +1,20 @@
 """The simulated user of a conversational episode, without Ray.
 
 One request per user message: ``await users.reply(turn) -> str`` with a ``UserTurn`` (the task,
-the user's instruction, the conversation so far, a seed). The agent loop (``actors.rollout
-.conversation``) calls it; the rollout worker passes either one of these (tests, one process) or
-``actors.user_sim_actor.RemoteUsers`` (the simulator actors of a run).
+the user's instruction, the conversation so far, a seed), called by the agent loop
+(``actors.rollout.conversation``) on one of these or on ``actors.user_sim_actor.RemoteUsers``.
 
-The user's view, as in tau-bench's user simulator: a system prompt with the persona and goal
-(the task's ``instruction``) and the rules (one line at a time, reveal only what the current step
-needs, end with the stop marker once the goal is met), then the conversation with the roles
-flipped: the agent's greeting (``UserSpec.opening``) and replies are ``user`` messages, the
-simulator's own earlier lines ``assistant`` messages. Tool calls and observations stay hidden.
+The user's view is tau-bench's: a system prompt with the persona, goal and rules, then the
+conversation with the roles flipped; tool calls and observations stay hidden (docs/rollout.md,
+"Conversational episodes").
 
-- ``OpenAIUser(config)``: any OpenAI-compatible endpoint through ``envs.chat_client`` (retries
-  with backoff on transient failures; ``max_concurrency`` requests at once, each in a thread).
-  The request's ``seed`` is ``request_seed(config.seed, turn.seed)``. ``stats()``: calls,
-  failures, re-sends, seconds in calls, completion tokens.
-- ``ScriptedUser(scripts)``: line ``n`` of the task's script for the n-th user message, then the
-  stop marker; counted like the other.
-- ``UserSimError``: a request that failed for good (the endpoint unreachable after its retries,
-  a refused request, no script for a task). The loop blames it on the infrastructure (fault
-  ``infra``: retried, then dropped; never a reward), as it does a dead executor.
+- ``OpenAIUser(config)``: any OpenAI-compatible endpoint through ``envs.chat_client`` (retries,
+  ``max_concurrency`` requests at once); seed ``request_seed(config.seed, turn.seed)``;
+  ``stats()``: calls, failures, re-sends, seconds, completion tokens.
+- ``ScriptedUser(scripts)``: line ``n`` of the task's script for the n-th message, then the stop
+  marker.
+- ``UserSimError``: a request that failed for good; the loop blames the infrastructure (fault
+  ``infra``: retried, then dropped; never a reward).
 
 May import: envs.chat_client, actors.user_sim.config, the standard library. No Ray.
 """

@@ -1,26 +1,19 @@
 """Import EnvScaler's published JSON (environment metadata + RL scenarios) into a pool directory.
 
-Input (``--src``): a file or a directory of ``.json`` / ``.jsonl`` files. Records are classified by
-their keys, so the published file names do not matter:
+Input (``--src``): a file or a directory of ``.json`` / ``.jsonl`` files, records classified by
+their keys: environment records (``EnvScaler-191-Env``: ``env_id``, ``env_class_name``,
+``env_class_code``, ``tools``, ``environment_introduction``, ``constraints_rules``, ...) and task
+records (``EnvScaler-RL-Scenario``: ``env_id``, ``task_id``, ``task``, ``init_config`` as an object
+or a JSON string, ``checklist_with_func``).
 
-- environment records (``EnvScaler-191-Env``): a dict keyed by ``env_id`` or a list of dicts with
-  ``env_id``, ``env_class_name``, ``env_class_code``, ``tools``, ``environment_introduction``,
-  ``constraints_rules``, ...;
-- task records (``EnvScaler-RL-Scenario``): ``env_id``, ``task_id``, ``task``, ``init_config``
-  (a JSON object or, as published, a JSON string), ``checklist_with_func`` (list of
-  ``{check_item, check_func}``).
+EnvScaler's initialisation, ``initial_state`` global and mean-of-checks reward are exactly this
+project's environment contract (``envs.spec``), so source and checks are copied verbatim. An
+``init_config`` holding an ``init_config`` key is kept as published. EnvScaler ships no reference
+solutions; validation then only compiles.
 
-Semantics preserved: EnvScaler's constructor-then-setattr initialisation, ``initial_state`` as a
-global for checks, and mean-of-checks reward are exactly this project's environment contract
-(``envs.spec``), so environment source and check code are copied verbatim. An ``init_config``
-that itself holds an ``init_config`` key (classes that store their config as an attribute) is
-kept as published. EnvScaler ships no reference solutions; validation then only compiles.
-
-Errors name the file, the record (index or line) and the task/env id; with ``strict=False`` bad
-records are skipped and listed in the returned ``ImportSummary``.
-
-``--src`` is untrusted: it is read through ``envs.adapters.common.records_in`` (symlinks that
-leave it refused, sizes and nesting bounded).
+Errors name the file, the record and the task/env id; with ``strict=False`` bad records are
+skipped and listed in the returned ``ImportSummary``. ``--src`` is untrusted
+(``envs.adapters.common.records_in``).
 
 May import: envs.*, pydantic (its validation error), the standard library.
 """

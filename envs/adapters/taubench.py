@@ -1,38 +1,24 @@
 """Import one domain and split of a local tau-bench checkout into a pool directory.
 
-Reads, without importing or copying tau-bench into this project:
-``tau_bench/envs/<domain>/data/*.json`` (the database: one JSON file per table),
-``tools/*.py`` (tool classes with static ``invoke(data, **kwargs) -> str`` and a literal
-``get_info()`` schema), ``wiki.md`` (policy) and ``rules.py`` (``RULES``), and
-``tasks_<split>.py`` (``Task(user_id, instruction, actions=[Action(name, kwargs)], outputs)``).
-Task files and schemas are read with ``ast`` (literal evaluation only, no code runs here).
+Reads, without importing or copying tau-bench: ``tau_bench/envs/<domain>/data/*.json`` (the
+database), ``tools/*.py`` (tool classes with static ``invoke(data, **kwargs) -> str`` and a literal
+``get_info()`` schema), ``wiki.md``, ``rules.py`` (``RULES``) and ``tasks_<split>.py``; task files
+and schemas are read with ``ast`` (literals only, no code runs here).
 
-The pool built from them:
+The pool (docs/adapters.md, "tau-bench"): one environment per domain holding the tool classes
+verbatim behind a wrapper class, plus ``respond(content)``, the agent's channel to the user
+(recorded in ``self.replies``); the database as one shared state file; per task one check that
+reproduces tau-bench's binary reward (the final database's SHA-256 equals the gold actions', AND
+every required output appears in some reply, as tau-bench compares); the reference solution =
+the gold actions plus one ``respond`` with the outputs, so a faithful import validates at 1.0.
 
-- one environment per domain whose source holds the tool classes verbatim (minus their
-  ``tau_bench`` imports, replaced by a stand-in ``Tool`` base) and a wrapper class with one method
-  per tool calling ``invoke(self.data, **kwargs)``, plus ``respond(content)``, the agent's channel
-  to the user (tau-bench's ``respond`` action), recorded in ``self.replies``;
-- the database as one shared state file (``states/<domain>_db.json``), never copied per task;
-- per task one check reproducing tau-bench's binary reward: the final database must equal the one
-  produced by the gold actions on a fresh database (compared by a SHA-256 of the canonical JSON,
-  computed at import by replaying the gold actions in the sandbox) AND every required output must
-  appear in some reply (case-insensitive, commas removed, as tau-bench does). One check, so the
-  reward stays binary;
-- the reference solution = the gold actions, followed by one ``respond`` carrying the required
-  outputs when there are any; ``envsched pool validate`` therefore reaches 1.0 on every task of a
-  faithful import.
-
-Modes (``mode``): ``instruction`` (the default; EnvScaler's non-conversational mode): tau-bench's
-user persona + goal is the task instruction the agent reads. ``conversational`` (tau-bench's own
-mode): each task gets ``user=UserSpec(reply_tool="respond")`` (``envs.spec``): the persona + goal
-goes to the simulated user only, the agent sees what the user says, and its plain replies are
+Modes (``mode``): ``instruction`` (default; EnvScaler's): the user persona + goal is the task
+instruction. ``conversational`` (tau-bench's own): ``user=UserSpec(reply_tool="respond")``
+(``envs.spec``): persona + goal go to the simulated user only, and the agent's plain replies are
 recorded through ``respond`` (hidden from its tools), so the same check scores them.
 
 The checkout is untrusted: every file is read through ``envs.adapters.common.read_source_text``
-(``envs.untrusted``: a symlink that leaves ``--src`` is refused, naming it and its target, so no
-host file reaches the output pool; sizes and JSON nesting are bounded), and a source file that
-``ast`` cannot parse (too deeply nested, null bytes) is an error naming it, never a traceback.
+(``envs.untrusted``), and a source file ``ast`` cannot parse is an error naming it.
 
 May import: envs.*, the standard library; ``sandbox.worker`` and ``sandbox.errors`` inside the
 functions of the gold replay only (``sandbox`` imports ``envs``, so never at module level).
@@ -200,12 +186,9 @@ MODES = ("instruction", "conversational")
 def import_taubench(src: str | Path, domain: str, split: str, out: str | Path,
                     strict: bool = False, replay: Optional[Any] = None,
                     mode: str = "instruction") -> ImportSummary:
-    """Convert ``domain``/``split`` of the tau-bench checkout at ``src`` into a pool at ``out``;
-    ``mode``: ``instruction`` or ``conversational`` (the module docstring).
-
-    ``replay(env, initial_state, actions) -> final state`` runs the gold actions; by default in a
-    sandbox worker (``sandbox.worker``), so the checkout's tool code never runs in this process.
-    """
+    """Convert ``domain``/``split`` of the tau-bench checkout at ``src`` into a pool at ``out``
+    (``mode``: module docstring). ``replay(env, initial_state, actions) -> final state`` runs the
+    gold actions, by default in a sandbox worker, so the checkout's code never runs here."""
     if mode not in MODES:
         raise ValueError(f"the mode parameter of import_taubench must be one of {MODES}, got "
                          f"{mode!r}")

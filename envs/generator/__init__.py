@@ -1,18 +1,16 @@
 """The builtin pool generator: realistic database-backed environments and graded tasks.
 
 ``generate_pool(out_dir, n_envs, tasks_per_env, seed)`` writes a pool directory (``envs.pool``
-layout). Environment ``i`` uses domain template ``i mod 16`` (``domains``), with its alternative
-entity vocabulary in odd rounds of templates; a per-environment ``Variant`` (tool-name style, id
-style, clock, optional tools, rules, brand) keeps environments distinct. Each environment gets one shared database
-(``states/<env_id>.json``, referenced by ``initial_state_ref``); about ``INLINE_SHARE`` of its tasks
-carry a small scenario database inline instead. Tasks come from ``tasks.make_task``.
+layout). Environment ``i`` uses domain template ``i mod 16`` (``domains``) and a per-environment
+``Variant`` that keeps environments distinct; each gets one shared database
+(``states/<env_id>.json``), and about ``INLINE_SHARE`` of its tasks a small inline one. Tasks come
+from ``tasks.make_task``.
 
-Deterministic for a seed: every environment draws from ``random.Random(f"{seed}:{i}")``, so the
-output depends only on (seed, i, tasks_per_env), not on the number of environments. Writing streams
-environment by environment: memory stays bounded by one environment's tasks.
+Deterministic for a seed: environment ``i`` draws from ``random.Random(f"{seed}:{i}")``, so the
+output does not depend on the number of environments; writing streams one environment at a time.
 
-Decisions where the issue is silent: op_description is not written (a static extractor derives it);
-a task that cannot be built from the database (no suitable entities left) is redrawn.
+Decisions where the issue is silent: op_description is not written (a static extractor derives
+it); a task that cannot be built from the database is redrawn.
 
 May import: envs.spec, envs.pool, the generator's modules and the standard library.
 """

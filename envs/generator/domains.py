@@ -1,12 +1,9 @@
 """Domain templates of the builtin generator: the vocabulary of each database-backed environment.
 
-Every generated environment has the same relational skeleton (the shape EnvScaler's environments
-share): an *actor* table of staff users with roles, a *person* table (guests, patients, members...),
-a *resource* table of exclusively assigned things (rooms, beds, vehicles...), and a *record* table
-linking a person to a resource (reservations, admissions, loans...). A template names all of these,
-their fields and values, so code, tools, instructions and checks read like the domain. ``variant``
-derives more environments than there are templates by changing tool-name style, id style, clock use,
-optional tools and rules (see ``envs.generator.tools``).
+Every generated environment has EnvScaler's relational skeleton: *actor* (staff users with
+roles), *person* (guests, patients, members...), *resource* (rooms, beds, vehicles...) and *record*
+(a person holding a resource: reservations, admissions, loans...). A template names these, their
+fields and values, so code, tools, instructions and checks read like the domain.
 
 May import: the standard library only.
 """

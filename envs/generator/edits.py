@@ -3,8 +3,7 @@
 An edit picks unclaimed entities from the database, and returns its instruction fragment, the
 reference tool calls, the operation types (Appendix E vocabulary), its gates, and its checks. The
 instruction names people by name and resources by label, never by id: the id must be looked up
-(identifier-resolution gate). Edits are built from the tool semantics in ``envs.generator.tools``,
-and every reference solution is replayed in the tests to prove it reaches reward 1.0.
+(identifier-resolution gate). Edits follow the tool semantics of ``envs.generator.tools``.
 
 May import: envs.generator.{domains,tools,checks}, envs.spec and the standard library.
 """

@@ -1,16 +1,12 @@
-"""Published-format pools built from a generated one, so that the simulator's four-world
-comparison (docs/simulator.md) has EnvScaler- and tau-bench-shaped pools larger than the test
-fixtures, and keeps the generator's truth beside them to score the inferred world against.
+"""Published-format pools built from a generated one, for the simulator's four-world comparison
+(docs/simulator.md), with the generator's truth kept beside them (``truth.jsonl``) to score the
+inferred world against.
 
-- ``to_envscaler(src, out_dir)``: EnvScaler's published JSON (``EnvScaler-191-Env.json``:
-  environment records with class code, tools, introduction, rules; ``EnvScaler-RL-Scenario.json``:
-  task records with ``init_config`` as a JSON string and ``checklist_with_func``) — no reference
-  solutions, no metadata, as EnvScaler ships; import it with ``envsched pool import --format
-  envscaler``.
-- ``to_tau_shape(src, out_dir, n_envs)``: a pool shaped like a tau-bench import: the tasks of the
-  first ``n_envs`` environments, each with ONE check that passes only if all of the task's checks
-  pass (binary reward, as tau-bench's), reference solutions kept (tau-bench's gold actions), no
-  metadata. ``truth.jsonl`` beside both keeps each task's generator metadata.
+- ``to_envscaler(src, out_dir)``: EnvScaler's published JSON (environment and RL-scenario files,
+  no reference solutions, no metadata), imported with ``envsched pool import --format envscaler``.
+- ``to_tau_shape(src, out_dir, n_envs)``: a tau-bench-shaped pool: the first ``n_envs``
+  environments' tasks, each with ONE check passing only if all of its checks pass (binary reward),
+  reference solutions kept, no metadata.
 
     python -m envs.generator.reshape envscaler SRC_POOL OUT_DIR
     python -m envs.generator.reshape tau SRC_POOL OUT_DIR [N_ENVS]

@@ -1,18 +1,11 @@
 """Task shapes: compose 1-4 atomic edits (``envs.generator.edits``) into one environment-task pair.
 
-Difficulty is graded by composition: more edits mean more operations, gates and checks. An
-authorization prefix (look up the acting supervisor by name, open a session) is added once when
-any edit needs it. The metadata is the latent truth a simulator may use:
-
-- ``pattern``: the single edit's operation pattern, or ``multi-edit-ordered`` / ``multi-edit``;
-- ``ops``: Appendix E operation types of the reference solution, in order;
-- ``gates``: gate kinds in order of first appearance (identifier | state | authorization | ordering);
-- ``difficulty`` = 1 - exp(-(n_ops + 2 n_gates + n_checks) / 25), in [0, 1) (our choice: the
-  paper gives no formula; it grows with every operation, gate and check);
-- ``hackable``: null, ``guessable_id`` (the instruction shows the registration number of a
-  sequential id, so the lookup can be skipped) or ``duplicate_create`` (the checks cannot tell a
-  new record from the moved one);
-- ``initially_satisfied_checks``: checks that pass on the initial state.
+More edits mean more operations, gates and checks; an authorization prefix is added once when an
+edit needs it. The metadata is the latent truth a simulator may use: ``pattern``, ``ops``
+(Appendix E types in order), ``gates`` (kinds in order of first appearance), ``difficulty`` = 1 -
+exp(-(n_ops + 2 n_gates + n_checks) / 25) (our choice: the paper gives no formula),
+``hackable`` (null, ``guessable_id`` or ``duplicate_create``) and
+``initially_satisfied_checks``.
 
 May import: envs.generator.{domains,tools,edits}, envs.spec and the standard library.
 """

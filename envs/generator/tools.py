@@ -3,23 +3,14 @@
 A generated environment is a plain Python class in EnvScaler's style: state is instance attributes
 (``Dict[id, dict]`` tables plus ``sessions``, ``eligibility_checks``, ``audit_log``), and every tool
 is a public method that never raises and returns ``{"success": True, "data": ...}`` or
-``{"success": False, "error": ...}``. Tools really enforce the domain's rules:
+``{"success": False, "error": ...}``. Tools enforce the domain's rules: authorization (protected
+edits need a supervisor's session), state preconditions (a free resource, an eligible person;
+no suspending a person with active records) and ordering (only ended records may be deleted;
+with ``eligibility_first`` a record needs the eligibility tool's approval first).
 
-- authorization: protected edits take ``acting_user_id`` and need a session opened by the
-  authorize tool for a user holding the supervisor role;
-- state preconditions: a record needs a free resource and an eligible person (active, zero balance);
-  a resource in use cannot be taken out of service; a person with active records cannot be
-  suspended;
-- ordering: only ended records may be deleted; with ``eligibility_first`` a record can be created
-  only after the eligibility tool approved the person in this episode.
-
-Operation types (Appendix E: lookup, update, create, delete, validate, authorize) are recorded per
-tool role in ``OP_TYPE`` for task metadata.
-
-``Variant`` turns one template into many distinct environments: tool-name style, id style (uuid
-minted, sequential, random codes), whether the clock is read (``datetime.now``), which optional
-tools exist (14 core + up to 6 optional: 14..20 tools), and whether resource status changes need
-authorization.
+``OP_TYPE`` records each tool role's Appendix E operation type. ``Variant`` turns one template into
+many environments: tool-name style, id style, clock use, optional tools (14..20 tools in all) and
+whether resource status changes need authorization.
 
 May import: envs.generator.domains, envs.generator._source and the standard library.
 """

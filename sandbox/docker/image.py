@@ -3,15 +3,12 @@
     python -m sandbox.docker.image prepare    # start dockerd if needed, build the image if missing
     python -m sandbox.docker.image tag        # the tag the docker backend runs
 
-The image is a ``debootstrap --variant=minbase`` rootfs of the host's own release (the host
-interpreter and its extension modules are mounted into it and must find the same shared
-libraries) plus ``packages.txt``, imported with ``docker import``: nothing is pulled from a
-registry. It holds no project code (the project is mounted read-only at run time), so it never
-goes stale; its tag ``envsched-sandbox:<suite>-<hash of the recipe>`` changes only when
-``build-image.sh`` or ``packages.txt`` does, and an existing tag is never rebuilt.
-
-A daemon started here runs ``dockerd --iptables=false --ip6tables=false --bridge=none`` (the
-sandbox uses ``--network none`` only), detached, logging to ``DOCKERD_LOG``; it needs root.
+The image is a ``debootstrap --variant=minbase`` rootfs of the host's own release (the mounted
+host interpreter needs the same shared libraries) plus ``packages.txt``, imported with ``docker
+import``: never pulled. It holds no project code, so it never goes stale; its tag
+``envsched-sandbox:<suite>-<hash of the recipe>`` changes only with the recipe. A daemon started
+here runs ``dockerd --iptables=false --ip6tables=false --bridge=none`` (root only), logging to
+``DOCKERD_LOG``.
 
 May import: sandbox.errors, the standard library.
 """

@@ -1,23 +1,15 @@
-"""What the baseline schedulers share beyond the skeleton (``scheduling.base.PoolScheduler``: task
-index, eligibility, in-flight groups, state header): the shuffled candidate loader, the seeded RNG
-and K, and the parameter checks.
+"""What the baseline schedulers share beyond the skeleton (``scheduling.base.PoolScheduler``): the
+shuffled candidate loader, the seeded RNG and K, and the parameter checks.
 
 Decisions where the published methods are silent (they assume synchronous training):
 
-- In-flight tasks. A task selected at step s is "pending" until its group is observed; pending
-  tasks are not offered again (a second group of the same task in flight carries no new
-  information for these methods): ``withhold_in_flight``. ``select`` raises ``SchedulerError``
-  when fewer than B tasks are eligible and not pending.
-- Late, out-of-order groups. A group is credited to the step it was selected at
-  (``group.step``); each method documents how that enters its update. Groups for tasks the
-  scheduler did not select (e.g. a forced initial batch) are accepted and update the same way
-  (not ``strict``).
+- In-flight tasks are not offered again (``withhold_in_flight``); ``select`` raises
+  ``SchedulerError`` when fewer than B tasks are eligible and not pending.
+- A group is credited to the step it was selected at (``group.step``); groups for tasks never
+  selected (a forced initial batch) update the same way (not ``strict``).
 - Candidate loader (DPS, MoPPS: "the next loader batch of c*B prompts"): a shuffled pass over the
-  pool; candidates are consumed whether or not they are picked and a new permutation is drawn when
-  the pass ends, like a shuffling data loader with ``drop_last=False``.
-- State round trip: ``state_dict`` holds plain Python values only (lists, dicts, floats — JSON
-  serialisable, float64 round-trips exactly) plus the RNG's bit-generator state, so a restored
-  scheduler makes the same next selections.
+  pool, candidates consumed whether picked or not, a new permutation when the pass ends.
+- ``state_dict`` holds plain JSON-able values plus the RNG's bit-generator state.
 
 May import: numpy, scheduling.base, scheduling.variance, the standard library.
 """

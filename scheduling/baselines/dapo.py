@@ -1,17 +1,13 @@
 """DAPO dynamic sampling (arXiv 2503.14476) as a filter that wraps any scheduler.
 
-DAPO draws prompts, rolls them out, keeps only non-trivial groups (rewards not all equal;
-population std > 0) and draws again until B groups are kept; every rollout of a discarded group is
-spent, so its cost is about K B / (non-trivial fraction) rollouts per step. It selects nothing by
-itself: each draw is the wrapped scheduler's next ``select(step)``, and the wrapped scheduler
-observes every group, trivial or not (it paid for them).
+DAPO keeps only non-trivial groups (rewards not all equal) and draws again until B are kept, each
+draw being the wrapped scheduler's next ``select(step)``; the wrapped scheduler observes every
+group (it paid for them), so a step costs about K B / (non-trivial fraction) rollouts.
 
-``fill(step, rollout)`` runs the whole loop for one training step; ``rollout`` turns a ``Batch``
-into ``GroupResult`` objects (the trainer's rollout workers or the simulator). Decisions where
-DAPO is silent for our setting: at most ``max_draws`` draws per step (verl's
-``max_num_gen_batches``; chosen default 8) — if the step still has fewer than B kept groups it
-trains on what it has; surplus kept groups beyond B are dropped (their rollouts are counted).
-Fractional rewards need no mapping (only "all equal or not" matters).
+``fill(step, rollout)`` runs the loop for one step (``rollout``: ``Batch`` -> ``GroupResult``s).
+Decisions where DAPO is silent: at most ``max_draws`` draws per step (verl's
+``max_num_gen_batches``; default 8), then train on what was kept; surplus kept groups beyond B are
+dropped (their rollouts counted). Fractional rewards need no mapping.
 
 May import: numpy, scheduling.base, scheduling.baselines.common.
 """

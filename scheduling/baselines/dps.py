@@ -16,19 +16,12 @@ beliefs uniform.
   mu_prior <- P(A) mu_post.
 
 Defaults are the paper's "other tasks" setting (Countdown, Geo3k): c = 8, lam = 0.5,
-alpha0 = 1; no pilot rollouts.
+alpha0 = 1; no pilot rollouts. Fractional rewards: p = the group's MEAN reward (a group of equal
+rewards 0.5 is "partial" though it carries no GRPO signal: DPS as published).
 
-Fractional rewards: p = the group's MEAN reward (the success rate generalised), so z = unsolved
-iff every rollout scored 0, solved iff every rollout scored 1, partial otherwise. Note that a
-group whose K rewards are all equal to, say, 0.5 is "partial" although it carries no GRPO signal;
-that is DPS as published, applied to fractional rewards.
-
-Asynchrony (the paper is synchronous): the passive per-step update of a task is applied lazily, at
-``select(t)``, for every step up to t-1 that the task has not yet been updated for; in-flight tasks
-are skipped until their group arrives, and the observed update then applies to the belief the task
-had when it was selected. With groups arriving before the next ``select`` this is exactly the
-synchronous algorithm. A catch-up longer than 64 steps is cut at 64 (lam^64 < 1e-19, so A is A0 to
-float precision).
+Asynchrony (the paper is synchronous): the passive update is applied lazily at ``select(t)`` for
+every elapsed step, cut at 64 (lam^64 < 1e-19); in-flight tasks wait for their group, whose update
+applies to the belief held at selection (docs/simulator.md, "Baselines").
 
 May import: numpy, scheduling.base, scheduling.baselines.common.
 """

@@ -2,33 +2,23 @@
 a DOCUMENTED RECONSTRUCTION. The full text and code are unavailable; this follows the abstract and
 a third-party note (../shared/reference/baselines.md). Every constant below marked "chosen" is ours.
 
-- Representation h_i: the paper uses the policy's hidden state of the final prompt token. Without a
-  policy we use a static text embedding: the graph's ``X_full`` rows (Eq. 1's six TF-IDF views)
-  when a graph is given, else a TF-IDF (word 1-2-grams, sublinear tf) of the instruction.
-  Similarity = cosine.
+- Representation h_i: the paper uses the policy's hidden state of the final prompt token; without a
+  policy, the graph's ``X_full`` rows (Eq. 1's six TF-IDF views) when a graph is given, else a
+  TF-IDF (word 1-2-grams, sublinear tf) of the instruction. Similarity = cosine.
 - Portfolios at step t: exploit E = available tasks whose last observed group was non-trivial
-  (population std > 0) and observed within the last W steps; explore X = the other available tasks
-  (unseen, stale, or last group trivial).
+  (population std > 0) and observed within the last W steps; explore X = the other available tasks.
 - Predicted success p~_i = sum_j cos_ij p_j / sum_j cos_ij over N_K(i), the top-K observed tasks
-  with cos > 0, plus the task's own last observation with weight 1 (chosen: the method's own
-  evidence counts as the most similar neighbour); 0.5 when there is no evidence.
+  with cos > 0, plus the task's own last observation with weight 1 (chosen); 0.5 without evidence.
   u_i = 1 - p~_i^k - (1 - p~_i)^k, the probability that a group of k rollouts is non-trivial.
   Both portfolios pick their top-u tasks (ties broken at random).
 - Budget split B_E = round(B r_E / (r_E + r_X)), clipped to [m, B - m] with m = ceil(min_share B),
-  where r_E, r_X are exponential moving averages (rate ``ema`` per group) of the non-trivial
-  fraction of the groups each portfolio produced; both start at 0.5. If a portfolio has too few
-  tasks the other fills the batch.
-- No pilot rollouts.
+  r_E, r_X EMAs (rate ``ema`` per group) of each portfolio's non-trivial fraction, both from 0.5;
+  a portfolio short of tasks is filled by the other. No pilot rollouts.
 
-Chosen defaults: K = 8 neighbours, W = 8 steps, min_share = 0.25, ema = 0.1.
-
-Fractional rewards: p_j = the group's MEAN reward; "non-trivial" = rewards not all equal.
-
-Scale: cosine neighbours are read from precomputed top-M lists (M = 256, or 64 above 20k tasks;
-chunked sparse products, never an n x n matrix); rows whose list holds fewer than K observed tasks
-while other positive-cosine tasks exist fall back to an exact product against the observed tasks.
-
-Phases in ``Batch``: exploit picks are "exploitation", explore picks "coverage".
+Chosen defaults: K = 8 neighbours, W = 8 steps, min_share = 0.25, ema = 0.1. Fractional rewards:
+p_j = the group's MEAN reward; "non-trivial" = rewards not all equal. Neighbours are read from
+precomputed top-M lists (M = 256, or 64 above 20k tasks), with an exact fallback for rows whose
+list runs out. Phases in ``Batch``: exploit picks "exploitation", explore picks "coverage".
 
 May import: numpy, scipy, scikit-learn, scheduling.base, scheduling.baselines.common.
 """

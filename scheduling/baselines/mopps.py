@@ -7,12 +7,9 @@ Per task a Beta(alpha, beta) posterior over its success rate, initialised to (1,
 - Update, selected tasks only, with s = the group's success rate and k = its number of rollouts:
   alpha <- lam alpha + (1 - lam) + k s;   beta <- lam beta + (1 - lam) + k (1 - s).
 
-Defaults are the paper's non-MATH setting: c = 8, lam = 0.5.
-
-Fractional rewards: s = the group's MEAN reward, entered as fractional pseudo-counts (k s
-successes, k (1 - s) failures) — the Beta update is well defined for real counts.
-
-Asynchrony: only observed tasks change, so a late group simply updates its task when it arrives.
+Defaults are the paper's non-MATH setting: c = 8, lam = 0.5. Fractional rewards: s = the group's
+MEAN reward, as fractional pseudo-counts. Asynchrony: only observed tasks change, so a late group
+updates its task when it arrives.
 
 May import: numpy, scheduling.base, scheduling.baselines.common.
 """

@@ -1,8 +1,7 @@
 """Random scheduling: B distinct tasks drawn uniformly per step, without replacement within a step.
 
-The paper's reference baseline (Tables 1-3). Rewards are ignored; fractional rewards need no
-mapping. Draws come from the scheduler's own seeded generator, so a restored scheduler repeats
-them exactly.
+The paper's reference baseline (Tables 1-3); rewards are ignored. Draws come from the
+scheduler's own seeded generator, so a restored scheduler repeats them.
 
 May import: numpy, scheduling.base, scheduling.baselines.common, the standard library.
 """

@@ -1,24 +1,16 @@
 """How well the simulator predicts a real training run, fitting nothing to it
 (``envsched simulate --pool P --check-against RUN_DIR``; docs/simulator.md).
 
-The run's ``groups.jsonl`` gives its schedule (which tasks were trained at each learner step) and
-its rewards. Each predictor sees the same schedule; none sees a reward it predicts:
+The run's ``groups.jsonl`` gives its schedule and rewards; every predictor sees the schedule and
+none sees a reward it predicts: ``naive`` (each task's first recorded group held constant),
+``simulator`` (the pool's world, its policy trained on its own simulated groups of the schedule,
+mean over ``seeds``) and ``simulator + first groups`` (initial skill fitted to each task's first
+group, ``infer.fit_initial_skill``: the naive predictor's information).
 
-- ``naive``: each task's first recorded group held constant (its mean, its variance, whether it
-  was all-equal);
-- ``simulator``: the world built for the pool (``experiment.pool_world``: generator metadata or
-  inferred), its policy trained on its own simulated groups of the run's schedule, ``seeds``
-  times; a group's prediction is the mean over seeds (expected reward before that step, realised
-  variance and all-equal share of the simulated groups);
-- ``simulator + first groups``: the same with each task's initial skill fitted to its first
-  recorded group (``infer.fit_initial_skill``): the information the naive predictor has.
-
-Scored on every group after its task's first (the first is the naive predictor's input):
-group-mean MAE and correlation; per-task trend (least-squares slope of group mean per 10 steps
-over the task's groups; MAE against the real slopes, share of tasks whose predicted slope has the
-real one's sign among tasks whose real slope is non-zero); the batch-mean learning curve (RMSE
-over steps); the group-variance distribution (Wasserstein-1 distance between predicted and real
-variances, means, quartiles); the zero-variance share per step (MAE over steps, overall shares).
+Scored on every group after its task's first: group-mean MAE and correlation; per-task trend
+(slope per 10 steps: MAE, sign agreement where the real slope is non-zero); the batch-mean
+learning curve (RMSE); the group-variance distribution (Wasserstein-1, means, quartiles); the
+zero-variance share per step (MAE, overall shares).
 
 May import: numpy, scheduling.simulate.*, scheduling.variance, the standard library.
 """

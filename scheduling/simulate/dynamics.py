@@ -6,22 +6,18 @@ Skill of the policy on task i (a logit):
           + theta_env[e] + theta_pat[p] + theta_task[i]
 
 with fixed latent offsets u_env ~ N(0, sd_env), u_pat ~ N(0, sd_pat), eps_i ~ N(0, sd_task) (drawn
-once per seed; a world inferred with recorded rollouts fixes them instead where it has a record:
-the task's whole initial logit b0 + u_env + u_pat + eps - beta * difficulty becomes its fitted
-``World.skill_logit`` plus N(0, ``skill_se``) per seed, and u_env of a recorded environment its
-fitted ``World.env_offset``) and learned competences theta_x = gain_x * log(1 + E_x / scale_x) —
-concave in the accumulated learning signal E_x, i.e. diminishing returns.
+once per seed; a world inferred from recorded rollouts uses the fitted ``World.skill_logit`` plus
+N(0, ``skill_se``) and ``World.env_offset`` instead) and learned competences
+theta_x = gain_x * log(1 + E_x / scale_x) (diminishing returns in the learning signal E_x).
 
 One rollout of task i: a rollout-quality draw z ~ N(0, tau) shared by all its steps; gate j (kind
 g) passes with probability sigmoid(s_i + z + gate_bias + theta_gate[g]); the n_init initially
 satisfied checks always pass; the n_b checks of block b are reachable only if gates 1..b all passed
-(a failed gate blocks every dependent check, as in Appendix F) and each passes with probability
-sigmoid(s_i + z + check_bias). Reward = passed checks / n_checks (fractional, in [0, 1]).
+(as in Appendix F) and each passes with probability sigmoid(s_i + z + check_bias).
+Reward = passed checks / n_checks (fractional, in [0, 1]).
 
-Learning from a trained group: its GRPO signal is the population std of its K rewards (zero for
-all-equal groups, which give GRPO no gradient). The signal L is added to E of the task, its
-environment (transfer within the environment), its pattern (transfer across environments sharing
-the pattern) and each of its gate kinds (transfer across everything sharing that gate kind).
+Learning: a trained group's signal L (population std of its K rewards) is added to E of the task,
+its environment, its pattern and each of its gate kinds.
 
 Expected reward and variance are exact given z (independent Bernoulli gates, binomial blocks) and
 integrated over z by Gauss-Hermite quadrature (``quad_nodes`` nodes):

@@ -1,24 +1,17 @@
 """The comparison a user runs (``envsched simulate``): schedulers x seeds at matched budgets, the
 Table 3 ablations of EnvSched, and the Table 4 cold-start study.
 
-- Main runs: every named scheduler (any ``scheduling.registry`` name, or ``dapo+NAME``) for
-  ``steps`` steps and each seed, built by the registry exactly as training builds it.
-- Ablations (Table 3): EnvSched with one switch changed — within-only (fusion weight of G^in = 1),
-  cross-only (fusion weight 0), coverage-only (rho = 1), exploitation-only (rho = 0), and
-  K_within / K_cross halved and doubled — same seeds and budget; ``envsched-bayes`` (when run) gets
-  the same switches in its own params plus one per component it adds (``BAYES_ABLATIONS``), and its
-  own Table 4 study (``STUDIES``).
-- Table 4: ``t4_runs`` runs of ``t4_steps`` steps after a RANDOM cold-start batch of B tasks
-  (step 0), with the policy's latent offsets fixed (seed 0) and the cold-start draw and rollout
-  noise varying per run. The forced first batch is a subclass whose ``_choose`` returns it, so
-  the skeleton (``scheduling.base.PoolScheduler``) records it as it records any batch.
+- Main runs: every named scheduler (a ``scheduling.registry`` name or ``dapo+NAME``), built by the
+  registry exactly as training builds it.
+- Ablations (Table 3): EnvSched with one switch changed (within-only, cross-only, coverage-only,
+  exploitation-only, K_within / K_cross halved and doubled); ``envsched-bayes`` gets the same plus
+  one per component it adds (``BAYES_ABLATIONS``) and its own Table 4 study (``STUDIES``).
+- Table 4: ``t4_runs`` runs after a RANDOM cold-start batch (step 0), latent offsets fixed, the
+  cold-start draw and rollout noise varying; the forced batch is a subclass whose ``_choose``
+  returns it.
 
-Main runs and ablations see the scheduler's information lag ``Settings.lag`` (``runner.run``;
-0 = synchronous); Table 4 runs are always synchronous.
-
-Every scheduler excludes the held-out tasks. The graph (for every scheduler whose registry entry
-``needs_graph``: EnvSched's, LEEPS's embedding via X_full) is built once and cached next to the
-report.
+Main runs and ablations see the information lag ``Settings.lag``; Table 4 is synchronous. Every
+scheduler excludes the held-out tasks. The graph is built once and cached next to the report.
 
 May import: numpy, scheduling.*, envs.pool and the envs modules the library may import,
 the standard library.
@@ -230,11 +223,9 @@ _FORKED: Optional[tuple["Factory", Any]] = None  # (factory, step counter) inher
 
 
 def _default_signals() -> None:
-    """A forked worker dies on the pool's SIGTERM whatever handler its parent had installed. In
-    a full test run (a pytest process that had run Ray and sandbox tests) a worker inherited a
-    SIGTERM handler, survived ``multiprocessing.pool.Pool.terminate`` blocked on the task queue's lock, and the pool's
-    exit waited for it forever; a plain ignoring handler alone did not reproduce it, so this is
-    defence, not a tested fix."""
+    """A forked worker dies on the pool's SIGTERM whatever handler its parent had installed (a
+    worker that inherited one survived the multiprocessing pool's ``terminate`` and the pool's exit
+    waited forever). Defence, not a tested fix: an ignoring handler alone did not reproduce it."""
     import signal
 
     signal.signal(signal.SIGTERM, signal.SIG_DFL)

@@ -1,43 +1,19 @@
 """A simulated world inferred from what any pool has (EnvScaler, tau-bench or your own), for pools
-without the generator's latent metadata. ``infer_world(pool)`` returns the same ``World`` the
-generator's metadata gives (``world.build_world``), with ``World.provenance`` saying how each
-quantity was obtained. Nothing is executed: pool code runs only in the sandbox.
+without the generator's latent metadata. ``infer_world(pool)`` returns the same ``World`` that
+``world.build_world`` gives, with ``World.provenance`` saying how each quantity was obtained.
+Nothing is executed.
 
-Per task, from its operation description (``POOL/op_descriptions.jsonl`` of an LLM pre-pass
-when present, else the task's own ``op_description``, else the static extractor,
-``envs.describe``: from the reference solution when the task has one, else from the instruction
-matched against the environment's tools):
+Per task, from its operation description (``envs.describe``): ``n_checks`` (exact);
+``initially_satisfied_checks`` (checks comparing with ``initial_state`` or saying something stays
+``UNCHANGED``); ``gates`` (``world.GATE_KINDS``); ``pattern`` (the operation-type signature, or
+``multi-edit`` / ``multi-edit-ordered`` from ``MULTI_EDIT`` changes, ``verify-only``; a task with
+no operation takes its nearest task's by S_abs, else ``unknown``); ``difficulty`` = 1 - exp(-(n_ops
++ 2 n_gates + n_checks) / 25), the generator's definition. The rules in full: docs/simulator.md,
+"A world from any pool".
 
-- ``n_checks`` = the task's verifier checks (exact);
-- ``initially_satisfied_checks`` = checks whose code compares with ``initial_state`` or whose
-  text says something stays as it was (``UNCHANGED``): such a check passes by doing nothing;
-- ``gates`` (``world.GATE_KINDS``): identifier when an identifier gate's value is not given
-  literally by the task (it must be looked up); authorization when an authorization gate, an
-  authorize operation or a session / login tool exists; state when a state-precondition gate or
-  a validate operation exists, or a record is deleted or cancelled (its state decides what may
-  follow); ordering when the task makes two or more state changes (one may have to precede
-  another);
-- ``pattern`` = the operation-type signature: ``multi-edit`` / ``multi-edit-ordered`` (with the
-  ordering gate) with at least ``MULTI_EDIT`` state changes or two or more enumerated requests in
-  the instruction ("(1) ... (2) ..." or ";"-separated), ``verify-only`` without state changes,
-  else the
-  distinct operation types in order of first appearance (``lookup-update``). A task whose
-  description has no operation at all takes the pattern of its most similar task across
-  environments in the dual graph's abstract view (S_abs) when a graph is given, else
-  ``unknown``;
-- ``difficulty`` = 1 - exp(-(n_ops + 2 n_gates + n_checks) / 25), the generator's definition,
-  with n_ops = reference-solution calls when there are any, else the described operations but at
-  least two per check that is not initially satisfied (a lookup and a change).
-
-With recorded rollouts (``recorded_rewards``: a run's ``groups.jsonl``, or any file with one
-``{"task_id", "rewards"}`` or ``envs.trajectory.Group`` per line) each recorded task's initial
-skill is fitted instead of drawn: its earliest recorded groups' mean reward, shrunk towards the
-pool's recorded mean by ``SHRINK`` pseudo-rollouts, inverted through the simulator's own
-expected reward (at zero learning) to a logit, with a delta-method standard error; an
-environment's offset is the mean of its recorded tasks' fitted offsets. A recorded reward below
-n_init / n_checks lowers that task's initially satisfied checks to what the record allows.
-
-``inference_error(inferred, true)`` scores an inferred world against a generated pool's truth.
+With recorded rollouts (``recorded_rewards``) a recorded task's initial skill is fitted (shrunk by
+``SHRINK`` pseudo-rollouts). ``inference_error(inferred, true)`` scores an inferred world against
+a generated pool's truth.
 
 May import: numpy, envs.spec, envs.describe, envs.opdesc, scheduling.simulate.world,
 scheduling.simulate.dynamics, the standard library.

@@ -1,24 +1,18 @@
 """Summaries of simulated runs: Table 2 (per scheduler), Table 3 (EnvSched ablations), Table 4
 (cold-start robustness) and the curves over steps.
 
-Per run: ``mean_reward_variance`` / ``median_reward_variance`` = mean / median population variance
-over every trained group of the run (Eq. 2); ``median_reward`` = median group mean reward;
-``envs_per_batch`` / ``tools_per_batch`` = mean over steps; ``heldout_success`` = expected reward
-on all held-out tasks (held-out tasks of training environments plus held-out environments) after
-the last step; ``rollouts`` = every rollout generated. Eligibility (``ELIGIBILITY``, the
-scheduler's own per-step metrics, ``runner.SCHEDULER_STEP_KEYS``): ``progress_blocked_share`` =
-mean share of the eligible pool the progress filter blocks per step; ``relaxed_progress`` /
-``relaxed_C3`` / ``relaxed_C1`` / ``relaxed_C_task`` = mean picks per step that needed that
-relaxation (a pick that relaxed C1 had relaxed the progress filter and C3 first, so it counts in
-all three); nan for a scheduler that never reports the key (Random: all; envsched-bayes: the
-progress filter). ``curves`` keeps the per-step series of each. Across seeds: mean, a 95 %
-Student-t interval (nan for one seed), the ratio to Random's mean, and a 95 % interval of the
-difference from Random paired by seed (every scheduler of seed s meets the same simulated world).
+Per run: ``mean_reward_variance`` / ``median_reward_variance`` over every trained group (Eq. 2);
+``median_reward``; ``envs_per_batch`` / ``tools_per_batch`` (means over steps);
+``heldout_success`` (expected reward on all held-out tasks after the last step); ``rollouts``.
+Eligibility (``ELIGIBILITY``, the scheduler's own step metrics): ``progress_blocked_share`` and
+``relaxed_progress`` / ``relaxed_C3`` / ``relaxed_C1`` / ``relaxed_C_task`` (mean picks per step
+needing that relaxation, cumulative: a C1 relaxation counts in all three); nan for a scheduler
+that never reports the key. Across seeds: mean, a 95 % Student-t interval (nan for one seed), the
+ratio to Random's mean, and a 95 % interval of the difference from Random paired by seed.
 
-Table 4: per step, the runs' batch-mean realised variance, cumulative mean variance (all groups so
-far, step 0 included) and exploitation hit rate; means with 95 % normal intervals over runs, the
-5th-95th percentile range at the last step, and the lowest / highest quartile of runs by step-0
-batch variance.
+Table 4: per step, batch-mean realised variance, cumulative mean variance and exploitation hit
+rate; means with 95 % normal intervals over runs, the 5th-95th percentile range at the last step,
+and the lowest / highest quartile of runs by step-0 batch variance.
 
 May import: numpy, scheduling.simulate.runner, the standard library.
 """

@@ -1,11 +1,9 @@
 """Write a simulation's ``metrics.json``, ``report.md`` and PNG curves.
 
-``metrics.json``: ``settings``, ``params`` (every dynamics constant), ``pool`` (sizes, held-out
-split), ``summary.<scheduler>`` (Table 2 metrics averaged over seeds, each with ``_ci`` and
-``_ratio`` to Random; the eligibility figures, progress-filter blocked share and relaxations by
-kind, among them), ``ablations.<name>`` (Table 3), ``table4``, ``curves`` (per step, the
-eligibility series included), ``runs`` (per-run summaries). The report states what came out,
-whichever way it came out: ``findings`` ranks every scheduler on each headline axis.
+``metrics.json``: ``settings``, ``params``, ``pool``, ``summary.<scheduler>`` (Table 2 metrics
+over seeds, with ``_ci`` and ``_ratio`` to Random), ``ablations.<name>`` (Table 3), ``table4``,
+``curves``, ``runs``. ``findings`` ranks every scheduler on each headline axis, whichever way it
+came out.
 
 May import: numpy, matplotlib (Agg backend), scheduling.simulate.*, the standard library.
 """

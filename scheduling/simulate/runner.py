@@ -1,25 +1,18 @@
 """Drive a scheduler against the simulated policy, one synchronous step at a time.
 
 Each step: ``select(t)`` -> K rollouts per selected task (``Policy.rollout``) -> ``observe`` every
-group -> one policy update on the groups (``Policy.train``). A DAPO-wrapped scheduler instead runs
-``DAPOFilter.fill``: it draws until B non-trivial groups (or its draw limit) and trains on the kept
-groups only; every generated rollout is counted. Matched budgets: every run has the same B, K and
-number of steps, and ``rollouts`` records what each actually generated.
+group -> one policy update on the groups (``Policy.train``). A DAPO-wrapped scheduler runs
+``DAPOFilter.fill`` instead (draws until B non-trivial groups, trains on those; every generated
+rollout counted). Matched budgets: same B, K and steps; ``rollouts`` records what each generated.
 
-Recorded per step (``StepLog``): realised group variances and means of the trained groups,
-environments and tools per batch (tools = distinct (environment, tool) pairs in the selected
-tasks' reference solutions), non-trivial fraction, rollouts, and the exploitation hit rate (share
-of picks labelled "exploitation" whose TRUE expected group variance, under the policy before the
-step, is in the top quartile over the schedulable tasks). Held-out success (expected reward,
-exact, on held-out tasks and held-out environments) every ``eval_every`` steps and at the end.
+Recorded per step (``StepLog``): realised variances and means of the trained groups, environments
+and tools per batch, non-trivial fraction, rollouts, and the exploitation hit rate (share of
+"exploitation" picks whose true expected group variance is in the top quartile). Held-out
+success (exact expected reward) every ``eval_every`` steps and at the end.
 
-Information lag (``lag``, default 0): the number of steps of history the scheduler does not see
-yet when it selects, as in the asynchronous training loop with ``max_staleness >= 1`` where a
-step is selected before the groups of the steps just issued are back. With ``lag = L`` the
-groups of step t reach ``observe`` just before ``select(t + L + 1)``, so ``select(t)`` sees steps
-``< t - L``; the policy still trains on each step's groups at once (the lag is the scheduler's,
-not the policy's). ``lag = 0`` is the synchronous loop above, unchanged. DAPO-wrapped schedulers
-observe inside ``fill`` and ignore the lag.
+Information lag (``lag = L``, default 0): the groups of step t reach ``observe`` just before
+``select(t + L + 1)``, as in the asynchronous loop with ``max_staleness >= 1``; the policy still
+trains on each step's groups at once. DAPO-wrapped schedulers ignore the lag.
 
 Seeds: for seed s every scheduler meets the same policy offsets (``Policy(world, params, s)``)
 and the same rollout-noise stream start (``default_rng([s, 11])``), and gets ``seed=s``.

@@ -1,24 +1,17 @@
 """Sensitivity of envsched-bayes and the paper's EnvSched to their main constants
 (``envsched simulate --sensitivity``; docs/simulator.md): each constant at -50 % and +50 % of its
-default, one at a time, every other constant at its default (Appendix D for EnvSched), run as
-extra jobs next to the main runs; reported as the change from the default scheduler (paired by
-seed) and the rank the variant would take among all main schedulers. Nothing is tuned: the
-defaults of the registry stay what they are.
+default, one at a time, run as extra jobs next to the main runs; reported as the change from the
+default scheduler (paired by seed) and the rank the variant would take. Nothing is tuned.
 
 The constants (``CONSTANTS``; a default of 0 or an adaptive rule has no ±50 %, so the variant is
 stated next to it):
 
-- discount: envsched-bayes ``discount`` (0.5); EnvSched's half-lives ``h_long`` / ``h_short``
-  (8 / 2 steps) scaled together;
-- prior strength: envsched-bayes ``prior_strength`` n0 (empirical Bayes by default, whose
-  estimate sits at its floor of 1 pseudo-trial on the generated pools: ±50 % of 1 as a fixed
-  n0); EnvSched's shrinkages ``lambda_g`` / ``lambda_s`` (2, 2) scaled together;
-- coverage share: envsched-bayes ``max_coverage`` (0.75, the cap of its adaptive share;
-  +50 % is capped at 1); EnvSched's rho (0.5);
-- rho: envsched-bayes with a fixed coverage share ``coverage`` = 0.5 ± 50 % in place of its
-  adaptive rule (EnvSched's rho is its coverage share, listed once);
-- lambda_sim: EnvSched's 0.08 ± 50 %; envsched-bayes's default is 0 (off), so its variants
-  switch Eq. 5 on at EnvSched's 0.08 ± 50 %.
+- discount: envsched-bayes ``discount`` (0.5); EnvSched's ``h_long`` / ``h_short`` scaled together;
+- prior strength: envsched-bayes n0 as a fixed value (±50 % of its empirical-Bayes floor, 1);
+  EnvSched's ``lambda_g`` / ``lambda_s`` scaled together;
+- coverage share: envsched-bayes ``max_coverage`` (0.75; +50 % capped at 1); EnvSched's rho (0.5);
+- rho: envsched-bayes with a fixed ``coverage`` = 0.5 ± 50 %;
+- lambda_sim: EnvSched's 0.08 ± 50 %; envsched-bayes (default 0) switches Eq. 5 on at the same.
 
 May import: numpy, scheduling.simulate.metrics, scheduling.simulate.runner, the standard library.
 """

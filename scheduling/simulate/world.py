@@ -1,17 +1,11 @@
-"""The simulated world's static side: each task's latent structure, read from how the task was
-generated (``TaskSpec.metadata`` written by ``envs.generator``; ``build_world``) or inferred from
-what any pool has (``scheduling.simulate.infer``; both end in ``assemble_world``); the held-out
-split; and the ``TaskInfo`` rows schedulers see.
+"""The simulated world's static side: each task's latent structure, from the generator's metadata
+(``build_world``) or inferred (``scheduling.simulate.infer``; both end in ``assemble_world``); the
+held-out split; and the ``TaskInfo`` rows schedulers see.
 
-Latent fields per task (all required; a task without them is an error naming the task):
-environment (``task.env_id``), ``pattern``, ``gates`` (ordered gate kinds), ``n_checks``,
-``initially_satisfied_checks``, ``difficulty`` in [0, 1]. ``domain``, ``ops`` and ``hackable`` are
-read and reported but do not enter the dynamics (see docs/simulator.md).
-
-Held-out split (fixed per pool, the same for every seed and scheduler): ``heldout_env_frac`` of the
-environments (at least one when there are four or more) are removed entirely; in every other
-environment ``heldout_task_frac`` of its tasks (at least one when it has five or more) are held
-out. Held-out tasks are excluded from every scheduler and used only for evaluation.
+Latent fields per task (all required; a task without them is an error naming it): environment,
+``pattern``, ``gates``, ``n_checks``, ``initially_satisfied_checks``, ``difficulty`` in [0, 1];
+``domain``, ``ops`` and ``hackable`` are reported but do not enter the dynamics. The held-out
+split is ``scheduling.split``'s, fixed per pool; held-out tasks are only evaluated.
 
 May import: numpy, envs.spec, scheduling.base, the standard library.
 """

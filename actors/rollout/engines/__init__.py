@@ -1,8 +1,7 @@
 """Inference engines behind one interface (``base.Engine``): vLLM on GPUs, transformers on CPU,
 and a scripted engine that plays reference solutions. ``registry.make_engine`` picks one by name.
 
-This package exports only the interface, so importing it (as the agent loop does, through
-``base``) loads no engine; import ``actors.rollout.engines.registry`` to build one.
+Importing the package loads no engine.
 
 May import: torch, transformers and vllm, each only inside the engine module that needs it.
 """

@@ -1,30 +1,18 @@
 """The one engine interface the agent loop and the learner see.
 
-- ``await generate(prompt_token_ids, sampling, task_id=None) -> Generation``: token ids in, token
-  ids out, with the log-probability of every sampled token under the policy's own distribution
-  (temperature 1, before top-k/top-p; what vLLM returns by default and what the learner
-  recomputes), a finish reason: ``"stop"`` (an end-of-turn token was sampled, and is the last
-  element of ``token_ids``) or ``"length"`` (``max_tokens`` reached), and the ``version`` of the
-  weights that sampled it (weights never change under a running generation, so one version;
-  None from an engine that does not say, and the caller reads ``engine.version`` before). ``task_id`` is a hint that
-  only the scripted engine uses.
-- ``update_weights(named_tensors, version)``: load a (possibly partial) state dict in place, then
-  publish ``version``; unknown names or shape mismatches raise ``WeightUpdateError`` and leave the
-  version unchanged.
-- ``await aupdate_weights(named_tensors, version)``: the same from the engine's event loop (the
-  default runs ``update_weights`` in a thread so the loop keeps serving other episodes).
-- ``update_adapter(adapter, version)`` / ``await aupdate_adapter(...)``: a LoRA learner's
-  adapter-only publish (``actors.lora.LoraAdapter``): the base weights stay, the adapter applies
-  from the next generation on; an engine that cannot raises ``WeightUpdateError``.
-- ``version``: the policy version of the weights that produced the next generation.
-- ``stop_ids``: the model's own end tokens that the engine stops on when a request names none
-  (the agent loop adds them to the chat template's end-of-turn token); ``()`` when the engine
-  stops on the model's EOS by itself (vLLM).
+- ``await generate(prompt_token_ids, sampling, task_id=None) -> Generation``: the sampled token
+  ids, each one's log-probability under the temperature-1 distribution (before top-k/top-p,
+  vLLM's default, what the learner recomputes), a finish reason (``"stop"``: the end token is the
+  last of ``token_ids``; ``"length"``) and the weights' ``version`` (None: read
+  ``engine.version`` before). ``task_id`` is a hint only the scripted engine uses.
+- ``update_weights(named_tensors, version)`` / ``await aupdate_weights(...)``: load a (possibly
+  partial) state dict, then publish ``version``; unknown names or shapes raise
+  ``WeightUpdateError`` with the version unchanged. ``update_adapter`` / ``aupdate_adapter``: a
+  LoRA adapter-only publish (``actors.lora.LoraAdapter``).
+- ``version``; ``stop_ids``: the model's end tokens the engine stops on when a request names none.
 
-Engines are safe for many concurrent ``generate`` calls from one asyncio loop.
-
-The engines implement this interface and import this module; this module imports none of them
-(``actors.rollout.engines.registry.make_engine`` picks one by name).
+Engines are safe for many concurrent ``generate`` calls from one asyncio loop. This module imports
+no engine (``actors.rollout.engines.registry.make_engine`` picks one by name).
 
 May import: the standard library; engines import their heavy libraries themselves.
 """

@@ -23,13 +23,10 @@ class _DrawAhead:
     """Each sampled row's Exp(1) draws for its next token, made on a helper thread while the
     engine thread runs the forward pass that token waits for.
 
-    The draws do not depend on the logits: a row's next ``vocab`` draws from its own generator
-    are the same whenever they are made, and each row draws exactly once per token in order, so
-    the tokens are unchanged (a request that stops leaves one set of draws unused, from a
-    generator nobody uses again). The engine thread waits for them before it samples and uses
-    no generator while they are made. Why: the draws are a visible share of a decode step on the
-    engine thread's one core (docs/benchmarks.md); torch releases the GIL inside them, so they
-    overlap the forward."""
+    The draws do not depend on the logits and each row draws once per token in order from its own
+    generator, so the tokens are unchanged; the engine thread waits for them before it samples and
+    uses no generator meanwhile. torch releases the GIL inside them, so they overlap the forward
+    (why it pays: docs/benchmarks.md)."""
 
     def __init__(self, model: Any):
         self.model = model
@@ -70,15 +67,12 @@ class _DrawAhead:
 class _Batch:
     """The running batch's KV cache, kept from one decode step and one admission to the next.
 
-    Per layer one preallocated buffer ``[row capacity, kv_heads, columns, head_dim]``. Every row
-    holds its sequence right-aligned at column ``end`` (left padding: the columns left of its
-    own are masked out, and the position ids are explicit), so a decode step writes one column
-    for all rows, and rows join and leave without moving the others: a newcomer is written into
-    the next free row, a finished row is overwritten by the last one (one row copied). The
-    window ``[start, end)`` that attention reads is as wide as the longest row; it narrows, for
-    free, when that row leaves. Only when the buffer runs out of columns (every ``_ROOM`` or
-    more decode steps) or rows is the window copied into a larger buffer, rather than
-    re-stacking every row at each admission or exit (what that cost: docs/benchmarks.md).
+    Per layer one preallocated buffer ``[row capacity, kv_heads, columns, head_dim]``; every row
+    holds its sequence right-aligned at column ``end`` (left padding masked, explicit position ids),
+    so a decode step writes one column for all rows and rows join (the next free row) and leave (the
+    last row moves in) without moving the others. The window ``[start, end)`` is as wide as the
+    longest row; only running out of columns (every ``_ROOM`` or more steps) or rows copies it into
+    a larger buffer (why: docs/benchmarks.md).
     """
 
     _ROOM = 256   # free columns on each side of the window when the buffer is (re)allocated
@@ -190,12 +184,9 @@ class _BatchLayer(DynamicLayer):
 def _warp(scores, s: SamplingParams):
     """Temperature, then top-k, then top-p, as transformers' sampling warpers apply them.
 
-    With both top-k and top-p, top-p is computed over the k survivors of top-k (``torch.topk``,
-    already sorted) instead of sorting the whole vocabulary: the masked entries have
-    probability 0 and are dropped either way, and a [B, V] sort was the largest single cost of
-    sampling (docs/benchmarks.md). When the k-th value is
-    tied (top-k then keeps more than k entries) the full sort is used, so the kept set is
-    always transformers' own."""
+    With both, top-p is computed over top-k's k sorted survivors rather than a [B, V] sort (the
+    largest single cost of sampling: docs/benchmarks.md); when the k-th value is tied the full sort
+    is used, so the kept set is always transformers' own."""
     if s.temperature != 1.0:
         scores = scores / s.temperature
     vocab = scores.shape[-1]

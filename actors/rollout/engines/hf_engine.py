@@ -1,45 +1,19 @@
 """A transformers engine for CPUs (tests, the embedded demo): same contract as the vLLM engine.
 
-Continuous batching: ``generate`` queues a request; one engine thread runs a decode loop in which
-every active request advances by one token per forward pass (one ``[B, 1]`` step for all B
-sequences). New requests join, and finished ones leave, between steps, without moving the rows
-that stay: the batch's KV cache (``_Batch``) keeps every row right-aligned in one preallocated
-buffer per layer (left padding under a 0 attention mask, explicit position ids, so every row
-sees exactly its own tokens); a newcomer is prefilled (``_prefill``: each distinct prompt's
-uncached suffix in one forward) and copied into a free row, a finished row is overwritten by the
-last one. Up to ``max_batch_size`` requests run at once; the rest wait in the queue. Tiny models
-are dominated by per-step overhead, so B sequences cost about as much as one
-(docs/benchmarks.md).
+Continuous batching: ``generate`` queues a request; one engine thread advances every active
+request by one token per ``[B, 1]`` forward, up to ``max_batch_size`` at once; requests join
+(prefilled by ``_prefill``, one distinct prompt at a time) and leave between steps without moving
+the rows that stay. Per request: stop ids, token limit, a ``torch.Generator`` seeded by
+``sampling.seed`` (the same tokens whatever else is in the batch) and temperature / top-k / top-p
+in transformers' order; log-probs of the raw logits equal the unbatched ``model.generate``'s
+within 1e-5. An LRU of ``prefix_cache`` KV caches, never modified in place, resumes a request
+from its longest common prefix with any stored sequence.
 
-Per sequence: its own stop ids and token limit, its own ``torch.Generator`` (seeded by
-``sampling.seed``, so a request gives the same tokens whatever else is in the batch), its own
-temperature / top-k / top-p (applied in transformers' order: temperature, top-k, top-p, then one
-multinomial draw). Log-probs are of the raw logits (temperature 1), matching vLLM's default, and
-equal those of the unbatched path (``model.generate`` on the request alone) within 1e-5.
+Weight and adapter updates (``update_adapter``, via ``actors.lora.inject``) drain the batch, load,
+clear the prefix cache and publish the version: one generation never mixes two versions.
 
-Prefix cache: a multi-turn episode resends its whole sequence every turn, the K episodes of a
-group share their prompt, and the tasks of one environment share its system prompt and tool
-schemas; so the engine keeps the KV caches of its last ``prefix_cache`` sequences (LRU; each
-prompt once prefilled, and each finished sequence) and resumes from the longest common prefix
-of a new request with any of them. Cached tensors are never modified in place, so entries are
-shared, not copied.
-
-Newcomers admitted together with one prompt (the K episodes of a group, first turn) are
-prefilled once and sample their first tokens from the same logits, each with its own generator
-(before, each one after the first resumed from the stored prompt with a one-token forward over
-the whole cache). Distinct prompts are prefilled one by one, unpadded: a padded batch of them
-(prefixes left-padded, suffixes right-padded, one forward) is slower on CPU (docs/benchmarks.md),
-since a padding mask sends attention to SDPA's math path (a 2k-token prompt then
-materialises its full score matrix) and the padded copies cost more than the forwards saved.
-
-Weight updates drain: no request is admitted until the active ones finish, then the weights are
-loaded, the prefix cache is cleared and the version published (each Generation carries it); so
-one generation never mixes two policy versions. ``update_adapter`` (a LoRA learner's adapter-only
-publish) does the same with the adapter: the first injects LoRA layers into the base model
-(``actors.lora.inject``), each later one is copied into them.
-
-The batch's KV cache (``_Batch``), the draws made ahead (``_DrawAhead``) and the sampling
-warpers (``_warp``) are in ``hf_batch.py``; this module owns the decode loop.
+``_Batch``, ``_DrawAhead`` and ``_warp`` are in ``hf_batch.py``; this module owns the decode loop.
+Design and figures: docs/rollout.md, "Engines", and docs/benchmarks.md.
 
 May import: numpy, torch, transformers, actors.policy, actors.lora, actors.rollout.engines.*.
 """
@@ -244,10 +218,9 @@ class HFEngine(Engine):
     def _sample(self, reqs: list[_Request], logits) -> None:
         """Append one token per request from ``logits`` [B, V] (transformers' warper order).
 
-        Rows that share their sampling settings are warped and soft-maxed in one op (row-wise
-        ops: each row's probabilities are those it would get alone); only the draw is per row,
-        from the row's own generator, so tokens do not depend on the batch. One op per row, not
-        five (what five cost: docs/benchmarks.md)."""
+        Rows that share their sampling settings are warped and soft-maxed in one op (each row's
+        probabilities are those it would get alone); only the draw is per row, from the row's own
+        generator, so tokens do not depend on the batch."""
         tokens = [0] * len(reqs)
         greedy: list[int] = []
         groups: dict[tuple, list[int]] = {}
@@ -277,13 +250,10 @@ class HFEngine(Engine):
     # -- prefix cache and weights ----------------------------------------------------------------
 
     def _lookup(self, prompt: list[int]) -> Optional[KV]:
-        """The cache of the longest stored sequence's longest common prefix with ``prompt`` --
-        a whole earlier turn of the episode, or the system prompt and tool schemas that tasks of
-        one environment share -- cut to leave at least the last prompt token to compute (its
-        logits sample the first token); None when nothing is shared.
-
-        Keys and values at position i depend only on tokens 0..i, so any prefix of a stored
-        cache is the cache of that prefix."""
+        """The cache of the longest stored sequence's longest common prefix with ``prompt``, cut to
+        leave at least the last prompt token to compute (its logits sample the first token); None
+        when nothing is shared. Any prefix of a stored cache is the cache of that prefix (keys and
+        values at position i depend only on tokens 0..i)."""
         if len(prompt) < 2 or not self._caches:
             return None
         query = np.asarray(prompt, dtype=np.int64)

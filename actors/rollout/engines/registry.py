@@ -1,10 +1,8 @@
 """``make_engine``: the one place that picks an inference engine by name.
 
-It sits beside the engines rather than in ``base`` so the interface imports none of its
-implementations (each engine imports ``base``; nothing imports back). Importing this module
-imports every engine module: ``hf_engine`` loads torch and transformers; ``vllm_engine`` loads
-Ray through the weight-sync extension and vLLM only when an engine is built. Modules that need
-only the interface (the agent loop) import ``actors.rollout.engines.base`` instead.
+Beside the engines, not in ``base``, so the interface imports none of them. Importing this
+module imports every engine module (torch, transformers, Ray; vLLM only when an engine is built);
+modules that need only the interface import ``actors.rollout.engines.base``.
 
 May import: actors.rollout.engines (base and the engine modules), the standard library.
 """

@@ -2,19 +2,12 @@
 as the Qwen3 text a model would emit, so it exercises the same tokeniser, parser, loop, sandbox
 and verifier as a real policy. A generated pool should score reward 1.0 with it.
 
-Turn ``n`` of an episode is found from the prompts already answered: every turn's prompt extends
-the previous turn's (the loop only appends), so a prompt is turn ``t + 1`` when the longest prompt
-of the same task answered before that is a prefix of it was turn ``t``, and turn 0 when there is
-none. That holds for every chat template (counting a template's own markers, such as Qwen3's
-``<tool_response>``, does not: SmolLM2's template has none, and every turn replayed step 1), and
-concurrent episodes of one task share prompts turn by turn, since the script is deterministic.
-On a conversational task (``envs.spec.UserSpec``) a reference step calling the task's
-``reply_tool`` is played as a plain reply with its ``content``, the way a policy talks to the user
-(each user message extends the prompt like an observation). After the script's last step it
-replies ``final_reply``. Each emitted turn ends with the
-template's end of turn (``<|im_end|>``, else the tokenizer's EOS); a scripted turn
-longer than ``max_tokens`` is cut and reported as ``"length"`` like a runaway model turn.
-Log-probs are 0 (the script is deterministic). ``update_weights`` and ``update_adapter`` only record the version.
+Turn ``n`` is found from the prompts already answered: a prompt is turn ``t + 1`` when the longest
+earlier prompt of the same task that is its prefix was turn ``t`` (the loop only appends), turn 0
+when there is none; this holds for every chat template. On a conversational task a reference step
+calling ``reply_tool`` is played as a plain reply with its ``content``. After the script it
+replies ``final_reply``. A turn longer than ``max_tokens`` is cut and reported as ``"length"``.
+Log-probs are 0; ``update_weights`` and ``update_adapter`` only record the version.
 
 Tests pass raw ``scripts`` (lists of turn texts) to exercise malformed outputs one by one.
 

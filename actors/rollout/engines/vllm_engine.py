@@ -1,26 +1,17 @@
 """The vLLM engine for GPUs: ``AsyncLLM`` (vLLM V1) with token-id prompts, continuous batching of
 every concurrent episode, the sampled tokens' log-probs, and in-place weight updates.
 
-- ``generate`` submits ``TokensPrompt(prompt_token_ids)`` with ``logprobs=0`` (the sampled token's
-  log-prob only, from the raw temperature-1 distribution: vLLM's default ``raw_logprobs``) and
-  ``detokenize=False``; the scheduler batches all in-flight requests of all episodes. The stop
-  token (``<|im_end|>``) is the last returned token id when ``finish_reason == "stop"``.
-- Prefix caching is on: the K episodes of a group share their prompt, and every turn resends the
-  episode's sequence.
+- ``generate`` submits ``TokensPrompt(prompt_token_ids)`` with ``logprobs=0`` (raw temperature-1
+  log-probs) and ``detokenize=False``; prefix caching is on.
 - Weights never change under a running generation: an update closes the gate for new requests,
-  waits for in-flight ones, loads, resets the prefix cache, publishes the version, reopens.
-  Two paths: ``update_weights(named_tensors, version)`` (object store; tensors travel to the
-  workers through ``collective_rpc("load_named_tensors")``) and the NCCL contract of
-  ``actors.learner.weight_sync`` (``num_sync_workers``, ``init_weight_sync``,
-  ``receive_weights``); ``RolloutWorkerExtension`` (the learner's ``VLLMWorkerExtension`` plus
-  the object-store loader) is loaded into every vLLM worker.
-- A LoRA learner's adapter-only publish (``aupdate_adapter``): the base weights stay; each
-  version's adapter is written to a local directory and loaded as its own ``LoRARequest``
-  (``add_lora``), which every later generation names; the previous one is removed. Same
-  exclusivity as a weight update.
-- ``aupdate_weights`` runs on the engine's event loop (the RolloutWorker calls it); the
-  synchronous ``update_weights`` hands it to that loop with ``run_coroutine_threadsafe`` and so
-  must be called from another thread while the loop runs.
+  waits for in-flight ones, loads, resets the prefix cache, publishes the version, reopens. Two
+  paths: ``update_weights`` (object store, through ``collective_rpc("load_named_tensors")``) and
+  the NCCL contract of ``actors.learner.weight_sync``; ``RolloutWorkerExtension`` is loaded into
+  every vLLM worker.
+- ``aupdate_adapter``: each version's LoRA adapter is loaded as its own ``LoRARequest``, the
+  previous one removed; same exclusivity as a weight update.
+- The synchronous ``update_weights`` hands the work to the engine's loop
+  (``run_coroutine_threadsafe``), so it must be called from another thread while the loop runs.
 
 Importable without vllm: vllm is imported in ``__init__`` only. Tested by ``-m gpu``.
 
