@@ -1,11 +1,13 @@
 """Partial rollouts end to end on real actors (local Ray): the scheduler actor, sandboxed executors,
 a rollout worker with the transformers engine and the tiny policy, a DeepSpeed learner on CPU.
 
-Episodes are made long and cheap: 4 tokens per turn, so every turn of the random tiny policy is
-cut at the limit (a malformed ``runaway_length`` turn, answered with an error observation) and an
-episode runs up to 25 turns (with 7, an idle host finished every episode before the next publish,
-so none straddled one); one group per learner step, ``max_staleness`` 1, so weights are
-published while episodes are in flight. With ``rollout.partial_rollouts`` the next turn of an
+Episodes are made long in decode steps and short in tokens: 12 turns of 48 tokens, so every
+turn of the random tiny policy is cut at the limit (a malformed ``runaway_length`` turn, answered
+with an error observation); one group per learner step, ``max_staleness`` 1, so the group issued
+when version 1 is published rolls while the learner trains the buffered one, and again two
+steps later. An episode then lasts about 3 learner steps (2.5 s against 0.8 s on an idle host);
+with 24 turns of 4 tokens the two were about equal, and a CI run on a busy host saw no episode
+straddle a publish. With ``rollout.partial_rollouts`` the next turn of an
 episode in flight uses the new weights: per-token versions change within a trajectory, the
 oldest token stays within the staleness bound, the learner gets each token's version (tokens of
 older versions reach it; those of its own version match its log-probs). Without, every
@@ -32,7 +34,7 @@ def _cfg(pool_dir, partial: bool):
         "sft": {"enabled": False},
         "executors": {"num_executors": 1, "workers_per_executor": 6,
                       "num_cpus_per_executor": 0.1},
-        "rollout": {"k": 2, "max_turns": 24, "max_tokens_per_turn": 4,
+        "rollout": {"k": 2, "max_turns": 12, "max_tokens_per_turn": 48,
                     "max_tokens_per_sequence": 8192, "temperature": 1.0, "top_p": 1.0,
                     "top_k": -1, "enable_thinking": False, "partial_rollouts": partial},
         "learner": {"ranks": 1, "lr": 3e-3, "warmup_steps": 0, "total_steps": 5,
