@@ -5,7 +5,7 @@ Episodes are made long in decode steps and short in tokens: 12 turns of 48 token
 turn of the random tiny policy is cut at the limit (a malformed ``runaway_length`` turn, answered
 with an error observation); one group per learner step, ``max_staleness`` 1, so the group issued
 when version 1 is published rolls while the learner trains the buffered one, and again two
-steps later. An episode then lasts about 3 learner steps (2.5 s against 0.8 s on an idle host);
+steps later. An episode then lasts about 3 times a learner step (2.5 s against 0.8 s, idle host);
 with 24 turns of 4 tokens the two were about equal, and a CI run on a busy host saw no episode
 straddle a publish. With ``rollout.partial_rollouts`` the next turn of an
 episode in flight uses the new weights: per-token versions change within a trajectory, the
