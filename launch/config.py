@@ -211,15 +211,28 @@ class TrainConfig(_Section):
     def to_yaml_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
 
+    @property
+    def weight_sync(self) -> str:
+        """``learner.weight_sync`` resolved for ``make_weight_sync``: ``auto`` becomes
+        ``object_store`` when one GPU may hold two members of the collective group (learner
+        rank 0 and the vLLM workers): NCCL refuses two ranks on one device. Ray gives a whole
+        GPU to one actor, so that happens only when the rollout actors ask for a fraction of a
+        GPU and the learner does too, or there are several rollout actors."""
+        rollout, learner = self.cluster.rollout, self.learner
+        shared = 0 < rollout.num_gpus < 1 and (0 < learner.num_gpus_per_rank < 1 or rollout.num > 1)
+        return "object_store" if learner.weight_sync == "auto" and shared else learner.weight_sync
+
     @model_validator(mode="after")
     def _rollout_engine_fits(self) -> "TrainConfig":
         """``rollout.engine_kwargs`` are arguments of ``policy.engine``, and a vLLM rollout actor
-        holds the GPUs its engine shards over (tensor x pipeline parallel)."""
+        holds the GPUs its engine shards over (tensor x pipeline parallel), or a fraction of one
+        GPU for an unsharded engine (sharing it: ``weight_sync``)."""
         from actors.rollout.engine_args import check_engine_kwargs, gpus_per_engine
 
         check_engine_kwargs(self.policy.engine, self.rollout.engine_kwargs)
         need, have = gpus_per_engine(self.rollout.engine_kwargs), self.cluster.rollout.num_gpus
-        if self.policy.engine == "vllm" and have > 0 and have != need:
+        fraction = need == 1 and 0 < have < 1
+        if self.policy.engine == "vllm" and have > 0 and have != need and not fraction:
             raise ValueError(
                 f"cluster.rollout.num_gpus is {have:g} but each vLLM engine shards over {need} "
                 f"GPUs (rollout.engine_kwargs tensor_parallel_size x pipeline_parallel_size); "

@@ -55,7 +55,6 @@ class Roles:
     def __init__(self, cfg: TrainConfig, pool: Pool, pool_dir: Path, run_dir: Path,
                  model_path: str, eval_pools: Sequence[EvalPool] = ()):
         from actors.learner.learner_actor import LearnerGroup
-        from actors.learner.weight_sync import make_weight_sync
         from actors.replay_port import identifier_check_builder
         from actors.scheduler_actor import scheduler_actor_class
         from launch.scheduler_factory import build_scheduler
@@ -81,7 +80,14 @@ class Roles:
         self._start_learner = lambda: LearnerGroup(  # noqa: E731
             cfg.learner.model_copy(update={"model_path": model_path}))
         self.learner = self._start_learner()
-        self.sync = make_weight_sync(self.workers, timeout_s=self.timeout)
+        self.sync = self._new_sync()
+
+    def _new_sync(self):
+        """A weight sync to the current workers, by ``cfg.weight_sync`` (rebuilt with new
+        members after a worker or the learner is replaced)."""
+        from actors.learner.weight_sync import make_weight_sync
+
+        return make_weight_sync(self.workers, self.cfg.weight_sync, timeout_s=self.timeout)
 
     @property
     def workers(self) -> list:
@@ -283,8 +289,6 @@ class Roles:
     def publish(self, version: int) -> None:
         """Publish to every worker; workers found dead or unresponsive are replaced and the
         publish repeated (a new sync, so an NCCL group is rebuilt with the new members)."""
-        from actors.learner.weight_sync import make_weight_sync
-
         for attempt in range(1, PUBLISHES + 1):
             self.sync.targets = list(self.workers)
             try:
@@ -295,7 +299,7 @@ class Roles:
                 self.core.check_publish(version, attempt, dead, e)
                 for w in dead:
                     self._replace(w)
-                self.sync = make_weight_sync(self.workers, timeout_s=self.timeout)
+                self.sync = self._new_sync()
 
     def save_learner(self, directory: Path) -> None:
         self.learner.save(str(directory))
@@ -315,11 +319,9 @@ class Roles:
         into after the learner died (``lost_at``: when it was found dead, ``time.monotonic()``;
         the caller cancels the groups in flight first). The old scheduler actor goes too: its
         state and pending filter checks are from after the checkpoint."""
-        from actors.learner.weight_sync import make_weight_sync
-
         self.learner.shutdown()
         self.learner = self._start_learner()
-        self.sync = make_weight_sync(self.workers, timeout_s=self.timeout)
+        self.sync = self._new_sync()
         ray.kill(self.scheduler, no_restart=True)
         self.scheduler = self._start_scheduler()
         self.core.learner_rebuilt(lost_at)

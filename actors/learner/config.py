@@ -128,6 +128,12 @@ class LearnerConfig(BaseModel):
     prefix_sharing: bool = Field(True, description=(
         "run the prompt that a micro-batch's samples share once, not once per sample "
         "(actors/learner/prefix.py); the plain path runs under gradient checkpointing"))
+    weight_sync: Literal["auto", "collective", "object_store"] = Field("auto", description=(
+        "how weights reach the rollout engines: collective (a broadcast group of rank 0 and "
+        "every vLLM worker: NCCL on GPUs, gloo on CPUs), object_store (rank 0 puts the state "
+        "dict once, each engine loads it), or auto: collective for vLLM engines unless a GPU "
+        "may be shared between a learner rank and a vLLM worker (fractional num_gpus: NCCL "
+        "refuses two ranks on one device), else object_store"))
     seed: int = 0
     master_port: Optional[int] = Field(None, ge=1024, le=65535)
     num_cpus_per_rank: float = Field(0.5, gt=0)

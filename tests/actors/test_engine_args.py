@@ -39,12 +39,13 @@ def test_hf_engine_kwargs_are_checked_against_the_hf_engine():
         load_config(None, ["rollout.engine_kwargs={tensor_parallel_size: 2}"])
 
 
-@pytest.mark.parametrize("tp, gpus, ok", [(2, 2, True), (2, 1, False), (1, 4, False), (4, 4, True)])
+@pytest.mark.parametrize("tp, gpus, ok", [(2, 2, True), (2, 1, False), (1, 4, False), (4, 4, True),
+                                          (1, 0.5, True), (2, 0.5, False)])
 def test_a_rollout_actor_holds_as_many_gpus_as_its_tensor_parallel_size(tp, gpus, ok):
     ov = [f"rollout.engine_kwargs={{tensor_parallel_size: {tp}}}",
           f"cluster.rollout.num_gpus={gpus}"]
-    if ok:
-        assert load_config(GPU, ov).cluster.rollout.num_gpus == tp
+    if ok:  # an unsharded engine may also take a fraction of one GPU (sharing it)
+        assert load_config(GPU, ov).cluster.rollout.num_gpus == gpus
     else:
         with pytest.raises(ConfigError, match=f"set cluster.rollout.num_gpus={tp}"):
             load_config(GPU, ov)
@@ -72,3 +73,20 @@ def test_with_vllm_importable_its_engine_args_signature_decides(monkeypatch):
     assert check_engine_kwargs("vllm", {"brand_new_knob": 3}) == {"brand_new_knob": 3}
     with pytest.raises(ValueError, match="checked against vllm.AsyncEngineArgs"):
         check_engine_kwargs("vllm", {"max_num_seqs": 8})
+
+
+@pytest.mark.parametrize("learner_gpus, rollout_gpus, num, method, want", [
+    (1, 1, 4, "auto", "auto"),               # GPUs of their own: collective for vLLM engines
+    (0, 0, 1, "auto", "auto"),               # CPUs: gloo, never a shared device
+    (0.5, 0.5, 1, "auto", "object_store"),   # learner rank 0 and the vLLM worker on one GPU
+    (1, 0.5, 2, "auto", "object_store"),     # two vLLM workers on one GPU
+    (1, 0.5, 1, "auto", "auto"),             # a whole GPU is the learner's alone
+    (0.5, 0.5, 1, "collective", "collective"),  # said outright: kept
+])
+def test_auto_weight_sync_leaves_nccl_when_a_gpu_may_hold_two_group_members(
+        learner_gpus, rollout_gpus, num, method, want):
+    cfg = load_config(GPU, [f"learner.num_gpus_per_rank={learner_gpus}",
+                            f"cluster.rollout.num_gpus={rollout_gpus}",
+                            f"cluster.rollout.num={num}", f"learner.weight_sync={method}"]
+                      + (["learner.dtype=fp32"] if learner_gpus == 0 else []))
+    assert cfg.weight_sync == want

@@ -3,7 +3,8 @@
 #   1. every `gpu`-marked test (tests/actors/test_learner_gpu.py, test_rollout_vllm.py, ...);
 #   2. the GPU benchmarks: the learner (1 rank, ZeRO-3, bf16) and, when vllm imports, rollout with
 #      the vLLM engine on the tiny policy, and 2 training steps of the real path (train-real:
-#      vLLM + ZeRO-3 + NCCL sync; 2 GPUs or more);
+#      vLLM + ZeRO-3 + NCCL sync on 2 GPUs or more; on one GPU the learner and the vLLM worker
+#      share it and the weights go through the object store, learner.weight_sync auto);
 #   3. a summary: tests passed/failed/skipped and each benchmark's figures (JSON), one line each.
 # Needs torch with CUDA plus the project's dependencies (ray, deepspeed, transformers; vllm for the
 # vLLM parts, which skip without it). Budget: GPU_CHECK_BUDGET_S (default 480 s = 8 minutes) for
@@ -22,13 +23,16 @@ ENVSCHED=("$PY" -c "import sys; from launch.cli import main; sys.exit(main(sys.a
 BENCH_LEARNER=(bench learner --ranks 1 --zero 3 --gpus-per-rank 1 --steps 3 --json)
 BENCH_ROLLOUT=(bench rollout --engine vllm --k 4 --json)
 # The real path (configs/cpu_real.yaml's twin, configs/gpu_single_node.yaml, cut to 2 steps): vLLM
-# rollout, ZeRO-3 learner, NCCL weight sync. NCCL refuses two ranks on one GPU, so it needs 2 GPUs
-# (learner rank 0 and the vLLM worker apart). SmolLM2 where `envsched model fetch smollm2` cached
-# it, else the tiny policy (a lent machine reaches no package index).
+# rollout, ZeRO-3 learner, NCCL weight sync. NCCL refuses two ranks on one GPU, so with one GPU
+# the learner and the vLLM worker take half of it each (SHARE_ONE_GPU) and TrainConfig.weight_sync
+# resolves auto to the object store. SmolLM2 where `envsched model fetch smollm2` cached it, else
+# the tiny policy (a lent machine reaches no package index).
 TRAIN_REAL=(train --config configs/gpu_single_node.yaml pool.path=null run.steps=2 run.batch_size=2
   rollout.k=2 rollout.max_turns=2 rollout.max_tokens_per_turn=64 cluster.rollout.num=1
   learner.ranks=1 executors.num_executors=2 eval.enabled=false controller.checkpoint_every=1
   controller.progress_bar=false)
+SHARE_ONE_GPU=(learner.num_gpus_per_rank=0.5 cluster.rollout.num_gpus=0.5
+  rollout.engine_kwargs.gpu_memory_utilization=0.3)
 
 left() { echo $(( BUDGET - ($(date +%s) - START) )); }
 
@@ -36,7 +40,7 @@ if [[ "${1:-}" == "--collect-only" ]]; then
   "$PY" -m pytest -q --collect-only -m gpu -p no:cacheprovider tests | grep "::"
   echo "bench: envsched ${BENCH_LEARNER[*]}"
   echo "bench: envsched ${BENCH_ROLLOUT[*]} (when vllm imports)"
-  echo "train-real: envsched ${TRAIN_REAL[*]} policy.path=smollm2|null (when vllm imports, 2+ GPUs)"
+  echo "train-real: envsched ${TRAIN_REAL[*]} policy.path=smollm2|null (when vllm imports; on one GPU also ${SHARE_ONE_GPU[*]})"
   exit 0
 fi
 if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
@@ -71,14 +75,15 @@ bench() {  # name, args...: one JSON line into $DEST/bench-NAME.json
   else echo "bench rollout: skipped (vllm does not import)"; fi
   gpus=$("$PY" -c "import torch; print(torch.cuda.device_count())")
   if ! "$PY" -c "import vllm" >/dev/null 2>&1; then echo "train-real: skipped (vllm does not import)"
-  elif (( gpus < 2 )); then echo "train-real: skipped ($gpus GPU: the NCCL sync needs learner rank 0 and the vLLM worker on different GPUs)"
   else
     policy=null; "${ENVSCHED[@]}" model path smollm2 >/dev/null 2>&1 && policy=smollm2
+    share=(); sync=collective
+    if (( gpus < 2 )); then share=("${SHARE_ONE_GPU[@]}"); sync=object_store; fi
     t=$(( $(left) - 5 ))
     if (( t < 60 )); then echo "train-real: skipped (budget spent)"
-    elif timeout "$t" "${ENVSCHED[@]}" "${TRAIN_REAL[@]}" "policy.path=$policy" sft.enabled=false \
-        --out "$DEST/train-real" > "$DEST/train-real.log" 2>&1; then
-      echo "train-real ($policy): $(tail -1 "$DEST/train-real/metrics.jsonl" | cut -c1-600)"
+    elif timeout "$t" "${ENVSCHED[@]}" "${TRAIN_REAL[@]}" "${share[@]}" "policy.path=$policy" \
+        sft.enabled=false --out "$DEST/train-real" > "$DEST/train-real.log" 2>&1; then
+      echo "train-real ($policy, $gpus GPU, $sync sync): $(tail -1 "$DEST/train-real/metrics.jsonl" | cut -c1-600)"
     else status=1; echo "train-real: FAILED (see $DEST/train-real.log)"; fi
   fi
   echo "total: $(( $(date +%s) - START )) s; exit $status"
