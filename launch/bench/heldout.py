@@ -22,9 +22,16 @@ The policies:
 
 Reported per policy and part: the step-0 reward (one value: it depends only on the warm start and
 the fixed seeds), the final reward and the gain over step 0 as a mean over seeds with a 95 %
-Student-t interval (``scheduling.simulate.metrics.mean_ci``), and wall and CPU seconds.
+Student-t interval (``scheduling.simulate.metrics.mean_ci``), and wall and CPU seconds. Beside
+them, the bounds of that part at the config's episode limits (``bounds``): the **floor**, the
+reward of an agent that makes no call (a graded verifier gives partial credit for checks the
+untouched state passes), and the **ceiling**, the reward of the reference solutions cut at
+``rollout.max_turns`` and the token limits. A reward at the floor means the policy changed
+nothing the verifier credits, whatever it called; both come from the scripted engine
+(``actors.rollout.engines.scripted_engine``) on the sandboxed executors, like every episode.
 
-May import: launch.*, scheduling.simulate.metrics, the standard library.
+May import: launch.*, envs.pool, actors.rollout.engines.scripted_engine, actors.policy,
+scheduling.simulate.metrics, the standard library.
 """
 
 from __future__ import annotations
@@ -83,12 +90,68 @@ def run(args: argparse.Namespace) -> int:
         m = compare(cfgs[name], [args.scheduler], list(range(args.seeds)), out / name,
                     timeout_s=args.timeout_per_run)
         row = summarize(m["runs"])
+        for part, b in bounds(cfgs[name], out / name).items():
+            row[part].update(b)
         row.update(wall_s=round(time.perf_counter() - t0), cpu_s=round(_cpu_s() - c0))
         result["policies"][name] = row
         (out / "heldout.json").write_text(json.dumps(result, indent=2, default=str))
     (out / "heldout.md").write_text(table(result))
     print(json.dumps(result, default=str) if args.json else table(result), flush=True)
     return 0 if all(r["finished"] == args.seeds for r in result["policies"].values()) else 1
+
+
+def bounds(cfg, cmp_dir: Path) -> dict[str, dict[str, float]]:
+    """Per evaluated part: ``floor`` (no call) and ``ceiling`` (the reference solution) at the
+    config's episode limits, one episode per evaluated task (the scripted engine and the
+    verifiers are deterministic), on the pool and the tokenizer of the comparison in
+    ``cmp_dir`` (its warm start's, else ``policy.path``'s). Cached in ``cmp_dir/bounds.json``
+    under the limits and task ids it was measured on; a change of either measures again."""
+    from actors.rollout.engines.scripted_engine import SCRIPTS
+    from envs.pool import load_pool
+    from launch.cluster import connect, shutdown
+    from launch.rollout import check_users, run_groups
+    from launch.split import eval_sets, pool_split
+
+    pool = load_pool(cmp_dir / "pool")
+    sets = eval_sets(pool, pool_split(pool, cfg.pool), cfg.eval)
+    limits = {k: getattr(cfg.rollout, k) for k in
+              ("max_turns", "max_tokens_per_turn", "max_tokens_per_sequence")}
+    key = {"limits": limits, "sets": sets}
+    path = cmp_dir / "bounds.json"
+    if path.is_file():
+        cached = json.loads(path.read_text())
+        if cached.get("key") == key:
+            return cached["bounds"]
+    sft = cmp_dir / "sft"
+    model = str(sft) if (sft / "config.json").is_file() else _policy_path(cfg)
+    ids = [t for part in sets.values() for t in part]
+    print(f"[heldout] floor and ceiling of {len(ids)} tasks at max_turns "
+          f"{limits['max_turns']} (scripted engine, sandboxed)", flush=True)
+    info = connect(cfg.cluster)
+    try:
+        reward = {}
+        for script in SCRIPTS:
+            rollout = cfg.rollout.model_copy(update={"k": 1, "engine_kwargs": {"script": script}})
+            groups, _, _ = run_groups(str(pool.root), ids, "scripted", model, rollout, 1,
+                                      seed=0, timeout=1800, executor_cfg=cfg.executors,
+                                      users=check_users(cfg.user_sim, pool))
+            reward[script] = {g.task_id: float(g.rewards[0]) for g in groups}
+    finally:
+        if info["embedded"]:
+            shutdown(info)
+    out = {part: {"floor": sum(reward["none"][t] for t in part_ids) / len(part_ids),
+                  "ceiling": sum(reward["reference"][t] for t in part_ids) / len(part_ids)}
+           for part, part_ids in sets.items()}
+    path.write_text(json.dumps({"key": key, "bounds": out, "per_task": reward}, indent=1))
+    return out
+
+
+def _policy_path(cfg) -> str | None:
+    if not cfg.policy.path:
+        return None
+    from actors.policy import resolve_model
+
+    return resolve_model(cfg.policy.path)
 
 
 def summarize(runs: list[dict]) -> dict:
@@ -108,14 +171,16 @@ def summarize(runs: list[dict]) -> dict:
 def table(result: dict) -> str:
     lines = [f"Held-out benchmark ({result['config']}, scheduler {result['scheduler']}, "
              f"{result['seeds']} seeds; 95 % intervals over seeds)", "",
-             "| policy | part | step 0 | final | gain | runs | wall s | CPU s |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| policy | part | floor | ceiling | step 0 | final | gain | runs | wall s | "
+             "CPU s |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for name, row in result["policies"].items():
         for part in SPLITS:
             p = row[part]
-            lines.append(f"| {name} | {part} | {p['step0']:.3f} | {_ci(p['final'])} | "
-                         f"{_ci(p['gain'], signed=True)} | {row['finished']}/{row['runs']} | "
-                         f"{row['wall_s']} | {row['cpu_s']} |")
+            lines.append(f"| {name} | {part} | {p.get('floor', float('nan')):.3f} | "
+                         f"{p.get('ceiling', float('nan')):.3f} | {p['step0']:.3f} | "
+                         f"{_ci(p['final'])} | {_ci(p['gain'], signed=True)} | "
+                         f"{row['finished']}/{row['runs']} | {row['wall_s']} | {row['cpu_s']} |")
     return "\n".join(lines) + "\n"
 
 

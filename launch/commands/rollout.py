@@ -11,7 +11,8 @@ actors (an embedded local Ray unless one is running or --address is given; start
 line of --out (``envs.trajectory.Group.to_dict``) and prints a summary: groups, mean reward, mean
 within-group reward variance (Eq. 2), statuses, malformed turns, timings. ``--engine scripted``
 plays each task's reference solution through the model-text parser (expect reward 1.0 on a
-generated pool); ``--engine hf`` without --model uses the tiny random local policy.
+generated pool; ``--set engine_kwargs.script=none`` makes no call: the reward a verifier gives an
+untouched state); ``--engine hf`` without --model uses the tiny random local policy.
 ``--set`` overrides a ``RolloutConfig`` field (``--set max_turns=8``, values parsed as YAML;
 dotted keys nest: ``--set engine_kwargs.KEY=VALUE``); ``--user-set`` a ``UserSimConfig`` field, the
 simulated user of a conversational pool's tasks (``--user-set endpoint=http://HOST:8000/v1``). The work itself is ``launch.rollout``'s.

@@ -2,6 +2,12 @@
 as the Qwen3 text a model would emit, so it exercises the same tokeniser, parser, loop, sandbox
 and verifier as a real policy. A generated pool should score reward 1.0 with it.
 
+Two scripts bound what a policy can score on a pool under given episode limits
+(``from_pool(script=...)``): ``"reference"`` plays the reference solution (the ceiling: turns and
+tokens past the limits are cut as for a policy), ``"none"`` makes no call and replies at once (the
+floor: the partial credit a verifier gives an agent that changes nothing, e.g. checks that the
+initial state already meets or that forbid a wrong edit). ``envsched bench heldout`` reports both.
+
 Turn ``n`` is found from the prompts already answered: a prompt is turn ``t + 1`` when the longest
 earlier prompt of the same task that is its prefix was turn ``t`` (the loop only appends), turn 0
 when there is none; this holds for every chat template. On a conversational task a reference step
@@ -24,6 +30,7 @@ from actors.rollout.engines.base import Engine, Generation, SamplingParams
 from actors.rollout.toolcall import render_call
 
 FINAL_REPLY = "Task Completed"
+SCRIPTS = ("reference", "none")
 
 
 class ScriptedEngine(Engine):
@@ -39,7 +46,16 @@ class ScriptedEngine(Engine):
         self._answered: dict[str, dict[tuple[int, bytes], int]] = {}  # task: (len, digest) -> turn
 
     @classmethod
-    def from_pool(cls, tokenizer, pool, final_reply: str = FINAL_REPLY) -> "ScriptedEngine":
+    def from_pool(cls, tokenizer, pool, final_reply: str = FINAL_REPLY,
+                  script: str = "reference") -> "ScriptedEngine":
+        """``script``: ``"reference"`` (each task's reference solution) or ``"none"`` (no call;
+        ``final_reply`` at once)."""
+        if script not in SCRIPTS:
+            raise ValueError(f"ScriptedEngine script must be one of {', '.join(SCRIPTS)}; "
+                             f"got {script!r}")
+        if script == "none":
+            return cls(tokenizer, {t.task_id: [] for t in pool.tasks}, final_reply)
+
         def turn(task, call) -> str:
             if task.user is not None and call.name == task.user.reply_tool:
                 return str(call.arguments.get("content", ""))
