@@ -11,7 +11,7 @@ then ``latest`` is rewritten; ``keep`` prunes older ones. A failed write removes
 told apart by the free space left) raises ``launch.errors.CheckpointDiskFull``.
 
 ``latest_checkpoint``: the newest intact one, warning (``CheckpointWarning``) about each newer one
-skipped; ``truncate_logs`` cuts the logs back to its step (docs/architecture.md, "Checkpoint and
+skipped (``has_checkpoint``: whether there is one); ``truncate_logs`` cuts the logs back to its step (docs/architecture.md, "Checkpoint and
 resume").
 
 May import: the standard library, launch.errors.
@@ -250,6 +250,17 @@ def latest_checkpoint(run_dir: Path, step: Optional[int] = None) -> Checkpoint:
         raise CheckpointError(f"no intact checkpoint under {root}: " + "; ".join(problems))
     raise CheckpointError(f"no checkpoint under {root}: is {run_dir} a run directory with at "
                           f"least one checkpoint?")
+
+
+def has_checkpoint(run_dir: Path) -> bool:
+    """Whether ``latest_checkpoint(run_dir)`` finds an intact checkpoint (no warnings)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CheckpointWarning)
+        try:
+            latest_checkpoint(run_dir)
+        except CheckpointError:
+            return False
+    return True
 
 
 def find_checkpoint(run_dir: Path, step: Optional[int] = None) -> Path:

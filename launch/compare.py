@@ -30,8 +30,10 @@ runs with its own defaults (parameters are chosen once, before the comparison, n
 
 Runs live in ``OUT/runs/<scheduler>-s<seed>/``, each a normal ``envsched train`` run directory,
 trained in its own process (``python -m launch.cli train``; output in ``train.log``). A run with a
-``summary.json`` is finished and skipped; an unfinished one resumes from its checkpoint; a run
-whose process fails is recorded (``crashed.txt``) and reported in the table, never dropped.
+``summary.json`` is finished and skipped; an unfinished one resumes from its checkpoint, or, when it
+stopped before its first one, starts over with its earlier files kept in ``attempt-N/``
+(``start_over``); a run whose process fails is recorded (``crashed.txt``) and reported in the
+table, never dropped.
 
 Per run (``run_summary``): ``mean_reward_variance`` / ``median_reward_variance`` over every trained
 group (Eq. 2, population variance; from ``groups.jsonl`` when the run wrote one, else the
@@ -41,15 +43,16 @@ group-weighted mean and the median of per-step means from ``metrics.jsonl``), ``
 ``rollouts`` and ``wall_s``. Across seeds: ``scheduling.simulate.metrics.paired_summary`` (mean,
 95 % Student-t interval, ratio and seed-paired difference to Random).
 
+The report (``report.md``, ``metrics.json``, the curves) is ``launch/compare_report.py``'s.
+
 May import: numpy, yaml, launch.*, envs.*, scheduling.simulate.metrics, scheduling.variance, the
-standard library; matplotlib inside the plotting function.
+standard library.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 import subprocess
 import sys
@@ -62,6 +65,8 @@ import numpy as np
 import yaml
 
 from envs import strict_json
+from launch.checkpoint import has_checkpoint
+from launch.compare_report import COLUMNS, GAINS, report_md, write_report  # noqa: F401
 from launch.evaluation import read_eval
 from launch.metrics import read_jsonl
 from launch.split import SPLITS
@@ -71,15 +76,6 @@ from scheduling.simulate.metrics import mean_ci, paired_summary
 if TYPE_CHECKING:
     from launch.config import TrainConfig
 
-# (key, header, decimals): the simulator's Table 2 columns, then what only real training has.
-COLUMNS = (("mean_reward_variance", "Mean reward var.", 5),
-           ("median_reward_variance", "Median reward var.", 5),
-           ("zero_var_share", "Zero-var share", 3), ("envs_per_batch", "Envs / batch", 2),
-           ("tools_per_batch", "Tools / batch", 1), ("eval_train", "Eval train", 3),
-           ("eval_heldout_task", "Eval held-out tasks", 3),
-           ("eval_heldout_env", "Eval held-out envs", 3), ("rollouts", "Rollouts", 0),
-           ("wall_s", "Wall s", 0))
-GAINS = ("eval_train_gain", "eval_heldout_task_gain", "eval_heldout_env_gain")
 METRICS = tuple(k for k, _, _ in COLUMNS) + GAINS
 
 
@@ -120,6 +116,20 @@ def status(spec: RunSpec) -> str:
     if (spec.dir / "crashed.txt").is_file():
         return "crashed"
     return "started" if spec.dir.exists() else "new"
+
+
+def start_over(spec: RunSpec) -> Path:
+    """Move every file of ``spec``'s run directory into ``attempt-N/`` inside it (N counts up from
+    1) and return that directory. For a run that stopped before its first checkpoint:
+    ``launch.resume`` refuses to continue logs it cannot restore, and a new attempt must neither
+    mix its rows with them nor delete them."""
+    n = 1 + sum(1 for p in spec.dir.glob("attempt-*") if p.is_dir())
+    dest = spec.dir / f"attempt-{n}"
+    dest.mkdir()
+    for p in list(spec.dir.iterdir()):
+        if p != dest and not (p.is_dir() and p.name.startswith("attempt-")):
+            p.rename(dest / p.name)
+    return dest
 
 
 def _train(spec: RunSpec, config: dict[str, Any], timeout_s: Optional[float]) -> Optional[str]:
@@ -206,6 +216,11 @@ def compare(cfg: TrainConfig, schedulers: Sequence[str], seeds: Sequence[int], o
             log(f"[compare {n}/{len(specs)}] {spec.name}: finished earlier, skipped")
             continue
         config = run_config(cfg, spec, pool_dir, policy_dir)
+        if state != "new" and not has_checkpoint(spec.dir):
+            kept = start_over(spec)
+            log(f"[compare {n}/{len(specs)}] {spec.name}: no checkpoint to resume from; its "
+                f"earlier attempt is kept in {kept}, the run starts over")
+            state = "new"
         source = _share_step0(out, spec, specs, config) if share_step0 and state == "new" else None
         log(f"[compare {n}/{len(specs)}] {spec.name}: "
             f"{'resuming' if state != 'new' else 'training'}"
@@ -313,86 +328,3 @@ def curves(specs: Sequence[RunSpec]) -> dict[str, dict[str, list]]:
                 row[f"{split}_ci"] = [[c["lo"], c["hi"]] for c in cis]
         out[name] = row
     return out
-
-
-def _cell(row: dict[str, Any], k: str, nd: int) -> str:
-    """value [95 % interval over seeds] (change vs Random [95 % interval of the paired change])."""
-    v = row.get(k, _nan())
-    if v is None or math.isnan(v):
-        return "n/a"
-    s = f"{v:.{nd}f}"
-    lo, hi = row.get(f"{k}_ci", [_nan(), _nan()])
-    if not math.isnan(lo):
-        s += f" [{lo:.{nd}f}, {hi:.{nd}f}]"
-    d = row.get(f"{k}_diff")
-    if d is not None and not math.isnan(d) and d != 0.0:
-        dlo, dhi = row.get(f"{k}_diff_ci", [_nan(), _nan()])
-        ci = "" if math.isnan(dlo) else f" [{dlo:+.{nd}f}, {dhi:+.{nd}f}]"
-        s += f" ({d:+.{nd}f}{ci})"
-    return s
-
-
-def report_md(m: dict[str, Any]) -> str:
-    st = m["settings"]
-    lines = [f"# Scheduler comparison in real training",
-             "",
-             f"{', '.join(st['schedulers'])} x seeds {st['seeds']}; {st['steps']} steps x "
-             f"B = {st['batch_size']} x K = {st['k']}; evaluation every {st['eval_every']} steps "
-             "(0 = start and end). Cells: mean over seeds [95 % Student-t interval] (paired "
-             "change vs Random [95 % interval]); n/a where not measured.",
-             "", "| Scheduler | seeds | " + " | ".join(h for _, h, _ in COLUMNS) + " |",
-             "|---|---" + "|---" * len(COLUMNS) + "|"]
-    for name, row in m["summary"].items():
-        lines.append(f"| {name} | {row['seeds']} | "
-                     + " | ".join(_cell(row, k, nd) for k, _, nd in COLUMNS) + " |")
-    lines += ["", "Evaluation gain (last - step 0):", "",
-              "| Scheduler | train | held-out tasks | held-out envs |", "|---|---|---|---|"]
-    for name, row in m["summary"].items():
-        lines.append(f"| {name} | " + " | ".join(_cell(row, k, 3) for k in GAINS) + " |")
-    bad = [r for r in m["runs"] if r["status"] != "finished"]
-    lines += ["", "Runs: " + ", ".join(f"{r['scheduler']}-s{r['seed']} {r['status']}"
-                                       for r in m["runs"])]
-    if bad:
-        lines += ["", f"**{len(bad)} run(s) did not finish** and are not in the means: "
-                  + ", ".join(f"{r['scheduler']}-s{r['seed']} ({r['status']})" for r in bad)]
-    return "\n".join(lines) + "\n"
-
-
-def write_report(out: Path, m: dict[str, Any]) -> None:
-    def clean(v: Any) -> Any:
-        if isinstance(v, float) and not math.isfinite(v):
-            return None
-        if isinstance(v, dict):
-            return {k: clean(x) for k, x in v.items()}
-        if isinstance(v, list):
-            return [clean(x) for x in v]
-        return v
-
-    (out / "metrics.json").write_text(json.dumps(clean(m), indent=2, sort_keys=True))
-    (out / "report.md").write_text(report_md(m))
-    _plot(out, m)
-
-
-def _plot(out: Path, m: dict[str, Any]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    for split in SPLITS:
-        fig, ax = plt.subplots(figsize=(6, 4))
-        drawn = False
-        for name, c in m["curves"].items():
-            if split in c:
-                line, = ax.plot(c["steps"], c[split], marker="o", label=name)
-                lo, hi = np.array(c.get(f"{split}_ci", []), dtype=float).reshape(-1, 2).T
-                if lo.size and not np.isnan(lo).all():   # the 95 % interval over seeds
-                    ax.fill_between(c["steps"], lo, hi, color=line.get_color(), alpha=0.2)
-                drawn = True
-        if drawn:
-            ax.set_xlabel("learner step")
-            ax.set_ylabel(f"eval reward ({split})")
-            ax.legend()
-            fig.tight_layout()
-            fig.savefig(out / f"curve_eval_{split}.png", dpi=100)
-        plt.close(fig)

@@ -22,28 +22,17 @@ from __future__ import annotations
 
 import shlex
 import time
-import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from actors.learner.learner_actor import LearnerDied, LearnerError
-from launch.checkpoint import Checkpoint, CheckpointError, CheckpointWarning, latest_checkpoint
+from launch.checkpoint import Checkpoint, CheckpointError, has_checkpoint, latest_checkpoint
 from launch.errors import LearnerLost
 
 if TYPE_CHECKING:
     from launch.config import TrainConfig
     from launch.controller import Controller
     from launch.roles import Roles
-
-
-def has_checkpoint(run_dir: Path) -> bool:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", CheckpointWarning)
-        try:
-            latest_checkpoint(run_dir)
-        except CheckpointError:
-            return False
-    return True
 
 
 def next_command(run_dir: Path, address: Optional[str] = None) -> str:

@@ -76,6 +76,32 @@ def test_run_config_changes_only_scheduler_seed_and_shared_inputs(tmp_path):
     assert strip(a) == strip(b)
 
 
+def test_a_run_that_stopped_before_its_first_checkpoint_starts_over_keeping_its_files(tmp_path):
+    """Found on 2026-12-05: a run killed (Ray's memory monitor) before its first checkpoint could
+    never be resumed; every rerun of the comparison "resumed" it and crashed at once with
+    "holds a run without a checkpoint to continue from ... choose another --out"."""
+    from launch.compare import plan, start_over, status
+    from launch.resume import open_run
+
+    cfg = _cfg()
+    spec = plan(["random"], [0], tmp_path)[0]
+    spec.dir.mkdir(parents=True)
+    for name, text in (("metrics.jsonl", '{"step": 1}\n'), ("crashed.txt", "oom\n"),
+                       ("train.log", "killed\n")):
+        (spec.dir / name).write_text(text)
+    assert status(spec) == "crashed"
+    with pytest.raises(Exception, match="without a checkpoint"):
+        open_run(cfg, spec.dir)
+    kept = start_over(spec)
+    assert kept == spec.dir / "attempt-1"
+    assert sorted(p.name for p in kept.iterdir()) == ["crashed.txt", "metrics.jsonl", "train.log"]
+    assert [p.name for p in spec.dir.iterdir()] == ["attempt-1"]
+    assert open_run(cfg, spec.dir) is None            # a new run now, nothing of the old lost
+    assert start_over(spec) == spec.dir / "attempt-2"
+    assert (spec.dir / "attempt-2" / "config.yaml").is_file()
+    assert (spec.dir / "attempt-1" / "metrics.jsonl").read_text() == '{"step": 1}\n'
+
+
 def test_step0_evaluation_is_shared_only_between_runs_with_the_same_inputs(tmp_path):
     from launch.compare import _share_step0, plan, run_config
     from launch.metrics import read_jsonl

@@ -1,0 +1,112 @@
+"""The report of ``envsched compare`` (``launch/compare.py``): ``OUT/report.md``,
+``OUT/metrics.json`` and ``OUT/curve_eval_<split>.png`` from the metrics ``build_metrics`` gives.
+
+``COLUMNS`` (key, header, decimals) and ``GAINS`` name the reported per-run measures; a cell is the
+mean over seeds [95 % interval] (the paired change vs Random [95 % interval]).
+
+May import: numpy, launch.split, the standard library; matplotlib inside ``_plot``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from launch.split import SPLITS
+
+# (key, header, decimals): the simulator's Table 2 columns, then what only real training has.
+COLUMNS = (("mean_reward_variance", "Mean reward var.", 5),
+           ("median_reward_variance", "Median reward var.", 5),
+           ("zero_var_share", "Zero-var share", 3), ("envs_per_batch", "Envs / batch", 2),
+           ("tools_per_batch", "Tools / batch", 1), ("eval_train", "Eval train", 3),
+           ("eval_heldout_task", "Eval held-out tasks", 3),
+           ("eval_heldout_env", "Eval held-out envs", 3), ("rollouts", "Rollouts", 0),
+           ("wall_s", "Wall s", 0))
+GAINS = ("eval_train_gain", "eval_heldout_task_gain", "eval_heldout_env_gain")
+
+
+def _cell(row: dict[str, Any], k: str, nd: int) -> str:
+    """value [95 % interval over seeds] (change vs Random [95 % interval of the paired change])."""
+    v = row.get(k, float("nan"))
+    if v is None or math.isnan(v):
+        return "n/a"
+    s = f"{v:.{nd}f}"
+    lo, hi = row.get(f"{k}_ci", [float("nan"), float("nan")])
+    if not math.isnan(lo):
+        s += f" [{lo:.{nd}f}, {hi:.{nd}f}]"
+    d = row.get(f"{k}_diff")
+    if d is not None and not math.isnan(d) and d != 0.0:
+        dlo, dhi = row.get(f"{k}_diff_ci", [float("nan"), float("nan")])
+        ci = "" if math.isnan(dlo) else f" [{dlo:+.{nd}f}, {dhi:+.{nd}f}]"
+        s += f" ({d:+.{nd}f}{ci})"
+    return s
+
+
+def report_md(m: dict[str, Any]) -> str:
+    st = m["settings"]
+    lines = [f"# Scheduler comparison in real training",
+             "",
+             f"{', '.join(st['schedulers'])} x seeds {st['seeds']}; {st['steps']} steps x "
+             f"B = {st['batch_size']} x K = {st['k']}; evaluation every {st['eval_every']} steps "
+             "(0 = start and end). Cells: mean over seeds [95 % Student-t interval] (paired "
+             "change vs Random [95 % interval]); n/a where not measured.",
+             "", "| Scheduler | seeds | " + " | ".join(h for _, h, _ in COLUMNS) + " |",
+             "|---|---" + "|---" * len(COLUMNS) + "|"]
+    for name, row in m["summary"].items():
+        lines.append(f"| {name} | {row['seeds']} | "
+                     + " | ".join(_cell(row, k, nd) for k, _, nd in COLUMNS) + " |")
+    lines += ["", "Evaluation gain (last - step 0):", "",
+              "| Scheduler | train | held-out tasks | held-out envs |", "|---|---|---|---|"]
+    for name, row in m["summary"].items():
+        lines.append(f"| {name} | " + " | ".join(_cell(row, k, 3) for k in GAINS) + " |")
+    bad = [r for r in m["runs"] if r["status"] != "finished"]
+    lines += ["", "Runs: " + ", ".join(f"{r['scheduler']}-s{r['seed']} {r['status']}"
+                                       for r in m["runs"])]
+    if bad:
+        lines += ["", f"**{len(bad)} run(s) did not finish** and are not in the means: "
+                  + ", ".join(f"{r['scheduler']}-s{r['seed']} ({r['status']})" for r in bad)]
+    return "\n".join(lines) + "\n"
+
+
+def write_report(out: Path, m: dict[str, Any]) -> None:
+    def clean(v: Any) -> Any:
+        if isinstance(v, float) and not math.isfinite(v):
+            return None
+        if isinstance(v, dict):
+            return {k: clean(x) for k, x in v.items()}
+        if isinstance(v, list):
+            return [clean(x) for x in v]
+        return v
+
+    (out / "metrics.json").write_text(json.dumps(clean(m), indent=2, sort_keys=True))
+    (out / "report.md").write_text(report_md(m))
+    _plot(out, m)
+
+
+def _plot(out: Path, m: dict[str, Any]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    for split in SPLITS:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        drawn = False
+        for name, c in m["curves"].items():
+            if split in c:
+                line, = ax.plot(c["steps"], c[split], marker="o", label=name)
+                lo, hi = np.array(c.get(f"{split}_ci", []), dtype=float).reshape(-1, 2).T
+                if lo.size and not np.isnan(lo).all():   # the 95 % interval over seeds
+                    ax.fill_between(c["steps"], lo, hi, color=line.get_color(), alpha=0.2)
+                drawn = True
+        if drawn:
+            ax.set_xlabel("learner step")
+            ax.set_ylabel(f"eval reward ({split})")
+            ax.legend()
+            fig.tight_layout()
+            fig.savefig(out / f"curve_eval_{split}.png", dpi=100)
+        plt.close(fig)
