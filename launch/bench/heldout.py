@@ -171,8 +171,8 @@ def summarize(runs: list[dict]) -> dict:
 def table(result: dict) -> str:
     lines = [f"Held-out benchmark ({result['config']}, scheduler {result['scheduler']}, "
              f"{result['seeds']} seeds; 95 % intervals over seeds)", "",
-             "| policy | part | floor | ceiling | step 0 | final | gain | runs | wall s | "
-             "CPU s |",
+             "| policy | part | floor | ceiling | step 0 | final | gain | runs | wall s* | "
+             "CPU s* |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for name, row in result["policies"].items():
         for part in SPLITS:
@@ -181,6 +181,7 @@ def table(result: dict) -> str:
                          f"{p.get('ceiling', float('nan')):.3f} | {p['step0']:.3f} | "
                          f"{_ci(p['final'])} | {_ci(p['gain'], signed=True)} | "
                          f"{row['finished']}/{row['runs']} | {row['wall_s']} | {row['cpu_s']} |")
+    lines += ["", "\\* this invocation's: a rerun that skips finished runs reports only what it ran."]
     return "\n".join(lines) + "\n"
 
 
