@@ -41,8 +41,12 @@ import json
 import resource
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Optional
 
 from launch.split import SPLITS
+
+if TYPE_CHECKING:
+    from launch.config import TrainConfig
 
 # The tiny policy's learning settings: configs/cpu_demo.yaml's (chosen on the demo, docs/demo.md).
 TINY = ["policy.path=null", "policy.engine=hf", "cluster.rollout.python=null",
@@ -100,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
     return 0 if all(r["finished"] == args.seeds for r in result["policies"].values()) else 1
 
 
-def bounds(cfg, cmp_dir: Path) -> dict[str, dict[str, float]]:
+def bounds(cfg: TrainConfig, cmp_dir: Path) -> dict[str, dict[str, float]]:
     """Per evaluated part: ``floor`` (no call) and ``ceiling`` (the reference solution) at the
     config's episode limits, one episode per evaluated task (the scripted engine and the
     verifiers are deterministic), on the pool and the tokenizer of the comparison in
@@ -146,7 +150,7 @@ def bounds(cfg, cmp_dir: Path) -> dict[str, dict[str, float]]:
     return out
 
 
-def _policy_path(cfg) -> str | None:
+def _policy_path(cfg: TrainConfig) -> Optional[str]:
     if not cfg.policy.path:
         return None
     from actors.policy import resolve_model
