@@ -11,8 +11,8 @@ then ``latest`` is rewritten; ``keep`` prunes older ones. A failed write removes
 told apart by the free space left) raises ``launch.errors.CheckpointDiskFull``.
 
 ``latest_checkpoint``: the newest intact one, warning (``CheckpointWarning``) about each newer one
-skipped (``has_checkpoint``: whether there is one); ``truncate_logs`` cuts the logs back to its step (docs/architecture.md, "Checkpoint and
-resume").
+skipped (``has_checkpoint``: whether there is one); ``truncate_logs`` cuts the logs back to its
+step (docs/architecture.md, "Checkpoint and resume").
 
 May import: the standard library, launch.errors.
 """
