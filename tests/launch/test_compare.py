@@ -212,3 +212,16 @@ def test_compare_end_to_end_two_schedulers_two_seeds_then_rerun_skips(tmp_path):
     for key in ("eval_reward", "eval_reward_train", "eval_reward_heldout_task",
                 "eval_reward_heldout_env", "eval_success", "task_rewards"):
         assert own[key] == shared[key], key
+    # A run killed before its first checkpoint (Ray's memory monitor, 2026-12-05): the rerun
+    # starts it over, its earlier files kept, instead of crashing at once on every rerun.
+    dead = tmp_path / "runs" / "random-s1"
+    shutil.rmtree(dead / "checkpoints")
+    (dead / "summary.json").unlink()
+    (dead / "crashed.txt").write_text("killed by the memory monitor\n")
+    lines.clear()
+    m = compare(cfg, ["envsched", "random"], [0, 1], tmp_path, log=lines.append)
+    assert any("random-s1: no checkpoint to resume from" in x for x in lines), lines
+    assert [r["status"] for r in m["runs"]] == ["finished"] * 4
+    assert (dead / "attempt-1" / "crashed.txt").read_text() == "killed by the memory monitor\n"
+    assert (dead / "attempt-1" / "metrics.jsonl").is_file() and (dead / "summary.json").is_file()
+    assert read_jsonl(dead / "eval.jsonl")[0].get("shared_from") == "envsched-s0"
