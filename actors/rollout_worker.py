@@ -11,7 +11,7 @@ generations), ``await replay(task_id, actions, seed) -> float`` (the identifier 
 
 ``VLLMRolloutWorker`` adds the NCCL entry points of ``actors.learner.weight_sync``, so
 ``make_weight_sync("auto")`` picks NCCL exactly when the engine is vLLM. Sessions come from the
-executor pool (``actors.executor_pool.ExecutorPool``) or any ``actors.executors.Executors``;
+executor pool (``actors.executors.pool.ExecutorPool``) or any ``actors.executors.protocol.Executors``;
 pool code never runs in this process. ``users``: user-simulator handles, a ``UserSimConfig``, or
 None (a conversational task then raises ``ValueError``). Configs arrive validated; a plain dict
 is validated here. Session calls are bounded by the ``RolloutConfig`` timeouts; callers bound
@@ -29,9 +29,9 @@ from typing import Any, Optional, Union
 
 import ray
 
-from actors.executor_config import ExecutorConfig
-from actors.executor_pool import ExecutorPool
-from actors.executors import Executors
+from actors.executors.config import ExecutorConfig
+from actors.executors.pool import ExecutorPool
+from actors.executors.protocol import Executors
 from actors.rollout.agent_loop import AgentLoop
 from actors.rollout.config import RolloutConfig
 from actors.rollout.engines.registry import make_engine

@@ -80,7 +80,7 @@ def role_options(res: RoleResources) -> dict[str, Any]:
 
 
 def role_plan(cfg: TrainConfig) -> dict[str, dict[str, Any]]:
-    """Ray options of one actor of each role started by ``launch.roles``:
+    """Ray options of one actor of each role started by ``launch.run.roles``:
     rollout workers, the scheduler and learner ranks. Executors are started by each rollout
     worker's ``ExecutorPool`` on CPUs (``executors.*``) and use no accelerator."""
     from actors.learner.learner_actor import learner_actor_options

@@ -7,7 +7,7 @@ shape of the simulator's (``scheduling/simulate/report.py``), so the two read si
 What is held equal (the only differences between runs are ``scheduler.name`` and ``run.seed``):
 
 - one pool (``OUT/pool``, generated once unless ``pool.path`` is set) and one held-out split
-  (``pool.heldout_env_frac``, ``pool.heldout_task_frac``, ``pool.split_seed``; ``launch/split.py``):
+  (``pool.heldout_env_frac``, ``pool.heldout_task_frac``, ``pool.split_seed``; ``launch/run/split.py``):
   no scheduler is given a held-out task;
 - one warm start (``OUT/sft``, SFT done once; every run starts from it as ``policy.path``);
 - the budget: ``run.steps`` x ``run.batch_size`` groups x ``rollout.k`` rollouts;
@@ -65,11 +65,11 @@ import numpy as np
 import yaml
 
 from envs import strict_json
-from launch.checkpoint import has_checkpoint
+from launch.run.checkpoint import has_checkpoint
 from launch.compare_report import COLUMNS, GAINS, report_md, write_report  # noqa: F401
-from launch.evaluation import read_eval
-from launch.metrics import read_jsonl
-from launch.split import SPLITS
+from launch.run.evaluation import read_eval
+from launch.run.metrics import read_jsonl
+from launch.run.split import SPLITS
 from scheduling.variance import group_variance
 from scheduling.simulate.metrics import mean_ci, paired_summary
 
@@ -121,7 +121,7 @@ def status(spec: RunSpec) -> str:
 def start_over(spec: RunSpec) -> Path:
     """Move every file of ``spec``'s run directory into ``attempt-N/`` inside it (N counts up from
     1) and return that directory. For a run that stopped before its first checkpoint:
-    ``launch.resume`` refuses to continue logs it cannot restore, and a new attempt must neither
+    ``launch.run.resume`` refuses to continue logs it cannot restore, and a new attempt must neither
     mix its rows with them nor delete them."""
     n = 1 + sum(1 for p in spec.dir.glob("attempt-*") if p.is_dir())
     dest = spec.dir / f"attempt-{n}"
@@ -199,7 +199,7 @@ def _share_step0(out: Path, spec: RunSpec, specs: Sequence[RunSpec], config: dic
 def compare(cfg: TrainConfig, schedulers: Sequence[str], seeds: Sequence[int], out: Path,
             timeout_s: Optional[float] = None, log=None, share_step0: bool = True
             ) -> dict[str, Any]:
-    from launch.trainer import prepare_policy, prepare_pool
+    from launch.run.trainer import prepare_policy, prepare_pool
 
     log = log or (lambda line: print(line, flush=True))
     out = Path(out)

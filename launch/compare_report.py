@@ -4,7 +4,7 @@
 ``COLUMNS`` (key, header, decimals) and ``GAINS`` name the reported per-run measures; a cell is the
 mean over seeds [95 % interval] (the paired change vs Random [95 % interval]).
 
-May import: numpy, launch.split, the standard library; matplotlib inside ``_plot``.
+May import: numpy, launch.run.split, the standard library; matplotlib inside ``_plot``.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from launch.split import SPLITS
+from launch.run.split import SPLITS
 
 # (key, header, decimals): the simulator's Table 2 columns, then what only real training has.
 COLUMNS = (("mean_reward_variance", "Mean reward var.", 5),

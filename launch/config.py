@@ -3,7 +3,7 @@
 Sections owned here: ``run``, ``pool``, ``scheduler``, ``controller``, ``cluster``, ``policy``,
 ``sft`` (the demo's warm start) and ``eval`` (``launch.eval_config``). Sections owned by the role
 modules are declared here with their owners' classes, not redefined: ``executors``
-(``actors.executor_config.ExecutorConfig``), ``rollout`` (``actors.rollout.config.RolloutConfig``),
+(``actors.executors.config.ExecutorConfig``), ``rollout`` (``actors.rollout.config.RolloutConfig``),
 ``learner`` (``actors.learner.config.LearnerConfig``), ``logging``
 (``launch.loggers.LoggingConfig``) and ``user_sim`` (``actors.user_sim.config.UserSimConfig``).
 None of them imports Ray. A value that follows another is derived when the config is built
@@ -29,7 +29,7 @@ import yaml
 from pydantic import (BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator,
                       model_validator)
 
-from actors.executor_config import ExecutorConfig
+from actors.executors.config import ExecutorConfig
 from actors.learner.config import LearnerConfig
 from actors.rollout.config import RolloutConfig
 from actors.user_sim.config import UserSimConfig
@@ -65,7 +65,7 @@ class PoolConfig(_Section):
     generate_tasks_per_env: int = Field(6, ge=1)
     generate_seed: int = 0
     heldout_env_frac: float = Field(0.0, ge=0, lt=1, description="share of environments held "
-                                    "out whole: never scheduled, evaluated (launch/split.py)")
+                                    "out whole: never scheduled, evaluated (launch/run/split.py)")
     heldout_task_frac: float = Field(0.0, ge=0, lt=1, description="share of each training "
                                      "environment's tasks held out: never scheduled, evaluated")
     split_seed: int = Field(0, description="seed of the held-out split (fixed across the runs "
@@ -210,6 +210,13 @@ class TrainConfig(_Section):
 
     def to_yaml_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
+
+    def warm_starts(self) -> bool:
+        """Whether the run warm-starts its policy with ``launch.sft`` before training
+        (``SftConfig.enabled``; unset: only a run without ``policy.path``, the tiny policy)."""
+        if self.policy.engine == "scripted":
+            return False
+        return self.sft.enabled if self.sft.enabled is not None else not self.policy.path
 
     @property
     def weight_sync(self) -> str:

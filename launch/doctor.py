@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Optional, Sequence
 
-from actors.executor_config import ExecutorConfig
+from actors.executors.config import ExecutorConfig
 from launch.cluster import role_plan
 from launch.config import ClusterConfig, PoolConfig, TrainConfig
 from launch.errors import UserError
@@ -203,9 +203,7 @@ def check_policy(cfg: TrainConfig) -> list[Check]:
     from actors.checkpoints import PolicyPathError
     from actors.policy import resolve_model
 
-    from launch.trainer import warm_starts
-
-    how = "sft warm start" if warm_starts(cfg) else "as is"
+    how = "sft warm start" if cfg.warm_starts() else "as is"
     if not cfg.policy.path:
         return [Check("policy", "ok", f"the tiny local policy ({how})")]
     try:
@@ -234,8 +232,8 @@ def check_pool(cfg: PoolConfig) -> list[Check]:
 
 
 def check_eval_pools(cfg: TrainConfig) -> list[Check]:
-    """Each evaluation pool of ``eval.pools`` loads and fits (``launch.eval_pools``)."""
-    from launch.eval_pools import load_eval_pools
+    """Each evaluation pool of ``eval.pools`` loads and fits (``launch.run.eval_pools``)."""
+    from launch.run.eval_pools import load_eval_pools
 
     try:
         pools = load_eval_pools(cfg, cfg.pool.path)

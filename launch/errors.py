@@ -2,7 +2,7 @@
 
 - ``UserError``: something the user can fix before the run (a bad pool path, a bad flag); exit 2.
 - ``RunStopped``: a run stopped on a fault it could not recover from; the line says what failed,
-  where, and the command that continues the run (``command``, filled in by ``launch.trainer``);
+  where, and the command that continues the run (``command``, filled in by ``launch.run.trainer``);
   exit 1. Its kinds: ``LearnerLost``, ``CheckpointDiskFull``, ``RunStalled``
   (docs/architecture.md, "Faults").
 
@@ -34,12 +34,12 @@ class RunStopped(Exception):
 
 
 class LearnerLost(RunStopped):
-    """The learner group died and the run could not rebuild it (``launch.recovery``)."""
+    """The learner group died and the run could not rebuild it (``launch.run.recovery``)."""
 
 
 class RunStalled(RunStopped):
-    """Every training group of the last ``launch.ledger.STALL_GROUPS`` x B failed after all its
-    retries (``launch.ledger.Ledger.stalled``): a fault no retry mends, e.g. no sandbox starts."""
+    """Every training group of the last ``launch.run.ledger.STALL_GROUPS`` x B failed after all its
+    retries (``launch.run.ledger.Ledger.stalled``): a fault no retry mends, e.g. no sandbox starts."""
 
 
 class CheckpointDiskFull(RunStopped):

@@ -5,7 +5,7 @@ training pool and on extra benchmark pools (``eval.pools``).
 ``eval.pools``: a pool directory other than the training pool (a tau-bench test split, a held-out
 EnvScaler slice, ...), its name in the records (``eval_reward@NAME``) and which of its tasks are
 evaluated. What is checked here is the config alone (names, duplicates); the pools themselves are
-loaded and checked when the run starts (``launch.eval_pools``).
+loaded and checked when the run starts (``launch.run.eval_pools``).
 
 May import: pydantic, the standard library.
 """

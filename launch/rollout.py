@@ -10,7 +10,7 @@ simulator (``check_users``) is one ``UserError`` line before any actor starts.
 
 May import: the standard library, pydantic, launch.config, launch.errors, launch.cluster, and
 the rollout role modules (``actors.rollout``, ``actors.rollout_worker``,
-``actors.executor_config``, ``actors.ticket``, ``actors.user_sim``); Ray and the role modules
+``actors.executors.config``, ``actors.ticket``, ``actors.user_sim``); Ray and the role modules
 inside the functions that need them.
 """
 
@@ -24,7 +24,7 @@ from launch.config import ConfigError, set_dotted
 from launch.errors import UserError
 
 if TYPE_CHECKING:
-    from actors.executor_config import ExecutorConfig
+    from actors.executors.config import ExecutorConfig
     from actors.rollout.config import RolloutConfig
     from actors.user_sim.config import UserSimConfig
     from envs.pool import Pool
@@ -60,7 +60,7 @@ def rollout_config(overrides: dict[str, Any], k: Optional[int]) -> RolloutConfig
 
 
 def executor_config(overrides: dict[str, Any]) -> ExecutorConfig:
-    from actors.executor_config import ExecutorConfig
+    from actors.executors.config import ExecutorConfig
 
     return _role_config("executors", ExecutorConfig, overrides)
 

@@ -5,7 +5,7 @@ Why: a randomly initialised policy never emits a valid tool call, so every group
 reference solutions makes rewards non-degenerate.
 
 How: each reference solution is played through the real agent loop by the ``ScriptedEngine``
-against sandboxed sessions (``actors.rollout.sandbox_session``: pool code runs only in an
+against sandboxed sessions (``actors.executors.local_sandbox``: pool code runs only in an
 isolated sandbox worker, never in this driver), so the training sequences are exactly the token ids
 the policy will later see and produce (chat template, tool-call syntax, tool responses,
 ``<|im_end|>``), with the loop's loss mask (model tokens only). A conversational task
@@ -52,7 +52,7 @@ def reference_sequences(pool: Any, tokenizer: Any, task_ids: list[str],
     from actors.rollout.agent_loop import AgentLoop
     from actors.rollout.config import RolloutConfig
     from actors.rollout.engines.scripted_engine import ScriptedEngine
-    from actors.rollout.sandbox_session import SandboxSessions
+    from actors.executors.local_sandbox import SandboxSessions
     from actors.user_sim.simulator import ScriptedUser
 
     engine = ScriptedEngine.from_pool(tokenizer, pool)

@@ -1,7 +1,7 @@
 """The held-out split: whole held-out environments plus held-out tasks of training environments.
 
 One definition, used by the simulator (``scheduling/simulate/world.py``) and by real training
-(``launch/split.py``: the scheduler sees only the training tasks; the fixed-set evaluation reports
+(``launch/run/split.py``: the scheduler sees only the training tasks; the fixed-set evaluation reports
 each part). ``heldout_split(env_of, n_envs, env_frac, task_frac, seed)``:
 
 - ``round(env_frac * n_envs)`` environments are held out whole (at least one when ``env_frac > 0``

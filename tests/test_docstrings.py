@@ -42,7 +42,7 @@ class Missing(Exception):
 def claims(doc: str, module: str = "") -> list[tuple[str, str]]:
     """(the claim as written, the dotted name to resolve) for each claim in ``doc``; with
     ``module`` (the docstring's own module, imported), also ``Name.attr`` where ``Name`` is a
-    class or module in its namespace (``Roles.start`` in launch/roles.py)."""
+    class or module in its namespace (``Roles.start`` in launch/run/roles.py)."""
     out = []
     imported = _import(module) if module else None
     space = vars(imported) if imported else {}
@@ -159,12 +159,12 @@ def test_the_claim_reader_sees_each_form_and_resolution_fails_on_a_wrong_name():
                            ("actors/ticket.py:Ticket", "actors.ticket.Ticket"),
                            ("launch.cli", "launch.cli")]
     assert resolve("actors.ticket.Ticket.retried") == ""
-    assert resolve("actors.executor_slots.Slots.used") == ""       # assigned in __init__
+    assert resolve("actors.executors.slots.Slots.used") == ""       # assigned in __init__
     assert resolve("sandbox.config.SandboxConfig.python") == ""    # a pydantic field
     assert resolve("actors.ticket.Ticket.nowhere") == "actors.ticket.Ticket has no 'nowhere'"
     assert resolve("actors.no_such_module.Name") == "actors has no 'no_such_module'"
     local = claims("``Slots.acquire(timeout)`` then ``Slots.nope`` in ``executor_slots.py``",
-                   "actors.executor_pool")
-    assert local == [("Slots.acquire", "actors.executor_slots.Slots.acquire"),
-                     ("Slots.nope", "actors.executor_slots.Slots.nope")]
-    assert resolve(local[1][1]) == "actors.executor_slots.Slots has no 'nope'"
+                   "actors.executors.pool")
+    assert local == [("Slots.acquire", "actors.executors.slots.Slots.acquire"),
+                     ("Slots.nope", "actors.executors.slots.Slots.nope")]
+    assert resolve(local[1][1]) == "actors.executors.slots.Slots has no 'nope'"

@@ -13,11 +13,16 @@
   functions, and every other module not at all: the agent loop, the group runner and the
   sessions, the GRPO loss and the learner's step, the executors' slot policy, protocol and plain
   executor, and the ticket.
-- The driver and the plain side of its roles (``launch/controller.py``, the ticket
-  ``actors/ticket.py``, the ledger ``launch/ledger.py``, the contract
-  ``launch/roles_contract.py``, the decisions of ``Roles`` in ``launch/roles_core.py``) import no
-  Ray: only ``launch/roles.py`` does.
+- The driver and the plain side of its roles (``launch/run/controller.py``, the ticket
+  ``actors/ticket.py``, the ledger ``launch/run/ledger.py``, the contract
+  ``launch/run/roles_contract.py``, the decisions of ``Roles`` in ``launch/run/roles_core.py``) import no
+  Ray: only ``launch/run/roles.py`` does.
 - Nothing below ``launch/`` (``actors``, ``envs``, ``sandbox``, ``scheduling``) imports ``launch``.
+- No import cycle among the project's modules, counting imports inside functions
+  (``import_cycles``), and the layers of ``launch/``: the driver side of a run lives in
+  ``launch/run/`` and imports no command, benchmark or comparison; of the shared modules above
+  it only ``launch/doctor.py`` (the extra evaluation pools it checks) imports from it. The
+  executor stack lives in ``actors/executors/``: no ``executor*`` module lies loose in ``actors/``.
 - No source file is over ``MAX_LINES`` lines (STYLE.md: files stay small enough to read end to
   end), with no exceptions.
 
@@ -41,21 +46,21 @@ ENVS_FOR_SCHEDULING = ("envs.spec", "envs.trajectory", "envs.opdesc", "envs.opde
                        "envs.describe")
 ENVS_FOR_THE_SIMULATOR = ENVS_FOR_SCHEDULING + ("envs.pool",)
 ENVS_USING_THE_SANDBOX = ("envs/validate.py", "envs/adapters/taubench.py")
-RAY_AT_MODULE_LEVEL = ("actors/rollout_worker.py", "actors/executor_pool.py",
-                       "actors/executor_session.py",
+RAY_AT_MODULE_LEVEL = ("actors/rollout_worker.py", "actors/executors/pool.py",
+                       "actors/executors/ray_session.py",
                        "actors/learner/learner_actor.py", "actors/learner/weight_sync.py",
                        "actors/user_sim_actor.py")
 RAY_IN_FUNCTIONS = ("actors/scheduler_actor.py", "actors/replay_port.py")
 PLAIN_ACTOR_FILES = ("actors/rollout/agent_loop.py", "actors/rollout/runner.py",
-                     "actors/rollout/session.py", "actors/rollout/sandbox_session.py",
+                     "actors/executors/in_process.py", "actors/executors/local_sandbox.py",
                      "actors/learner/grpo.py", "actors/learner/step.py",
-                     "actors/executor_slots.py", "actors/executors.py", "actors/env_executor.py",
+                     "actors/executors/slots.py", "actors/executors/protocol.py", "actors/executors/env_executor.py",
                      "actors/ticket.py", "actors/rollout/conversation.py",
                      "actors/user_sim/simulator.py", "actors/user_sim/config.py")
 SOURCE_PACKAGES = ("actors", "launch", "scheduling", "envs", "sandbox")
 MAX_LINES = 400
-PLAIN_DRIVER_FILES = ("launch/controller.py", "actors/ticket.py", "launch/ledger.py",
-                      "launch/roles_contract.py", "launch/roles_core.py")
+PLAIN_DRIVER_FILES = ("launch/run/controller.py", "actors/ticket.py", "launch/run/ledger.py",
+                      "launch/run/roles_contract.py", "launch/run/roles_core.py")
 
 
 class Import(NamedTuple):
@@ -141,7 +146,7 @@ def f():
     import ray.util
     from torch import nn
     import importlib
-    importlib.import_module("launch.metrics")
+    importlib.import_module("launch.run.metrics")
     __import__("vllm")
 class C:
     from envs import pool
@@ -156,7 +161,7 @@ if True:
     found = imports(snippet, "actors.rollout")
     assert {i.module for i in found if i.module_level} == {"os", "envs.pool", "sandbox.errors"}
     assert {i.module for i in found if not i.module_level} == {
-        "ray.util", "torch.nn", "importlib", "launch.metrics", "vllm", "actors.rollout"}
+        "ray.util", "torch.nn", "importlib", "launch.run.metrics", "vllm", "actors.rollout"}
 
 
 def test_scheduling_imports_no_ray_torch_sandbox_or_launch():
@@ -221,3 +226,133 @@ def test_no_source_file_is_over_400_lines():
     long = [f"{p.relative_to(REPO)}: {n} lines" for folder in SOURCE_PACKAGES for p in _py(folder)
             if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_LINES]
     assert long == [], f"split these along a seam (at most {MAX_LINES} lines each): {long}"
+
+
+def _module_file(module: str):
+    """The project file a dotted import names: the module, the package, or (``from pkg.mod import
+    name``) the module holding the name; None outside the project."""
+    parts = module.split(".")
+    if parts[0] not in SOURCE_PACKAGES:
+        return None
+    while parts:
+        base = REPO.joinpath(*parts)
+        for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+            if candidate.is_file():
+                return candidate
+        parts = parts[:-1]
+    return None
+
+
+def _imported_modules(path: Path) -> set[str]:
+    """Every module ``path`` imports, anywhere, with ``from pkg import mod`` read as ``pkg.mod``
+    when that is a module and relative imports resolved."""
+    package = list(path.relative_to(REPO).parent.parts)
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = package[:len(package) - node.level + 1] if node.level else []
+            base = ".".join(base + (node.module.split(".") if node.module else []))
+            for a in node.names:
+                sub = f"{base}.{a.name}"
+                found = _module_file(sub)
+                out.add(sub if found is not None and found.stem == a.name else base)
+        elif isinstance(node, ast.Call) and node.args and _is_dynamic_import(node.func):
+            if isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str):
+                out.add(node.args[0].value)
+    return out
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Project file -> the project files it imports (module level and inside functions)."""
+    graph: dict[str, set[str]] = {}
+    for folder in SOURCE_PACKAGES:
+        for path in _py(folder):
+            deps = {_module_file(m) for m in _imported_modules(path)}
+            graph[str(path.relative_to(REPO))] = {str(d.relative_to(REPO)) for d in deps
+                                                  if d is not None and d != path}
+    return graph
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one file (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph.get(root, ()))))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph.get(child, ())))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    top = stack.pop()
+                    on_stack.discard(top)
+                    component.append(top)
+                    if top == node:
+                        break
+                if len(component) > 1:
+                    cycles.append(sorted(component))
+    return cycles
+
+
+def test_the_cycle_finder_finds_cycles():
+    assert import_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert import_cycles({"a": {"b"}, "b": set(), "c": {"a", "b"}}) == []
+
+
+def test_no_import_cycle():
+    graph = import_graph()
+    assert graph["launch/run/trainer.py"] >= {"launch/config.py", "launch/run/controller.py"}
+    assert import_cycles(graph) == []
+
+
+RUN_MAY_NOT_IMPORT = ("launch.cli", "launch.commands", "launch.bench", "launch.compare",
+                      "launch.compare_report")
+IMPORTS_THE_RUN = ("launch/compare.py", "launch/compare_report.py", "launch/doctor.py")
+
+
+def test_the_run_folder_imports_no_command_benchmark_or_comparison():
+    assert _from_package(_py("launch/run"), "launch",
+                         tuple(m for m in _launch_modules() if m not in RUN_MAY_NOT_IMPORT)) == []
+
+
+def _launch_modules() -> list[str]:
+    return [".".join(p.relative_to(REPO).with_suffix("").parts) for p in _py("launch")
+            if p.name != "__init__.py"] + ["launch.commands", "launch.bench", "launch.run"]
+
+
+def test_only_the_commands_benchmarks_comparison_and_doctor_import_the_run():
+    shared = [p for p in (REPO / "launch").glob("*.py")
+              if str(p.relative_to(REPO)) not in IMPORTS_THE_RUN]
+    assert [f"{p.relative_to(REPO)}: {i.module}" for p in shared for i in _imports_of(p)
+            if _within(i.module, ("launch.run",))] == []
+
+
+def test_the_executor_stack_lives_in_one_folder():
+    loose = sorted(p.name for p in (REPO / "actors").glob("*.py")
+                   if p.name.startswith(("executor", "env_executor")))
+    assert loose == []
+    assert {p.name for p in (REPO / "actors/executors").glob("*.py")} >= {
+        "protocol.py", "pool.py", "ray_session.py", "local_sandbox.py", "in_process.py"}

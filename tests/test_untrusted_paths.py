@@ -107,7 +107,7 @@ def test_sft_plays_reference_solutions_only_in_the_sandbox(tmp_path, marker, cap
 def test_train_warm_start_plays_reference_solutions_only_in_the_sandbox(tmp_path, marker):
     """``envsched train`` with ``sft.enabled`` (the demo) warm-starts through the same path."""
     from launch.config import load_config
-    from launch.trainer import prepare_policy
+    from launch.run.trainer import prepare_policy
 
     pool = hostile_pool(tmp_path / "pool", marker)
     cfg = load_config(None, [f"pool.path={pool}", "sft.enabled=true", "sft.epochs=1",
@@ -154,9 +154,9 @@ def test_explain_reads_a_hostile_pool_without_running_it(tmp_path, marker, capsy
     import yaml
 
     from envs.pool import load_pool
-    from launch.checkpoint import save_checkpoint
+    from launch.run.checkpoint import save_checkpoint
     from launch.config import load_config
-    from launch.scheduler_factory import build_scheduler
+    from launch.run.scheduler_factory import build_scheduler
 
     run_dir = tmp_path / "run"
     pool_dir = hostile_pool(tmp_path / "pool", marker, tasks=4)
@@ -272,11 +272,11 @@ def test_evaluation_runs_pool_code_only_in_the_sandbox(tmp_path, marker):
     """The controller's fixed-set evaluation (step 0 and after the last step) on roles whose
     episodes run on local sandbox workers: every eval group is scored, nothing ran on the host."""
     from actors.rollout.runner import GroupRunner
-    from actors.rollout.sandbox_session import SandboxSessions
+    from actors.executors.local_sandbox import SandboxSessions
     from envs.pool import load_pool
     from launch.config import build_config
-    from launch.controller import Controller
-    from launch.evaluation import eval_tasks, read_eval
+    from launch.run.controller import Controller
+    from launch.run.evaluation import eval_tasks, read_eval
     from tests.launch.test_controller import LocalRoles
 
     pool = load_pool(hostile_pool(tmp_path / "pool", marker, tasks=3))
@@ -309,7 +309,7 @@ def _calls_exec(path: Path) -> list[int]:
 # of the agent loop use.
 IN_PROCESS_ENGINES = {f"sandbox.{p.stem}" for p in (REPO / "sandbox").glob("*.py")
                       if _calls_exec(p)} | {"sandbox.child", "sandbox.child_server",
-                                            "actors.rollout.session"}
+                                            "actors.executors.in_process"}
 
 
 def _imported_modules(path: Path) -> set[str]:

@@ -11,7 +11,7 @@ A step: the driver builds the per-rank batches (``actors.learner.step.step_shard
 over the whole step, then ``batching.shard``), puts each into the object store and calls
 ``train_step`` on every rank; it returns rank 0's metrics plus ``loss_per_rank``. Every remote
 call waits at most ``LearnerConfig.timeout_s``; a failing rank raises ``LearnerError`` naming the
-rank, a dead or silent one ``LearnerDied`` (the group is lost: ``launch.recovery``).
+rank, a dead or silent one ``LearnerDied`` (the group is lost: ``launch.run.recovery``).
 ``poll_train_step`` reports a dead rank as soon as Ray does, without waiting for the ranks stuck
 in a collective with it.
 

@@ -4,7 +4,7 @@
 (in-process, tests only) and ``sandbox_session`` (local sandbox workers, no Ray).
 
 May import: envs, sandbox (errors, config, worker; runtime in ``session`` only, inside
-functions), ``actors.executors`` and ``actors.ticket`` (the plain protocol and message),
+functions), ``actors.executors.protocol`` and ``actors.ticket`` (the plain protocol and message),
 ``scheduling.variance`` (in ``summary``), ``actors.user_sim.simulator`` (in ``agent_loop`` and
 ``conversation``), the standard library; torch/transformers/vllm only in
 the engine modules (the vLLM engine also ``actors.learner.weight_sync``, its worker extension).

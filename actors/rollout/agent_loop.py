@@ -17,11 +17,11 @@ Ends: a plain reply ``ok``; the call, token or malformed-streak limits ``truncat
 state still verified); a sandbox failure ``env_error`` / ``timeout``, reward 0, fault ``task`` or
 ``infra`` (``envs.trajectory.FAULTS``; the caller retries ``infra``). Conversational tasks
 (``envs.spec.UserSpec``) send plain replies to the simulated user
-(``actors.rollout.conversation``). ``run`` takes a session (``actors.executors.Session``) or an
+(``actors.rollout.conversation``). ``run`` takes a session (``actors.executors.protocol.Session``) or an
 awaitable of one still opening, awaited only when a tool call or the verifier needs it. Details:
 docs/rollout.md, "The agent loop" and "Conversational episodes".
 
-May import: actors.executors, actors.rollout (config, chat, conversation, toolcall, partial,
+May import: actors.executors.protocol, actors.rollout (config, chat, conversation, toolcall, partial,
 engines.base), actors.user_sim.simulator, envs, sandbox.errors, the standard library. No Ray, no torch.
 """
 
@@ -33,7 +33,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Optional, Union
 
-from actors.executors import Session
+from actors.executors.protocol import Session
 from actors.rollout.chat import ChatFormat
 from actors.rollout.config import RolloutConfig
 from actors.rollout.conversation import Conversation, agent_tools

@@ -15,7 +15,7 @@ one complete ``Group``; the logic of the RolloutWorker actor, without Ray.
 - ``metrics()``: statuses, malformed kinds, time generating / in executors / with the user,
   ``BusyClock`` time and the gate's episode-seconds.
 
-May import: actors.rollout (agent_loop, partial, summary), actors.executors, actors.ticket, envs, sandbox.errors, the standard
+May import: actors.rollout (agent_loop, partial, summary), actors.executors.protocol, actors.ticket, envs, sandbox.errors, the standard
 library. No Ray.
 """
 
@@ -28,7 +28,7 @@ from collections import Counter
 from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator, Optional
 
-from actors.executors import Executors, Session
+from actors.executors.protocol import Executors, Session
 from actors.rollout.agent_loop import AgentLoop
 from actors.rollout.partial import EpisodeGate
 from actors.rollout.summary import episode_wall_s, executor_wait_s

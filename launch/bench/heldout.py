@@ -5,7 +5,7 @@ fixed-set reward on tasks, and environments, it never trained on?
                            [--scheduler envsched] [--timeout-per-run S] [--json] [key=value ...]
 
 For each policy, one ``envsched compare`` (``launch/compare.py``) with a single scheduler: the same
-generated pool and held-out split for every policy (``pool.*`` of the config; ``launch/split.py``
+generated pool and held-out split for every policy (``pool.*`` of the config; ``launch/run/split.py``
 holds out whole environments and tasks of the others), a warm start on the training tasks'
 reference solutions (``sft.enabled: true``: for SmolLM2 its pretrained weights are the start),
 then ``run.steps`` GRPO steps per seed, with the fixed-set evaluation at step 0 and at the end on
@@ -43,7 +43,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
-from launch.split import SPLITS
+from launch.run.split import SPLITS
 
 if TYPE_CHECKING:
     from launch.config import TrainConfig
@@ -114,7 +114,7 @@ def bounds(cfg: TrainConfig, cmp_dir: Path) -> dict[str, dict[str, float]]:
     from envs.pool import load_pool
     from launch.cluster import connect, shutdown
     from launch.rollout import check_users, run_groups
-    from launch.split import eval_sets, pool_split
+    from launch.run.split import eval_sets, pool_split
 
     pool = load_pool(cmp_dir / "pool")
     sets = eval_sets(pool, pool_split(pool, cfg.pool), cfg.eval)

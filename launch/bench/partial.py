@@ -20,9 +20,9 @@ A/B on a loaded machine); each run in its own directory under --out.
 Reported per run, over the steps after the first (the first includes actor start-up):
 ``rollout_slot_idle_share`` (the share of the workers' episode slots left unused: without
 partial rollouts, the slots held back while a weight update waits for the episodes in flight),
-``rollout_engine_idle_share`` (no generation in flight; ``launch.roles_core``; near 1 with the
+``rollout_engine_idle_share`` (no generation in flight; ``launch.run.roles_core``; near 1 with the
 scripted engine, whose generations take no time), ``rollout_idle_share`` (no group in flight;
-``launch.controller.Occupancy``: groups held at a worker's episode gate count as in flight),
+``launch.run.controller.Occupancy``: groups held at a worker's episode gate count as in flight),
 ``learner_idle_share``, steps/min, the mean wait of a weight publish (``time_sync_s``: without
 partial rollouts it includes waiting for the episodes in flight), the version spread
 (``mixed_version_share``, ``version_spread_mean``), staleness, and the reward trend: the mean
@@ -113,8 +113,8 @@ def summarize_run(rows: list[dict]) -> dict:
 
 def run(args: argparse.Namespace) -> int:
     from launch.config import load_config
-    from launch.metrics import read_metrics
-    from launch.trainer import train
+    from launch.run.metrics import read_metrics
+    from launch.run.trainer import train
 
     root = Path(args.out or tempfile.mkdtemp(prefix="envsched-bench-partial-"))
     pool, lengths = long_tail_pool(root, args.short, args.long, args.short_max, args.long_min,

@@ -122,7 +122,7 @@ def _actor_figures(backend: str, calls: int) -> dict[str, Any]:
 
     import ray
 
-    from actors.env_executor import EnvExecutor
+    from actors.executors.env_executor import EnvExecutor
     from envs.pool import Pool
     from envs.spec import PoolMeta
     from launch.cluster import connect, shutdown

@@ -40,8 +40,8 @@ def _mean(rows, key):
 
 def run(args: argparse.Namespace) -> int:
     from launch.config import load_config
-    from launch.metrics import read_metrics
-    from launch.trainer import train
+    from launch.run.metrics import read_metrics
+    from launch.run.trainer import train
 
     root = Path(args.out or tempfile.mkdtemp(prefix="envsched-bench-train-"))
     results = []

@@ -27,10 +27,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def load_run_scheduler(run_dir: Path, step: int | None = None):
     """(scheduler restored from the checkpoint, checkpoint) of a run directory."""
     from envs.pool import load_pool
-    from launch.checkpoint import CheckpointError, find_checkpoint, load_checkpoint
+    from launch.run.checkpoint import CheckpointError, find_checkpoint, load_checkpoint
     from launch.errors import UserError
     from launch.config import ConfigError, load_config
-    from launch.scheduler_factory import build_scheduler
+    from launch.run.scheduler_factory import build_scheduler
 
     cfg_path = Path(run_dir) / "config.yaml"
     if not cfg_path.is_file():

@@ -36,7 +36,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from actors.learner.export import ExportError, export_checkpoint
-    from launch.checkpoint import CheckpointError, find_checkpoint
+    from launch.run.checkpoint import CheckpointError, find_checkpoint
     from launch.errors import UserError
 
     try:

@@ -4,7 +4,7 @@ Reads RUN_DIR/metrics.jsonl (and eval.jsonl when the run evaluated) and writes (
 RUN_DIR/report/): reward.png (batch mean reward, the fixed-set evaluation reward from step 0, and
 mean within-group variance per step), eval.png when the run evaluated (one reward curve per
 evaluated set from step 0: the training pool, each held-out part, each pool of ``eval.pools``,
-``launch.evaluation.eval_curves``), scheduler.png (environments and tools per batch, phase
+``launch.run.evaluation.eval_curves``), scheduler.png (environments and tools per batch, phase
 split, predicted vs realised variance), system.png (per-phase timings, learner idle share,
 staleness, executor share), plus summary.json (is mean reward rising: first vs last third;
 first vs last evaluation of each set; ``eval_curves``: the steps of each curve drawn).
@@ -44,8 +44,8 @@ def render(run_dir: Path, out: Path) -> list[Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from launch.evaluation import eval_curves, read_eval
-    from launch.metrics import read_metrics
+    from launch.run.evaluation import eval_curves, read_eval
+    from launch.run.metrics import read_metrics
 
     rows = read_metrics(run_dir)
     curves = eval_curves(read_eval(run_dir))
@@ -91,8 +91,8 @@ def _eval_plot(plt, curves: dict, path: Path) -> Path:
 
 def run(args: argparse.Namespace) -> int:
     from launch.errors import UserError
-    from launch.evaluation import read_eval
-    from launch.metrics import read_metrics, summarize
+    from launch.run.evaluation import read_eval
+    from launch.run.metrics import read_metrics, summarize
 
     run_dir = Path(args.run_dir)
     out = Path(args.out) if args.out else run_dir / "report"
@@ -103,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
     if not summary:
         raise UserError(f"{run_dir}/metrics.jsonl has no steps yet")
     written = render(run_dir, out)
-    from launch.evaluation import eval_curves
+    from launch.run.evaluation import eval_curves
 
     summary["eval_curves"] = {k: [s for s, _ in pts]
                               for k, pts in eval_curves(read_eval(run_dir)).items()}

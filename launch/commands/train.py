@@ -73,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as e:
         raise UserError(str(e)) from None
     preflight(cfg, Path(args.out), args.address)
-    from launch.trainer import train
+    from launch.run.trainer import train
 
     # SIGTERM (ray job stop, a scheduler, kill) unwinds like Ctrl-C: the trainer's finally blocks
     # stop the actors and an embedded Ray; the latest checkpoint stays valid for --resume.
@@ -91,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"envsched train: stopped: {printable(e)}", file=sys.stderr, flush=True)
         return 1
     print(json.dumps(summary, indent=2, sort_keys=True))
-    from launch.metrics import format_summary
+    from launch.run.metrics import format_summary
 
     print(format_summary(summary), flush=True)
     return 0

@@ -15,7 +15,7 @@ import pytest
 from actors.rollout.agent_loop import AgentLoop
 from actors.rollout.config import RolloutConfig
 from actors.rollout.engines.base import Engine, Generation, SamplingParams
-from actors.rollout.session import InProcessSession
+from actors.executors.in_process import InProcessSession
 
 LLAMA3 = """{{- '<|begin_of_text|>' -}}
 {{- '<|start_header_id|>system<|end_header_id|>\\n\\nEnvironment: ipython\\n\\n' }}

@@ -17,7 +17,7 @@ from actors.rollout.config import RolloutConfig
 from actors.rollout.conversation import agent_tools
 from actors.rollout.engines.scripted_engine import ScriptedEngine
 from actors.rollout.runner import GroupRunner
-from actors.rollout.session import InProcessSession, InProcessSessions
+from actors.executors.in_process import InProcessSession, InProcessSessions
 from actors.rollout.toolcall import render_call
 from actors.ticket import Ticket
 from actors.user_sim.simulator import ScriptedUser, UserSimError, UserTurn, user_messages

@@ -8,8 +8,8 @@ import threading
 
 import pytest
 
-from actors.executor_config import ExecutorConfig
-from actors.executor_pool import ExecutorPool
+from actors.executors.config import ExecutorConfig
+from actors.executors.pool import ExecutorPool
 from envs.pool import load_pool, write_pool
 from envs.spec import PoolMeta
 from sandbox.config import SandboxConfig
@@ -191,7 +191,7 @@ def test_executor_past_its_restarts_is_replaced_on_the_next_session(ray_local, p
 
 
 def test_a_failed_call_closes_the_session_so_its_sandbox_is_free_again(tmp_path):
-    from actors.env_executor import EnvExecutor
+    from actors.executors.env_executor import EnvExecutor
     from envs.pool import Pool
     from envs.spec import Environment
 

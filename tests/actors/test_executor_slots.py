@@ -1,4 +1,4 @@
-"""``actors.executor_slots``: which executor gets a session, capacity, release, retirement and
+"""``actors.executors.slots``: which executor gets a session, capacity, release, retirement and
 the placement fallback, without Ray."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from actors.executor_slots import Slots, short_resources
+from actors.executors.slots import Slots, short_resources
 from sandbox.errors import SandboxError
 
 

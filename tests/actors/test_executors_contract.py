@@ -1,4 +1,4 @@
-"""The ``actors.executors.Executors`` contract, run against every implementation: the Ray
+"""The ``actors.executors.protocol.Executors`` contract, run against every implementation: the Ray
 ``ExecutorPool`` (on the shared local Ray), the local ``SandboxSessions`` and the tests'
 ``InProcessSessions``."""
 
@@ -8,11 +8,11 @@ import asyncio
 
 import pytest
 
-from actors.executor_config import ExecutorConfig
-from actors.executor_pool import ExecutorPool
-from actors.executors import Executors, Session
-from actors.rollout.sandbox_session import SandboxSessions
-from actors.rollout.session import InProcessSessions
+from actors.executors.config import ExecutorConfig
+from actors.executors.pool import ExecutorPool
+from actors.executors.protocol import Executors, Session
+from actors.executors.local_sandbox import SandboxSessions
+from actors.executors.in_process import InProcessSessions
 from envs.pool import load_pool, write_pool
 from envs.spec import PoolMeta
 from sandbox.config import SandboxConfig

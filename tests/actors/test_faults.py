@@ -14,20 +14,20 @@ import textwrap
 
 import pytest
 
-from actors.executor_config import ExecutorConfig
-from actors.executor_pool import ExecutorPool
+from actors.executors.config import ExecutorConfig
+from actors.executors.pool import ExecutorPool
 from actors.policy import build_tiny_policy, load_tokenizer
 from actors.rollout.agent_loop import AgentLoop, turn_seed
 from actors.rollout.config import RolloutConfig
 from actors.rollout.engines.scripted_engine import ScriptedEngine
 from actors.rollout.runner import GroupRunner, episode_seed
-from actors.rollout.sandbox_session import SandboxSessions
-from actors.rollout.session import InProcessSession, InProcessSessions
+from actors.executors.local_sandbox import SandboxSessions
+from actors.executors.in_process import InProcessSession, InProcessSessions
 from actors.scheduler_actor import SchedulerService
 from actors.ticket import Ticket
 from envs.pool import load_pool, write_pool
 from envs.spec import Check, Environment, PoolMeta, TaskSpec, ToolCall
-from launch.ledger import Ledger
+from launch.run.ledger import Ledger
 from rollout_pool import make_notes_and_fragile_pool, make_notes_pool
 from sandbox.errors import EnvLoadError, SandboxError
 from scheduling.base import TaskInfo

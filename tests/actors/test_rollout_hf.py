@@ -14,7 +14,7 @@ from actors.rollout.agent_loop import AgentLoop
 from actors.rollout.config import RolloutConfig
 from actors.rollout.engines.base import SamplingParams, WeightUpdateError
 from actors.rollout.engines.hf_engine import HFEngine
-from actors.rollout.session import InProcessSession
+from actors.executors.in_process import InProcessSession
 from rollout_pool import make_notes_pool
 
 

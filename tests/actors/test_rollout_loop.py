@@ -12,7 +12,7 @@ from actors.policy import build_tiny_policy, load_tokenizer
 from actors.rollout.agent_loop import AgentLoop, format_observation
 from actors.rollout.config import RolloutConfig
 from actors.rollout.engines.scripted_engine import ScriptedEngine
-from actors.rollout.session import InProcessSession
+from actors.executors.in_process import InProcessSession
 from actors.rollout.toolcall import render_call
 from actors.ticket import Ticket
 from rollout_pool import make_notes_pool
@@ -150,7 +150,7 @@ def test_sandbox_failure_marks_the_episode(pool, tokenizer, session_cls, status)
 def counted_sessions(live, peak, step_s=0.01):
     """``InProcessSessions`` counting the sessions open at once (``live``, its ``peak``); each
     step sleeps ``step_s`` so other episodes run while one holds its session."""
-    from actors.rollout.session import InProcessSessions
+    from actors.executors.in_process import InProcessSessions
 
     class Counted:
         def __init__(self, inner):
@@ -220,7 +220,7 @@ def test_group_runner_follows_its_executors_capacity_after_a_resize(pool, tokeni
 
 def test_a_session_that_opens_after_the_timeout_is_closed_not_leaked(pool, tokenizer):
     from actors.rollout.runner import GroupRunner
-    from actors.rollout.session import InProcessSessions
+    from actors.executors.in_process import InProcessSessions
 
     class SlowSessions(InProcessSessions):
         async def aopen_session(self, task, seed):
@@ -247,7 +247,7 @@ def test_the_first_turn_is_generated_while_the_session_opens(pool, tokenizer):
     """The open runs beside the first turn's generation: the engine is called before the open
     ends, the episode is the same as with an open session, and the timings say so."""
     from actors.rollout.runner import GroupRunner
-    from actors.rollout.session import InProcessSessions
+    from actors.executors.in_process import InProcessSessions
 
     events = []
 
@@ -278,7 +278,7 @@ def test_the_first_turn_is_generated_while_the_session_opens(pool, tokenizer):
 @pytest.mark.parametrize("failure,status", [("executor", "env_error"), ("timeout", "timeout")])
 def test_a_failed_open_ends_the_episode_and_is_retried(pool, tokenizer, failure, status):
     from actors.rollout.runner import GroupRunner
-    from actors.rollout.session import InProcessSessions
+    from actors.executors.in_process import InProcessSessions
 
     calls = []
 
@@ -322,7 +322,7 @@ def test_a_session_still_opening_when_the_episode_ends_is_closed(pool, tokenizer
     """An episode that ends before it needs its sandbox (a broken first turn under end_zero)
     waits for the open in flight and closes it: every sandbox is free when the group returns."""
     from actors.rollout.runner import GroupRunner
-    from actors.rollout.session import InProcessSessions
+    from actors.executors.in_process import InProcessSessions
 
     closed = []
 

@@ -12,7 +12,7 @@ from actors.rollout.agent_loop import AgentLoop
 from actors.rollout.config import RolloutConfig
 from actors.rollout.engines.scripted_engine import ScriptedEngine
 from actors.rollout.partial import BusyClock, EpisodeGate
-from actors.rollout.session import InProcessSession
+from actors.executors.in_process import InProcessSession
 from envs.trajectory import NO_VERSION
 from rollout_pool import make_notes_pool
 

@@ -31,8 +31,8 @@ from actors.rollout.chat import ChatFormat, TemplateError
 from actors.rollout.config import RolloutConfig
 from actors.rollout.engines.scripted_engine import ScriptedEngine
 from actors.rollout.runner import GroupRunner
-from actors.rollout.sandbox_session import SandboxSessions
-from actors.rollout.session import InProcessSessions
+from actors.executors.local_sandbox import SandboxSessions
+from actors.executors.in_process import InProcessSessions
 from actors.rollout.toolcall import PARSERS
 from actors.ticket import Ticket
 from envs.pool import load_pool, write_pool

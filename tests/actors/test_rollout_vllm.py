@@ -21,7 +21,7 @@ from actors.policy import build_tiny_policy, load_policy
 from actors.rollout.agent_loop import AgentLoop
 from actors.rollout.config import RolloutConfig
 from actors.rollout.engines.base import SamplingParams
-from actors.rollout.session import InProcessSession
+from actors.executors.in_process import InProcessSession
 from rollout_pool import make_notes_pool
 
 

@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 
-from actors.executor_config import ExecutorConfig
+from actors.executors.config import ExecutorConfig
 from actors.policy import build_tiny_policy, load_policy
 from actors.rollout.config import RolloutConfig
 from actors.rollout.summary import tokens_sha

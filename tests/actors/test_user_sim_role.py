@@ -22,7 +22,7 @@ from actors.user_sim_actor import start_user_sims
 from envs.adapters.taubench import import_taubench
 from envs.pool import load_pool
 from launch.config import load_config
-from launch.scheduler_factory import build_scheduler
+from launch.run.scheduler_factory import build_scheduler
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "servers"))
 

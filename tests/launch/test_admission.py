@@ -1,4 +1,4 @@
-"""The ledger's staleness law (``launch.ledger.Ledger``): the bound, no double counting, no
+"""The ledger's staleness law (``launch.run.ledger.Ledger``): the bound, no double counting, no
 deadlock (property tests). ``_Law`` drives the ledger the way the controller does: a ticket is
 issued (``launched``, its handle = its id), comes back as a group whose oldest token is of a
 given version (``settle``; accepted), or fails (released), and batches are taken and published."""
@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from actors.ticket import Ticket
 from envs.trajectory import Group, Trajectory
-from launch.ledger import Ledger, LedgerError
+from launch.run.ledger import Ledger, LedgerError
 from scheduling.base import Selection
 
 

@@ -12,7 +12,7 @@ are SIGKILLed the way a cluster loses them:
 The kills are wired into ``Roles``' own calls, not timed, so each run kills the same roles at
 the same points.
 
-The run goes through ``launch.trainer.train`` (so summary.json and dropped.jsonl are checked too);
+The run goes through ``launch.run.trainer.train`` (so summary.json and dropped.jsonl are checked too);
 it must finish every step, and every group handed out must be accepted exactly once (by the
 controller and by the rebuilt scheduler), listed in dropped.jsonl, or still open at the end.
 Measured on the shared 2-core box at load average 12-16: the run 107 s (54 s of it starting the
@@ -69,10 +69,10 @@ def _until_dead(pid: int) -> None:
 
 
 def _chaos_roles(killed: dict[str, int], absorbed: Counter):
-    """``launch.roles.Roles`` with the kills of the module docstring wired into its calls."""
+    """``launch.run.roles.Roles`` with the kills of the module docstring wired into its calls."""
     import ray
 
-    from launch.roles import Roles
+    from launch.run.roles import Roles
 
     class ChaosRoles(Roles):
         def __init__(self, *args, **kwargs):
@@ -116,15 +116,15 @@ def _chaos_roles(killed: dict[str, int], absorbed: Counter):
 
 def test_run_survives_killed_worker_executor_and_scheduler(ray_local, tmp_path, monkeypatch):
     from envs.generator import generate_pool
-    from launch.checkpoint import latest_checkpoint
-    from launch.metrics import read_jsonl, read_metrics
-    from launch.trainer import train
+    from launch.run.checkpoint import latest_checkpoint
+    from launch.run.metrics import read_jsonl, read_metrics
+    from launch.run.trainer import train
 
     pool_dir = generate_pool(tmp_path / "pool", 3, 3, seed=2)
     run_dir = tmp_path / "run"
     killed: dict[str, int] = {}
     absorbed: Counter = Counter()
-    monkeypatch.setattr("launch.roles.Roles", _chaos_roles(killed, absorbed))
+    monkeypatch.setattr("launch.run.roles.Roles", _chaos_roles(killed, absorbed))
     t0 = time.monotonic()
     summary = train(_cfg(pool_dir), run_dir)
     print(f"chaos: {time.monotonic() - t0:.1f} s (startup {summary['startup_seconds']} s), "

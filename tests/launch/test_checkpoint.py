@@ -9,7 +9,7 @@ import warnings
 
 import pytest
 
-from launch.checkpoint import (CheckpointError, CheckpointWarning, checkpoint_root,
+from launch.run.checkpoint import (CheckpointError, CheckpointWarning, checkpoint_root,
                                latest_checkpoint, load_checkpoint, save_checkpoint,
                                truncate_logs)
 

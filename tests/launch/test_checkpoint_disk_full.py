@@ -57,7 +57,7 @@ def _plain_learner(mb: float):
 @pytest.mark.parametrize("writer", [_torch_learner, _plain_learner], ids=["torch", "plain"])
 def test_a_checkpoint_that_fills_the_disk_names_it_and_keeps_the_previous_one(
         tmp_path, small_disk, writer):
-    from launch.checkpoint import latest_checkpoint, save_checkpoint
+    from launch.run.checkpoint import latest_checkpoint, save_checkpoint
     from launch.errors import CheckpointDiskFull
 
     root = small_disk(tmp_path / "checkpoints", 2)
@@ -77,7 +77,7 @@ def test_a_checkpoint_that_fills_the_disk_names_it_and_keeps_the_previous_one(
 
 
 def test_the_first_checkpoint_on_a_full_disk_says_there_is_none_before_it(tmp_path, small_disk):
-    from launch.checkpoint import save_checkpoint
+    from launch.run.checkpoint import save_checkpoint
     from launch.errors import CheckpointDiskFull
 
     root = small_disk(tmp_path / "checkpoints", 1)
@@ -87,7 +87,7 @@ def test_the_first_checkpoint_on_a_full_disk_says_there_is_none_before_it(tmp_pa
 
 
 def test_a_failed_write_with_room_left_is_not_called_a_full_disk(tmp_path):
-    from launch.checkpoint import latest_checkpoint, save_checkpoint
+    from launch.run.checkpoint import latest_checkpoint, save_checkpoint
 
     save_checkpoint(tmp_path, 1, {"step": 1}, {})
 
@@ -122,10 +122,10 @@ def test_a_run_whose_checkpoint_disk_fills_stops_with_one_line_and_resumes_from_
     import yaml
 
     from envs.generator import generate_pool
-    from launch.checkpoint import latest_checkpoint
+    from launch.run.checkpoint import latest_checkpoint
     from launch.cli import main
-    from launch.metrics import read_metrics
-    from launch.roles import Roles
+    from launch.run.metrics import read_metrics
+    from launch.run.roles import Roles
 
     pool_dir = generate_pool(tmp_path / "pool", 3, 3, seed=2)
     run_dir = tmp_path / "run"
@@ -151,7 +151,7 @@ def test_a_run_whose_checkpoint_disk_fills_stops_with_one_line_and_resumes_from_
                 filled.append(_fill(disk, leave=64 * 1024))
             super().save_learner(directory)
 
-    monkeypatch.setattr("launch.roles.Roles", FillingRoles)
+    monkeypatch.setattr("launch.run.roles.Roles", FillingRoles)
     monkeypatch.delenv("ENVSCHED_DEBUG", raising=False)
     assert main(["train", "--config", str(config), "--out", str(run_dir)]) == 1
     err = capfd.readouterr().err
@@ -168,7 +168,7 @@ def test_a_run_whose_checkpoint_disk_fills_stops_with_one_line_and_resumes_from_
     assert latest_checkpoint(run_dir).step == 1
 
     filled[0].unlink()   # the operator frees space, then runs the command
-    monkeypatch.setattr("launch.roles.Roles", Roles)
+    monkeypatch.setattr("launch.run.roles.Roles", Roles)
     assert main(shlex.split(command)[1:]) == 0
     assert [r["step"] for r in read_metrics(run_dir)] == [1, 2, 3]
     assert latest_checkpoint(run_dir).step == 3

@@ -101,8 +101,8 @@ def resize_driver(address: str, pool_dir: str) -> None:
 
     import ray
 
-    from actors.executor_config import ExecutorConfig
-    from actors.executor_pool import ExecutorPool
+    from actors.executors.config import ExecutorConfig
+    from actors.executors.pool import ExecutorPool
     from envs.pool import load_pool
 
     ray.init(address=address, log_to_driver=False)

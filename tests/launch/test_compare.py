@@ -40,7 +40,7 @@ def _cfg(**over):
 def test_split_holds_out_whole_envs_and_tasks_and_eval_sets_are_fixed(tmp_path):
     from envs.generator import generate_pool
     from envs.pool import load_pool
-    from launch.split import eval_sets, pool_split
+    from launch.run.split import eval_sets, pool_split
 
     cfg = _cfg()
     pool = load_pool(generate_pool(tmp_path / "pool", 4, 5, seed=0))
@@ -81,7 +81,7 @@ def test_a_run_that_stopped_before_its_first_checkpoint_starts_over_keeping_its_
     never be resumed; every rerun of the comparison "resumed" it and crashed at once with
     "holds a run without a checkpoint to continue from ... choose another --out"."""
     from launch.compare import plan, start_over, status
-    from launch.resume import open_run
+    from launch.run.resume import open_run
 
     cfg = _cfg()
     spec = plan(["random"], [0], tmp_path)[0]
@@ -104,7 +104,7 @@ def test_a_run_that_stopped_before_its_first_checkpoint_starts_over_keeping_its_
 
 def test_step0_evaluation_is_shared_only_between_runs_with_the_same_inputs(tmp_path):
     from launch.compare import _share_step0, plan, run_config
-    from launch.metrics import read_jsonl
+    from launch.run.metrics import read_jsonl
 
     cfg = _cfg()
     first, second, third, fourth = plan(["envsched", "random"], [0, 1], tmp_path)
@@ -178,9 +178,9 @@ def test_report_pairs_seeds_against_random_and_lists_crashed_runs(tmp_path):
 @pytest.mark.slow
 def test_compare_end_to_end_two_schedulers_two_seeds_then_rerun_skips(tmp_path):
     from launch.compare import compare
-    from launch.split import pool_split
+    from launch.run.split import pool_split
     from envs.pool import load_pool
-    from launch.metrics import read_jsonl
+    from launch.run.metrics import read_jsonl
 
     cfg = _cfg()
     lines: list[str] = []

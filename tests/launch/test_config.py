@@ -84,7 +84,7 @@ def test_learner_total_steps_is_derived_from_run_steps_unless_set():
 def test_the_scheduler_selects_run_batch_size_tasks(tmp_path):
     from envs.generator import generate_pool
     from envs.pool import load_pool
-    from launch.scheduler_factory import build_scheduler
+    from launch.run.scheduler_factory import build_scheduler
 
     pool = load_pool(generate_pool(tmp_path / "pool", 2, 3, seed=0))
     cfg = build_config({"run": {"batch_size": 3}, "scheduler": {"name": "random"}})

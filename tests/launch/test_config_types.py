@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import launch.config
-from actors.executor_config import ExecutorConfig
+from actors.executors.config import ExecutorConfig
 from actors.learner.config import LearnerConfig
 from actors.rollout.config import RolloutConfig
 from actors.user_sim.config import UserSimConfig

@@ -14,8 +14,8 @@ from actors.rollout_worker import start_rollout_worker
 from actors.ticket import Ticket
 from envs.generator import generate_pool
 from launch.cli import main
-from launch.control import ControlWatcher, read_control, write_control
-from launch.controller import Controller
+from launch.run.control import ControlWatcher, read_control, write_control
+from launch.run.controller import Controller
 
 
 def test_watcher_reports_each_change_once(tmp_path):

@@ -4,7 +4,7 @@ Rollouts are real (the agent loop, the scripted engine playing reference solutio
 environment sessions) and the scheduler is the real EnvSched inside the real ``SchedulerService``;
 the learner is replaced by ``NullLearner`` (no model: these tests are about what the controller
 hands out and takes back, and its selections must not depend on weights). The same controller runs
-with the real Ray roles in tests/launch/test_train_e2e.py; ``LocalRoles`` and ``launch.roles.Roles``
+with the real Ray roles in tests/launch/test_train_e2e.py; ``LocalRoles`` and ``launch.run.roles.Roles``
 implement the same ``RolesContract`` (tests/launch/test_roles_contract.py checks both).
 """
 
@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 
 from actors.scheduler_actor import SchedulerService
-from launch.checkpoint import find_checkpoint, load_checkpoint
+from launch.run.checkpoint import find_checkpoint, load_checkpoint
 from launch.config import build_config
-from launch.controller import Controller
-from launch.scheduler_factory import build_scheduler
+from launch.run.controller import Controller
+from launch.run.scheduler_factory import build_scheduler
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +33,7 @@ def small_pool(tmp_path_factory):
 
 
 class LocalRoles:
-    """``launch.roles_contract.RolesContract`` over in-process pieces (see the module docstring).
+    """``launch.run.roles_contract.RolesContract`` over in-process pieces (see the module docstring).
     ``fail_first``: ticket keys, (kind, id), whose first attempt fails as a dead worker would."""
 
     def __init__(self, cfg, pool, run_dir: Path, fail_first: set[tuple[str, int]] = frozenset()):
@@ -41,7 +41,7 @@ class LocalRoles:
         from actors.rollout.agent_loop import AgentLoop
         from actors.rollout.engines.scripted_engine import ScriptedEngine
         from actors.rollout.runner import GroupRunner
-        from actors.rollout.session import InProcessSessions
+        from actors.executors.in_process import InProcessSessions
 
         tok = load_tokenizer(build_tiny_policy())
         loop = AgentLoop(ScriptedEngine.from_pool(tok, pool), tok, cfg.rollout)
@@ -156,7 +156,7 @@ def test_a_run_whose_every_group_fails_stops_with_the_error_instead_of_spinning(
 
 
 def test_metrics_jsonl_has_the_required_fields(small_pool, tmp_path):
-    from launch.metrics import read_metrics
+    from launch.run.metrics import read_metrics
 
     cfg = _cfg(small_pool, run__steps=2)
     Controller(cfg, LocalRoles(cfg, small_pool, tmp_path), tmp_path).run()
@@ -187,8 +187,8 @@ def test_resume_selects_exactly_what_an_uninterrupted_run_selects(small_pool, tm
 
 def test_evaluation_runs_the_fixed_set_beside_training_and_never_reaches_the_scheduler(
         small_pool, tmp_path):
-    from launch.evaluation import eval_seed, eval_tasks, read_eval
-    from launch.metrics import read_metrics, summarize
+    from launch.run.evaluation import eval_seed, eval_tasks, read_eval
+    from launch.run.metrics import read_metrics, summarize
 
     cfg = _cfg(small_pool, eval__enabled=True, eval__every=2, eval__tasks=4, eval__k=2,
                controller__max_staleness=1)
@@ -250,9 +250,9 @@ def test_resume_logs_each_step_once(small_pool, tmp_path):
     step 3 again, and metrics.jsonl / eval.jsonl hold it once."""
     import shutil
 
-    from launch.checkpoint import checkpoint_root, latest_checkpoint
-    from launch.evaluation import eval_tasks, read_eval
-    from launch.metrics import read_metrics
+    from launch.run.checkpoint import checkpoint_root, latest_checkpoint
+    from launch.run.evaluation import eval_tasks, read_eval
+    from launch.run.metrics import read_metrics
 
     over = dict(eval__enabled=True, eval__tasks=2, eval__k=2)
     cfg = _cfg(small_pool, run__steps=3, **over)
@@ -277,7 +277,7 @@ def test_a_scheduler_rebuilt_from_snapshot_and_journal_equals_the_one_that_died(
     state at the last checkpoint plus the journaled calls since rebuild the same state."""
     import pickle
 
-    from launch.scheduler_journal import SchedulerJournal
+    from launch.run.scheduler_journal import SchedulerJournal
     from scheduling.base import SchedulerError
 
     cfg = _cfg(small_pool, run__steps=3, controller__max_staleness=1)
@@ -350,7 +350,7 @@ def test_groups_are_collected_absorbed_and_admitted_while_the_learner_trains(
         small_pool, tmp_path, staleness):
     import json
 
-    from launch.metrics import read_metrics
+    from launch.run.metrics import read_metrics
 
     cfg = _cfg(small_pool, controller__max_staleness=staleness)
     roles = SlowLearnerRoles(cfg, small_pool, tmp_path)
@@ -425,7 +425,7 @@ def test_a_full_batch_starts_the_next_learner_step_without_a_blocking_wait(small
 def test_learner_idle_share_leaves_the_evaluation_out():
     """Hand-worked: a 10 s step with a 4 s evaluation and a 5 s learner step: the learner waited
     1 s of the 6 s that were not the evaluation."""
-    from launch.controller import learner_idle_share
+    from launch.run.controller import learner_idle_share
 
     assert learner_idle_share(5.0, 10.0, 4.0) == pytest.approx(1 / 6)
     assert learner_idle_share(5.0, 10.0) == pytest.approx(0.5)      # no evaluation in the step
@@ -435,7 +435,7 @@ def test_learner_idle_share_leaves_the_evaluation_out():
 def test_rollout_idle_share_is_worker_time_without_a_group(monkeypatch):
     """Hand-worked: 2 workers, 4 slots; 0 groups for 1 s, 1 group for 2 s, 3 groups for 1 s:
     idle = (1 * 1 + 2 * 0.5 + 1 * 0) / 4 = 0.5; occupancy = (0 + 2 * 0.25 + 0.75) / 4."""
-    import launch.controller as ctl_mod
+    import launch.run.controller as ctl_mod
 
     clock = iter([0.0, 1.0, 3.0, 4.0])
     monkeypatch.setattr(ctl_mod.time, "perf_counter", lambda: next(clock))

@@ -64,8 +64,8 @@ def test_the_union_namespaces_tasks_environments_and_states(pools):
 
 def test_each_pool_has_a_fixed_task_set_and_its_own_seeds(pools):
     from envs.pool import load_pool
-    from launch.eval_pools import load_eval_pools
-    from launch.evaluation import EvalSet, eval_seed, eval_tickets
+    from launch.run.eval_pools import load_eval_pools
+    from launch.run.evaluation import EvalSet, eval_seed, eval_tickets
 
     cfg = _cfg(pools, {"path": str(pools["tau_test"])},
                {"path": str(pools["envscaler"]), "name": "envscaler_heldout", "tasks": 1, "k": 3})
@@ -89,8 +89,8 @@ def test_each_pool_has_a_fixed_task_set_and_its_own_seeds(pools):
 
 
 def test_the_record_reports_each_pool_apart(pools):
-    from launch.evaluation import EvalSet, eval_curves, eval_records
-    from launch.metrics import format_summary, summarize
+    from launch.run.evaluation import EvalSet, eval_curves, eval_records
+    from launch.run.metrics import format_summary, summarize
 
     group = _Rewards
     sets = [EvalSet("", ("a", "b"), 2), EvalSet("tau", ("tau/x",), 2),
@@ -159,7 +159,7 @@ def test_a_package_the_sandbox_lacks_is_named_at_start(pools, tmp_path):
     import yaml
 
     from launch.errors import UserError
-    from launch.eval_pools import load_eval_pools
+    from launch.run.eval_pools import load_eval_pools
 
     pool = tmp_path / "needs"
     shutil.copytree(pools["tau_test"], pool)
@@ -173,7 +173,7 @@ def test_a_package_the_sandbox_lacks_is_named_at_start(pools, tmp_path):
 def test_train_checks_the_eval_pools_before_the_warm_start_and_ray(pools, tmp_path):
     from launch.config import build_config
     from launch.errors import UserError
-    from launch.trainer import train
+    from launch.run.trainer import train
 
     cfg = build_config({"pool": {"path": str(pools["train"])}, "run": {"batch_size": 2}, "eval": {
         "enabled": True, "pools": [{"path": str(tmp_path / "gone"), "name": "bench"}]}})

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from envs.trajectory import Group, Trajectory
-from launch.checkpoint import save_checkpoint
+from launch.run.checkpoint import save_checkpoint
 from launch.cli import main
 
 HUB_ID = "envsched-test/tiny-qwen3"
@@ -166,7 +166,7 @@ def test_rollout_model_accepts_a_cached_hub_id(ray_local, hub_cache, tmp_path, c
 
 def test_policy_path_accepts_a_cached_hub_id(hub_cache, tmp_path):
     from launch.config import load_config
-    from launch.trainer import prepare_policy
+    from launch.run.trainer import prepare_policy
 
     cfg = load_config(None, [f"policy.path={HUB_ID}"])
     assert prepare_policy(cfg, tmp_path, tmp_path) == str(hub_cache)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from envs.trajectory import Group, Trajectory
-from launch.checkpoint import save_checkpoint
+from launch.run.checkpoint import save_checkpoint
 from launch.cli import main
 
 LOGPROB_TOL = 1e-5

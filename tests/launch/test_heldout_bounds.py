@@ -19,7 +19,7 @@ def test_floor_is_the_no_call_reward_and_the_ceiling_the_references_within_the_l
     from envs.generator import generate_pool
     from envs.pool import load_pool
     from launch.bench.heldout import bounds
-    from launch.split import eval_sets, pool_split
+    from launch.run.split import eval_sets, pool_split
 
     generate_pool(tmp_path / "pool", 4, 5, seed=0)
     long = _cfg(rollout={"max_turns": 32}, eval={"tasks": 0, "k": 1})

@@ -1,5 +1,5 @@
 """A learner rank SIGKILLed while its step is in flight: the run rebuilds the learner group from
-the newest checkpoint, restores the whole driver state with it (``launch/recovery.py``) and
+the newest checkpoint, restores the whole driver state with it (``launch/run/recovery.py``) and
 finishes; without a checkpoint it stops with one line naming the fix.
 
 Every role is real (scheduler actor, executors and sandboxes, a rollout worker with the scripted
@@ -8,7 +8,7 @@ end-to-end tests use one rank). The kill is wired into ``Roles.train``: right af
 the chosen version is handed to the rank, while its result is still pending (asserted), the
 rank's process gets SIGKILL.
 
-What "exactly once" means across the rebuild (the resume semantics, ``launch/recovery.py``):
+What "exactly once" means across the rebuild (the resume semantics, ``launch/run/recovery.py``):
 groups.jsonl lists every ticket once and B per step (rows of the steps after the checkpoint are
 cut and those steps trained again); the rows up to the checkpoint are the ones written before
 the death; the restored scheduler observed each accepted group once. ``pytest -s`` prints the
@@ -34,11 +34,11 @@ def _tree(pool_dir, steps: int, checkpoint_every: int) -> dict:
 
 
 def _killing_roles(at_version: int, seen: dict):
-    """``launch.roles.Roles`` whose learner rank is SIGKILLed once, right after the step that
+    """``launch.run.roles.Roles`` whose learner rank is SIGKILLed once, right after the step that
     follows ``at_version`` was handed to it (its result still pending)."""
     import ray
 
-    from launch.roles import Roles
+    from launch.run.roles import Roles
 
     class KillingRoles(Roles):
         def train(self, groups):
@@ -71,17 +71,17 @@ def _rows(run_dir) -> list[dict]:
 def test_a_learner_killed_mid_step_is_rebuilt_from_the_checkpoint_and_the_run_finishes(
         ray_local, tmp_path, monkeypatch):
     from envs.generator import generate_pool
-    from launch.checkpoint import latest_checkpoint
+    from launch.run.checkpoint import latest_checkpoint
     from launch.config import build_config
-    from launch.metrics import read_metrics
-    from launch.trainer import train
+    from launch.run.metrics import read_metrics
+    from launch.run.trainer import train
 
     pool_dir = generate_pool(tmp_path / "pool", 3, 3, seed=2)
     run_dir = tmp_path / "run"
     seen: dict = {"run_dir": run_dir}
     # checkpoints at steps 2 and 4; the rank dies during step 4: rebuilt from step 2, so step 3
     # (logged before the death) is cut and trained again, then step 4
-    monkeypatch.setattr("launch.roles.Roles", _killing_roles(at_version=3, seen=seen))
+    monkeypatch.setattr("launch.run.roles.Roles", _killing_roles(at_version=3, seen=seen))
     summary = train(build_config(_tree(pool_dir, steps=4, checkpoint_every=2)), run_dir)
     print(f"learner SIGKILLed (pid {seen['pid']}) -> next step done in {seen['step_after']:.1f} "
           f"s; run {summary['train_seconds']} s (startup {summary['startup_seconds']} s)")
@@ -118,7 +118,7 @@ def test_a_learner_dead_before_the_first_checkpoint_stops_with_one_line(
     config = tmp_path / "config.yaml"
     config.write_text(yaml.safe_dump(_tree(pool_dir, steps=3, checkpoint_every=0)))
     seen: dict = {"run_dir": run_dir}
-    monkeypatch.setattr("launch.roles.Roles", _killing_roles(at_version=0, seen=seen))
+    monkeypatch.setattr("launch.run.roles.Roles", _killing_roles(at_version=0, seen=seen))
     monkeypatch.delenv("ENVSCHED_DEBUG", raising=False)
     assert main(["train", "--config", str(config), "--out", str(run_dir)]) == 1
     err = capfd.readouterr().err

@@ -1,4 +1,4 @@
-"""``launch.ledger.Ledger`` beyond the staleness law (tests/launch/test_admission.py): the one
+"""``launch.run.ledger.Ledger`` beyond the staleness law (tests/launch/test_admission.py): the one
 retry path for training and evaluation tickets, the fault counts, placement and deadlines."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 
 from actors.ticket import EVAL, TRAIN, Ticket
 from envs.trajectory import Group, Trajectory
-from launch.ledger import Ledger, LedgerError, failure
+from launch.run.ledger import Ledger, LedgerError, failure
 from scheduling.base import Selection
 
 

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from launch.loggers import LoggingConfig, MissingExtra, make_backends
-from launch.metrics import MetricsLogger
+from launch.run.metrics import MetricsLogger
 
 ROWS = [(1, {"reward_mean": 0.25, "loss": 1.5, "phase": "cold-start", "pred_var_corr": None}),
         (2, {"reward_mean": 0.5, "loss": 1.25, "phase": "coverage", "pred_var_corr": None})]

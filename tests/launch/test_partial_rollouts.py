@@ -47,10 +47,10 @@ def _train(tmp_path, partial: bool):
     metrics rows)."""
     from envs.generator import generate_pool
     from envs.pool import load_pool
-    from launch.controller import Controller
-    from launch.metrics import read_metrics
-    from launch.roles import Roles
-    from launch.trainer import prepare_policy
+    from launch.run.controller import Controller
+    from launch.run.metrics import read_metrics
+    from launch.run.roles import Roles
+    from launch.run.trainer import prepare_policy
 
     pool_dir = generate_pool(tmp_path / "pool", 2, 2, seed=2)
     pool, run_dir = load_pool(pool_dir), tmp_path / "run"

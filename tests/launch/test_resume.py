@@ -8,10 +8,10 @@ import json
 import pytest
 import yaml
 
-from launch.checkpoint import save_checkpoint
+from launch.run.checkpoint import save_checkpoint
 from launch.errors import UserError
 from launch.config import build_config
-from launch.resume import config_changes, open_run
+from launch.run.resume import config_changes, open_run
 
 
 def _cfg(**over):

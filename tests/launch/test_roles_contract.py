@@ -1,4 +1,4 @@
-"""Both implementations of ``launch.roles_contract.RolesContract`` keep it: the Ray ``Roles`` (on a
+"""Both implementations of ``launch.run.roles_contract.RolesContract`` keep it: the Ray ``Roles`` (on a
 local Ray: scheduler actor, one rollout worker with the scripted engine and one executor, the
 DeepSpeed learner on CPU) and the in-process ``LocalRoles`` of tests/launch/test_controller.py.
 Each test runs against both, through the contract's methods only."""
@@ -12,7 +12,7 @@ import pytest
 
 from actors.ticket import EVAL, TRAIN, Ticket
 from envs.trajectory import Group
-from launch.roles_contract import RolesContract
+from launch.run.roles_contract import RolesContract
 
 DEADLINE_S = 300.0   # for a group or a learner step, on a loaded 2-core box
 K = 2
@@ -51,8 +51,8 @@ def roles(request, tmp_path_factory):
         yield LocalRoles(cfg, pool, run_dir)
         return
     request.getfixturevalue("ray_local")
-    from launch.roles import Roles
-    from launch.trainer import prepare_policy
+    from launch.run.roles import Roles
+    from launch.run.trainer import prepare_policy
 
     ray_roles = Roles(cfg, pool, pool_dir, run_dir, prepare_policy(cfg, pool_dir, run_dir))
     try:
@@ -85,7 +85,7 @@ def _versions(group: Group) -> set[int]:
     return {t.policy_version for t in group.trajectories}
 
 
-@pytest.mark.parametrize("impl", ["launch.roles:Roles", "test_controller:LocalRoles"])
+@pytest.mark.parametrize("impl", ["launch.run.roles:Roles", "test_controller:LocalRoles"])
 def test_implements_every_method_of_the_contract_with_its_parameters(impl):
     import importlib
 
@@ -178,7 +178,7 @@ def test_ray_roles_wait_for_the_executors_and_name_those_not_started(roles):
     did not start is named in the returned message, and the run goes on."""
     import ray
 
-    from launch.roles import Roles
+    from launch.run.roles import Roles
     from sandbox.errors import SandboxError
 
     if not isinstance(roles, Roles):

@@ -1,11 +1,11 @@
-"""``launch.roles_core.RolesCore``: the decisions of ``Roles`` without Ray (opaque worker handles,
+"""``launch.run.roles_core.RolesCore``: the decisions of ``Roles`` without Ray (opaque worker handles,
 a hand-driven clock); placement and deadlines are the ledger's (tests/launch/test_ledger.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from launch.roles_core import PUBLISHES, REBUILDS, RoleError, RolesCore
+from launch.run.roles_core import PUBLISHES, REBUILDS, RoleError, RolesCore
 
 
 class Clock:

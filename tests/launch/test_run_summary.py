@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from launch.metrics import format_summary, reward_trend, summarize
+from launch.run.metrics import format_summary, reward_trend, summarize
 
 
 def test_reward_trend_is_the_least_squares_slope():
@@ -75,7 +75,7 @@ def test_summary_reports_each_part_of_a_heldout_split():
 def test_eval_tasks_cover_every_environment_and_are_fixed():
     from types import SimpleNamespace
 
-    from launch.evaluation import eval_record, eval_seed, eval_tasks
+    from launch.run.evaluation import eval_record, eval_seed, eval_tasks
 
     tasks = [SimpleNamespace(env_id=f"e{e}", task_id=f"e{e}-t{t}") for e in range(3)
              for t in range(5)]

@@ -120,7 +120,7 @@ def test_a_warm_start_run_apart_raises_its_error_in_the_driver(tmp_path):
 
     from envs.pool import PoolError
     from launch.config import load_config
-    from launch.trainer import prepare_policy
+    from launch.run.trainer import prepare_policy
 
     pool = _pool_with(tmp_path, SHELF, checks=[count_check("I1", 6)])
     cfg = load_config(None, ["sft.epochs=1", "pool.heldout_task_frac=0"])
@@ -140,11 +140,10 @@ def test_an_environment_that_does_not_load_is_one_line(tmp_path, capsys):
     ("some/model", False, "vllm", False)])
 def test_which_runs_warm_start(path, enabled, engine, warm):
     from launch.config import load_config
-    from launch.trainer import warm_starts
 
     cfg = load_config(None, [f"policy.path={path or 'null'}", f"policy.engine={engine}",
                              f"sft.enabled={'null' if enabled is None else str(enabled).lower()}"])
-    assert warm_starts(cfg) is warm
+    assert cfg.warm_starts() is warm
 
 
 def test_sft_enabled_warm_starts_a_given_policy_path(tmp_path):
@@ -155,7 +154,7 @@ def test_sft_enabled_warm_starts_a_given_policy_path(tmp_path):
     from actors.policy import build_tiny_policy, load_policy
     from envs.generator import generate_pool
     from launch.config import load_config
-    from launch.trainer import prepare_policy
+    from launch.run.trainer import prepare_policy
 
     base = build_tiny_policy(seed=3)
     pool = generate_pool(tmp_path / "pool", 1, 2, seed=5)

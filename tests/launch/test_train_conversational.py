@@ -1,4 +1,4 @@
-"""A training run on a conversational tau-bench pool: ``launch.trainer.train`` with every role
+"""A training run on a conversational tau-bench pool: ``launch.run.trainer.train`` with every role
 real (the scheduler actor, the rollout worker with the scripted engine and its sandboxed
 executors, the DeepSpeed learner on CPU) and the user-simulator actor calling the scripted
 OpenAI-compatible server over HTTP. Every step trains on conversational groups, and the step
@@ -15,7 +15,7 @@ from toy_run import toy_tree  # tests/launch/
 
 from envs.adapters.taubench import import_taubench
 from launch.config import build_config
-from launch.metrics import read_metrics
+from launch.run.metrics import read_metrics
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "servers"))
 
@@ -29,7 +29,7 @@ SCRIPTS = {"Ana Lee": ["Please cancel my pending order; my email is ana.lee@exam
 
 def test_a_run_trains_on_conversations_with_a_user_simulator_over_http(ray_local, tmp_path,
                                                                          free_port):
-    from launch.trainer import train
+    from launch.run.trainer import train
 
     pool_dir = tmp_path / "pool"
     import_taubench(TAU, "retail", "train", pool_dir, mode="conversational")

@@ -36,11 +36,11 @@ def test_worker_killed_mid_step_then_resume(ray_local, tmp_path):
 
     from envs.generator import generate_pool
     from envs.pool import load_pool
-    from launch.checkpoint import find_checkpoint, load_checkpoint
-    from launch.controller import Controller
-    from launch.metrics import read_metrics
-    from launch.roles import Roles
-    from launch.trainer import prepare_policy
+    from launch.run.checkpoint import find_checkpoint, load_checkpoint
+    from launch.run.controller import Controller
+    from launch.run.metrics import read_metrics
+    from launch.run.roles import Roles
+    from launch.run.trainer import prepare_policy
 
     pool_dir = generate_pool(tmp_path / "pool", 3, 2, seed=2)
     pool = load_pool(pool_dir)

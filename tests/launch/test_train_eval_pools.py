@@ -44,12 +44,12 @@ def _tensorboard_steps(run_dir: Path, tag: str) -> list[int]:
 def test_eval_pools_are_evaluated_apart_in_a_training_run(ray_local, tmp_path):
     from envs.generator import generate_pool
     from envs.pool import load_pool
-    from launch.checkpoint import find_checkpoint, load_checkpoint
+    from launch.run.checkpoint import find_checkpoint, load_checkpoint
     from launch.cli import main
     from launch.config import build_config
-    from launch.evaluation import read_eval
-    from launch.metrics import read_metrics
-    from launch.trainer import train
+    from launch.run.evaluation import read_eval
+    from launch.run.metrics import read_metrics
+    from launch.run.trainer import train
 
     pool_dir = generate_pool(tmp_path / "pool", 3, 2, seed=2)
     tau, envscaler = tmp_path / "tau_test", tmp_path / "envscaler"

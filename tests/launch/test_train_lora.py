@@ -19,10 +19,10 @@ def test_a_lora_run_keeps_the_engine_on_the_learners_adapter(ray_local, tmp_path
     from envs.generator import generate_pool
     from envs.pool import load_pool
     from launch.config import build_config
-    from launch.controller import Controller
-    from launch.metrics import read_metrics
-    from launch.roles import Roles
-    from launch.trainer import prepare_policy
+    from launch.run.controller import Controller
+    from launch.run.metrics import read_metrics
+    from launch.run.roles import Roles
+    from launch.run.trainer import prepare_policy
     from toy_run import toy_tree
 
     pool_dir = generate_pool(tmp_path / "pool", 2, 2, seed=4)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from actors.env_executor import EnvExecutor
+from actors.executors.env_executor import EnvExecutor
 from envs.pool import load_pool, write_pool
 from envs.spec import Environment, PoolMeta
 from envs.validate import validate_pool

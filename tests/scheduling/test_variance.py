@@ -19,7 +19,7 @@ def test_every_caller_uses_the_one_definition():
     from actors.rollout import summary
     from scheduling.baselines.common import group_stats as baseline_stats
     from scheduling.estimator import group_stats
-    from launch.metrics import group_variance as metrics_variance
+    from launch.run.metrics import group_variance as metrics_variance
 
     r = np.random.default_rng(0).random(8)
     assert metrics_variance is group_variance and summary.group_variance is group_variance

@@ -1,4 +1,4 @@
-"""``InProcessSessions``: the ``actors.executors.Executors`` protocol over in-process
+"""``InProcessSessions``: the ``actors.executors.protocol.Executors`` protocol over in-process
 ``EpisodeRuntime``s.
 
 No isolation: environment code runs in the calling process, so only unit tests of the agent loop
@@ -7,7 +7,7 @@ importing it). Calls run inline: the runtime's SIGALRM timeouts work only on the
 ``workers`` sessions may be open at once (``capacity``); one more raises
 ``SandboxError("bad_request")``, and a closed session refuses calls (``SandboxError("closed")``).
 
-May import: sandbox.runtime (inside functions), sandbox.errors, envs, actors.executors, the
+May import: sandbox.runtime (inside functions), sandbox.errors, envs, actors.executors.protocol, the
 standard library.
 """
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional
 
-from actors.executors import Actions
+from actors.executors.protocol import Actions
 from envs.spec import Environment, TaskSpec
 from envs.trajectory import ActionStep, VerifyResult
 from sandbox.errors import SandboxError
@@ -65,7 +65,7 @@ class InProcessSession:
 
 class InProcessSessions:
     """In-process sessions for one pool, at most ``workers`` open at once (the
-    ``actors.executors.Executors`` protocol)."""
+    ``actors.executors.protocol.Executors`` protocol)."""
 
     def __init__(self, pool: Any, workers: int = 1):
         if workers < 1:

@@ -1,9 +1,9 @@
 """``Executors``: what the rollout path needs of a source of sandboxed sessions.
 
 Three implementations, held to one contract test (``tests/actors/test_executors_contract.py``):
-``actors.executor_pool.ExecutorPool`` (EnvExecutor Ray actors, the training run's),
-``actors.rollout.sandbox_session.SandboxSessions`` (local sandbox workers, no Ray) and
-``actors.rollout.session.InProcessSessions`` (no sandbox: tests of the loop only).
+``actors.executors.pool.ExecutorPool`` (EnvExecutor Ray actors, the training run's),
+``actors.executors.local_sandbox.SandboxSessions`` (local sandbox workers, no Ray) and
+``actors.executors.in_process.InProcessSessions`` (no sandbox: tests of the loop only).
 
 A session (``Session``) is one episode on one sandbox, sticky until closed; every call exists as a
 coroutine (``astep``, ``averify``, ``aclose``) and a blocking wrapper (``step``, ``verify``,

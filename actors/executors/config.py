@@ -1,5 +1,5 @@
 """``ExecutorConfig``: size and placement of the sandboxed executor pool (``executors:`` in the YAML
-configs), apart from ``actors.executor_pool`` so that loading a config imports no Ray.
+configs), apart from ``actors.executors.pool`` so that loading a config imports no Ray.
 
 May import: pydantic, sandbox.config, the standard library.
 """
@@ -12,7 +12,7 @@ from sandbox.config import SandboxConfig
 
 
 class ExecutorConfig(BaseModel):
-    """Size and placement of the executor pool (``actors.executor_pool.ExecutorPool``)."""
+    """Size and placement of the executor pool (``actors.executors.pool.ExecutorPool``)."""
 
     model_config = ConfigDict(extra="forbid")
 

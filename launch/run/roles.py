@@ -1,17 +1,17 @@
-"""The live roles of a run on Ray: ``launch/roles_contract.py:RolesContract``, what
-``launch/controller.py`` drives.
+"""The live roles of a run on Ray: ``launch/run/roles_contract.py:RolesContract``, what
+``launch/run/controller.py`` drives.
 
 ``Roles(cfg, pool, pool_dir, run_dir, model_path, eval_pools)`` creates, on the connected Ray
-cluster: the executor pool (``actors.executor_pool.ExecutorPool``), the single scheduler actor
+cluster: the executor pool (``actors.executors.pool.ExecutorPool``), the single scheduler actor
 (``actors.scheduler_actor``), the rollout workers (``actors.rollout_worker``; each serves the
-training pool and the evaluation pools, ``launch.eval_pools.worker_pools``), the learner group
+training pool and the evaluation pools, ``launch.run.eval_pools.worker_pools``), the learner group
 (``actors.learner.learner_actor.LearnerGroup``) with its weight sync and, when the pool has
 conversational tasks, the user simulators (``actors.user_sim_actor``).
 
 It makes the Ray calls (every ``ray.get`` with a timeout) and the restarts: a replaced rollout
 worker gets the published weights before it serves anything; a dead scheduler actor is rebuilt
-from the ``SchedulerJournal``; ``rebuild_learner`` serves ``launch/recovery.py``. When to restart
-and when to give up are ``launch/roles_core.py:RolesCore``'s, re-issue and deadlines the
+from the ``SchedulerJournal``; ``rebuild_learner`` serves ``launch/run/recovery.py``. When to restart
+and when to give up are ``launch/run/roles_core.py:RolesCore``'s, re-issue and deadlines the
 ledger's (docs/architecture.md, "Faults"). It holds no run state but the actors' handles.
 
 May import: ray, actors.*, launch.*, envs.*, the standard library.
@@ -27,14 +27,14 @@ import ray
 
 from actors.ticket import Ticket
 from launch.cluster import role_options
-from launch.roles_core import PUBLISHES, RoleError, RolesCore
-from launch.scheduler_journal import SchedulerJournal
+from launch.run.roles_core import PUBLISHES, RoleError, RolesCore
+from launch.run.scheduler_journal import SchedulerJournal
 
 if TYPE_CHECKING:
     from envs.pool import Pool
     from envs.trajectory import Group
     from launch.config import TrainConfig
-    from launch.eval_pools import EvalPool
+    from launch.run.eval_pools import EvalPool
 
 __all__ = ["GroupCall", "RoleError", "Roles"]
 
@@ -57,9 +57,9 @@ class Roles:
         from actors.learner.learner_actor import LearnerGroup
         from actors.replay_port import identifier_check_builder
         from actors.scheduler_actor import scheduler_actor_class
-        from launch.scheduler_factory import build_scheduler
+        from launch.run.scheduler_factory import build_scheduler
 
-        from launch.eval_pools import worker_pools
+        from launch.run.eval_pools import worker_pools
 
         self.cfg, self.pool, self.pool_dir, self.model_path = cfg, pool, str(pool_dir), model_path
         self.eval_pools = worker_pools(list(eval_pools))   # {name: directory}

@@ -26,13 +26,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from actors.learner.learner_actor import LearnerDied, LearnerError
-from launch.checkpoint import Checkpoint, CheckpointError, has_checkpoint, latest_checkpoint
+from launch.run.checkpoint import Checkpoint, CheckpointError, has_checkpoint, latest_checkpoint
 from launch.errors import LearnerLost
 
 if TYPE_CHECKING:
     from launch.config import TrainConfig
-    from launch.controller import Controller
-    from launch.roles import Roles
+    from launch.run.controller import Controller
+    from launch.run.roles import Roles
 
 
 def next_command(run_dir: Path, address: Optional[str] = None) -> str:

@@ -7,9 +7,9 @@ executors keep the whole pool so held-out tasks can be evaluated. Both fractions
 every task trains.
 
 ``eval_sets(pool, split, cfg.eval)``: ``{"train", "heldout_task", "heldout_env"}`` (empty ones left
-out), each chosen by ``launch.evaluation.eval_tasks``, the same for every scheduler and seed.
+out), each chosen by ``launch.run.evaluation.eval_tasks``, the same for every scheduler and seed.
 
-May import: numpy, envs.pool, scheduling.split, launch.evaluation, the standard library.
+May import: numpy, envs.pool, scheduling.split, launch.run.evaluation, the standard library.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from launch.evaluation import eval_tasks
+from launch.run.evaluation import eval_tasks
 from scheduling.split import heldout_split
 
 if TYPE_CHECKING:

@@ -1,7 +1,7 @@
-"""What the driver (``launch/controller.py:Controller``) needs from the roles of a run, and nothing
+"""What the driver (``launch/run/controller.py:Controller``) needs from the roles of a run, and nothing
 more: the one contract between them.
 
-``launch/roles.py:Roles`` implements it on Ray; ``tests/launch/test_controller.py:LocalRoles``
+``launch/run/roles.py:Roles`` implements it on Ray; ``tests/launch/test_controller.py:LocalRoles``
 implements it in process; ``tests/launch/test_roles_contract.py`` runs the same checks against
 both. Handles are opaque to the driver: hashable, used only as dict keys and passed back.
 

@@ -1,7 +1,7 @@
 """The ledger: every ticket's life and the one policy version of a run, as a pure state machine.
 
-It owns no tasks, actors or clients (prime-rl's orchestrator style): ``launch/controller.py``
-asks it what to do and applies its answers through the roles (``launch/roles_contract.py``). A
+It owns no tasks, actors or clients (prime-rl's orchestrator style): ``launch/run/controller.py``
+asks it what to do and applies its answers through the roles (``launch/run/roles_contract.py``). A
 ticket (``actors.ticket.Ticket``, one group) goes::
 
     waiting (a retry, or restored from a checkpoint)  --+

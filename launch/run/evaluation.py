@@ -14,7 +14,7 @@ The controller runs the groups; this module holds the plain parts:
 - ``task_rewards``, ``eval_curves``, ``read_eval``, ``append_eval``: per-task rewards, the curves
   ``envsched report`` draws, reading and writing ``eval.jsonl``.
 
-May import: numpy, the standard library, actors.ticket (no Ray), envs.strict_json, launch.metrics,
+May import: numpy, the standard library, actors.ticket (no Ray), envs.strict_json, launch.run.metrics,
 scheduling.variance.
 """
 
@@ -29,7 +29,7 @@ import numpy as np
 
 from actors.ticket import Ticket
 from envs import strict_json
-from launch.metrics import is_eval_reward, read_jsonl
+from launch.run.metrics import is_eval_reward, read_jsonl
 from scheduling.variance import group_variance
 
 if TYPE_CHECKING:
@@ -85,7 +85,7 @@ def eval_tickets(sets: Sequence[EvalSet], cfg: EvalConfig) -> list[Ticket]:
 def eval_record(step: int, groups: Sequence[Any], failed: int, seconds: float,
                 split_of: Optional[dict[str, str]] = None) -> dict[str, float]:
     """The record over every evaluated group; with ``split_of`` (task id -> split name,
-    ``launch/split.py``) also ``eval_reward_<split>`` and ``eval_success_<split>`` per split."""
+    ``launch/run/split.py``) also ``eval_reward_<split>`` and ``eval_success_<split>`` per split."""
     record = {"step": step, **_rewards(groups, "")}
     record.update({"eval_groups": float(len(groups)), "eval_failed": float(failed),
                    "eval_seconds": float(seconds)})

@@ -1,10 +1,10 @@
 """``EnvExecutor``: the body of one environment-executor Ray actor, owning a set of sandbox workers.
 
-A plain class (no Ray import): ``actors.executor_pool`` wraps it with ``ray.remote``
+A plain class (no Ray import): ``actors.executors.pool`` wraps it with ``ray.remote``
 (``max_concurrency`` = workers + 2 so every sandbox can be busy while ``stats``/``ping`` answer).
 Each method is one short forward to a ``SandboxWorker``; ``open`` binds a session id to one free
 worker until ``close``. How many sessions an executor holds is the pool's
-(``actors.executor_slots.Slots``); the free list here says only *which* worker takes the next,
+(``actors.executors.slots.Slots``); the free list here says only *which* worker takes the next,
 and refuses (kind ``executor``, retried by the caller) when the two views disagree.
 
 The pool arrives as an object (``ray.put`` once, shared states loaded); shared states are sent to
@@ -15,7 +15,7 @@ an unknown session or no free sandbox, else whatever the sandbox raised. A ``ste
 that raises closes its session here, so a caller cannot leak the sandbox.
 
 May import: envs.*, sandbox.*, the standard library. No Ray (the wrapping happens in
-actors/executor_pool.py).
+actors/executors/pool.py).
 """
 
 from __future__ import annotations

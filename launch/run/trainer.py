@@ -3,26 +3,26 @@
 ``train(cfg, run_dir, address=None, resume=False)``:
 
 1. pool: ``pool.path``, or a pool generated into ``RUN_DIR/pool`` (``envs.generator``); the
-   evaluation pools of ``eval.pools`` loaded and checked (``launch.eval_pools``);
+   evaluation pools of ``eval.pools`` loaded and checked (``launch.run.eval_pools``);
 2. policy: ``policy.path``, or the tiny local policy warm-started by ``launch.sft`` into
    ``RUN_DIR/sft`` (skipped when it exists, so a resumed or repeated run reuses it);
-3. Ray: embedded or joined (``launch.cluster``); roles started (``launch.roles``);
+3. Ray: embedded or joined (``launch.cluster``); roles started (``launch.run.roles``);
 4. the controller runs to ``run.steps`` (with the fixed-set evaluation of ``eval`` when enabled);
    a run directory that already has a checkpoint is continued from its newest intact one, if the
-   config matches the stored one (``launch.resume.open_run``: ``resume=True`` makes a missing
+   config matches the stored one (``launch.run.resume.open_run``: ``resume=True`` makes a missing
    checkpoint an error, ``resume_changed=True`` accepts and records a changed config);
    a learner that dies on the way is rebuilt from the newest checkpoint with the whole driver
-   state (``launch.recovery``, up to ``controller.learner_restarts`` times);
+   state (``launch.run.recovery``, up to ``controller.learner_restarts`` times);
 5. the trained policy is exported in Hugging Face format to ``RUN_DIR/policy`` (loadable by
    ``--model`` of ``envsched rollout`` or as ``policy.path`` of another run);
-6. ``summary.json`` (result, reward trend from ``launch.metrics.summarize``, wall time per
+6. ``summary.json`` (result, reward trend from ``launch.run.metrics.summarize``, wall time per
    phase: pool, sft, startup, train), ``filter_log.jsonl``, ``dropped.jsonl`` and
    ``unfinished.jsonl`` (groups in flight when the run stopped) are written (the last two also
    when the run fails); roles and an embedded Ray are shut down, also on errors. A run that
    stops on a fault (``launch.errors.RunStopped``: a learner that cannot be rebuilt, a full disk)
-   gets the command that continues it (``launch.recovery.next_command``) in its one-line error.
+   gets the command that continues it (``launch.run.recovery.next_command``) in its one-line error.
 
-May import: launch.*, envs.*, actors.* (Ray through launch.roles / launch.cluster).
+May import: launch.*, envs.*, actors.* (Ray through launch.run.roles / launch.cluster).
 """
 
 from __future__ import annotations
@@ -52,20 +52,13 @@ def _progress(line: str) -> None:
     print(f"envsched train: {line}", flush=True)
 
 
-def warm_starts(cfg: TrainConfig) -> bool:
-    """Whether ``prepare_policy`` runs the supervised warm start (``SftConfig.enabled``)."""
-    if cfg.policy.engine == "scripted":
-        return False
-    return cfg.sft.enabled if cfg.sft.enabled is not None else not cfg.policy.path
-
-
 def prepare_policy(cfg: TrainConfig, pool_dir: Path, run_dir: Path) -> str:
     base = None
     if cfg.policy.path:  # a directory, or a hub id in the local cache: resolved once, here
         from actors.policy import resolve_model
 
         base = resolve_model(cfg.policy.path)
-    if not warm_starts(cfg):
+    if not cfg.warm_starts():
         if base is not None:
             return base
         from actors.policy import build_tiny_policy
@@ -76,7 +69,7 @@ def prepare_policy(cfg: TrainConfig, pool_dir: Path, run_dir: Path) -> str:
         from launch.sft import run_sft_apart
 
         from envs.pool import load_pool
-        from launch.split import pool_split
+        from launch.run.split import pool_split
 
         s = cfg.sft
         train_ids = pool_split(load_pool(pool_dir), cfg.pool).train  # held-out tasks stay unseen
@@ -96,17 +89,17 @@ def train(cfg: TrainConfig, run_dir: Path, address: Optional[str] = None, resume
           resume_changed: bool = False) -> dict[str, Any]:
     from envs.pool import load_pool
     from launch.cluster import connect, shutdown
-    from launch.controller import Controller
+    from launch.run.controller import Controller
     from launch.doctor import check_fits
     from launch.errors import RunStopped, UserError
-    from launch.eval_pools import load_eval_pools
-    from launch.evaluation import read_eval
-    from launch.metrics import read_metrics, summarize
-    from launch.recovery import Recovery, next_command
-    from launch.resume import open_run
+    from launch.run.eval_pools import load_eval_pools
+    from launch.run.evaluation import read_eval
+    from launch.run.metrics import read_metrics, summarize
+    from launch.run.recovery import Recovery, next_command
+    from launch.run.resume import open_run
     from launch.rollout import check_chat_format, check_users
-    from launch.roles import Roles
-    from launch.split import eval_sets, pool_split
+    from launch.run.roles import Roles
+    from launch.run.split import eval_sets, pool_split
 
     run_dir = Path(run_dir)
     # an existing run continues from its checkpoint (so `make demo` is idempotent), if the

@@ -13,12 +13,12 @@ executor, ``"timeout"`` past a deadline); every ``ray.get`` has a timeout. An ex
 Ray restarts, or placed by a custom resource (``resources``), is replaced by the pool, on any CPU
 when the resource is short (docs/cluster.md, "Node loss").
 
-The parts: ``actors.executor_slots`` is the pure policy (which executor gets a session, capacity,
-release, placement fallback); ``actors.executor_session.ExecutorSession`` is one session;
-``ExecutorPool`` implements the ``actors.executors.Executors`` protocol.
+The parts: ``actors.executors.slots`` is the pure policy (which executor gets a session, capacity,
+release, placement fallback); ``actors.executors.ray_session.ExecutorSession`` is one session;
+``ExecutorPool`` implements the ``actors.executors.protocol.Executors`` protocol.
 
-May import: ray, actors.env_executor, actors.executor_config, actors.executor_session,
-actors.executor_slots, actors.executors, envs.*, sandbox.*, the standard library.
+May import: ray, actors.executors.env_executor, actors.executors.config, actors.executors.ray_session,
+actors.executors.slots, actors.executors.protocol, envs.*, sandbox.*, the standard library.
 """
 
 from __future__ import annotations
@@ -33,11 +33,11 @@ from typing import Any, Optional, Union
 import ray
 from ray.exceptions import ActorDiedError, ActorUnavailableError
 
-from actors.env_executor import EnvExecutor
-from actors.executor_config import ExecutorConfig
-from actors.executor_session import RAY_ERRORS, ExecutorSession, to_sandbox_error
-from actors.executor_slots import Slots, short_resources
-from actors.executors import Actions
+from actors.executors.env_executor import EnvExecutor
+from actors.executors.config import ExecutorConfig
+from actors.executors.ray_session import RAY_ERRORS, ExecutorSession, to_sandbox_error
+from actors.executors.slots import Slots, short_resources
+from actors.executors.protocol import Actions
 from envs.pool import Pool
 from envs.spec import TaskSpec
 from envs.trajectory import VerifyResult

@@ -12,7 +12,7 @@ issue is silent):
 - ``staleness_mean/max``: learner version at training minus ``Trajectory.policy_version``.
 - version spread (``Trajectory.version_lags``): ``version_lag_*``, ``version_spread_*``,
   ``mixed_version_share``, defined in docs/rollout.md, "Partial rollouts".
-- faults, over every group back since the previous row (``launch.ledger.Ledger.take_counts``):
+- faults, over every group back since the previous row (``launch.run.ledger.Ledger.take_counts``):
   ``task_errors``, ``infra_errors``, ``trajectories_dropped``, ``quarantined_tasks``.
 Timings and idle shares are filled in by the controller and ``Occupancy``.
 
@@ -186,7 +186,7 @@ def summarize(rows: Iterable[dict[str, Any]], eval_rows: Sequence[dict[str, Any]
               ) -> dict[str, float]:
     """First/last-third reward means and the least-squares reward slope (is reward rising?),
     the mean reward variance and the share of zero-variance groups; with evaluation rows
-    (``launch.evaluation``), the fixed-set reward at the first and the last evaluation."""
+    (``launch.run.evaluation``), the fixed-set reward at the first and the last evaluation."""
     rows = list(rows)
     if not rows:
         return {}

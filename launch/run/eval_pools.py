@@ -7,11 +7,11 @@ a one-line ``UserError`` naming the entry (``eval.pools[1] (tau_test)``) and the
 (docs/evaluation.md, "Checks at start-up").
 
 ``EvalPool``: the entry's name, directory, loaded pool and evaluated set
-(``launch.evaluation.EvalSet``, task ids ``NAME/task_id`` as on the rollout workers), which
+(``launch.run.evaluation.EvalSet``, task ids ``NAME/task_id`` as on the rollout workers), which
 depends only on the pool, the entry and ``eval.seed``. ``worker_pools(pools)``: {name: directory},
 what each rollout worker is given.
 
-May import: envs.pool, envs.pool_union, launch.errors, launch.evaluation, sandbox.packages, the
+May import: envs.pool, envs.pool_union, launch.errors, launch.run.evaluation, sandbox.packages, the
 standard library.
 """
 
@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Optional
 from envs.pool import Pool, PoolError, load_pool
 from envs.pool_union import eval_task_id
 from launch.errors import UserError
-from launch.evaluation import EvalSet, eval_tasks
+from launch.run.evaluation import EvalSet, eval_tasks
 
 if TYPE_CHECKING:
     from launch.config import TrainConfig

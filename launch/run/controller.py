@@ -1,8 +1,8 @@
 """The training driver: scheduler -> rollout -> learner -> weights, overlapped with bounded
 staleness. ``Controller.run`` is the whole loop; every decision in it is the ledger's
-(``launch/ledger.py:Ledger``: tickets, the staleness law, retries, the policy version), every
-action a call on ``roles`` (``launch/roles_contract.py:RolesContract``; on Ray
-``launch/roles.py:Roles``).
+(``launch/run/ledger.py:Ledger``: tickets, the staleness law, retries, the policy version), every
+action a call on ``roles`` (``launch/run/roles_contract.py:RolesContract``; on Ray
+``launch/run/roles.py:Roles``).
 
 One iteration: (1) admit: the ledger says which tickets wait to go again and how many new ones
 to ask the scheduler for (``Ledger.wanted``); new ones get their id and episode seed
@@ -23,22 +23,22 @@ group back before it admits, and asks for tasks only when a slot can be issued
 (``scheduler.mode: stream`` per slot, ``batch`` per B slots). ``selection_unseen_groups``: per
 trained group, how many issued groups were not yet absorbed when its step was selected.
 ``learner_idle_share`` is 1 - learner time / the step's wall time less any evaluation run in it;
-``rollout_idle_share`` comes from ``launch.metrics.Occupancy``. A dead rollout worker or scheduler
-actor is replaced by ``Roles`` (launch/roles.py), so the controller sees only failed groups.
+``rollout_idle_share`` comes from ``launch.run.metrics.Occupancy``. A dead rollout worker or scheduler
+actor is replaced by ``Roles`` (launch/run/roles.py), so the controller sees only failed groups.
 
-Evaluation (``eval.enabled``; ``launch/evaluation.py``): at step 0, every ``eval.every`` steps and
+Evaluation (``eval.enabled``; ``launch/run/evaluation.py``): at step 0, every ``eval.every`` steps and
 after the last, the fixed evaluation tasks run on the current weights as ``EVAL`` tickets through
 the same submit/collect/retry path (a failed one goes again at once: it holds no slot); they never
 reach the admission counters, the scheduler or the learner, and no weights are published during
 an evaluation. The sets: the training pool's and each of ``eval.pools`` (``eval_reward@NAME``);
 results go to ``RUN_DIR/eval.jsonl`` and that step's record.
 
-Checkpoints (``launch/checkpoint.py``) are taken only between learner steps and hold the ledger's
+Checkpoints (``launch/run/checkpoint.py``) are taken only between learner steps and hold the ledger's
 state (``Ledger.state_dict``: tickets open are issued again first on resume); resuming cuts
 metrics.jsonl and eval.jsonl back to the checkpoint's step.
 
 May import: numpy, the standard library, launch.*, envs.*, actors.ticket (no Ray: Ray lives in
-``launch/roles.py``).
+``launch/run/roles.py``).
 """
 
 from __future__ import annotations
@@ -52,14 +52,14 @@ import numpy as np
 
 from envs import strict_json
 from actors.ticket import EVAL, TRAIN, Ticket
-from launch.checkpoint import Checkpoint, save_checkpoint, truncate_logs
-from launch.control import ControlWatcher
+from launch.run.checkpoint import Checkpoint, save_checkpoint, truncate_logs
+from launch.run.control import ControlWatcher
 from launch.errors import RunStalled
-from launch.evaluation import (EvalSet, append_eval, eval_line, eval_records, eval_tickets,
+from launch.run.evaluation import (EvalSet, append_eval, eval_line, eval_records, eval_tickets,
                                 read_eval, warn_changed_sets)
-from launch.ledger import Ledger
-from launch.metrics import MetricsLogger, Occupancy, step_metrics
-from launch.roles_contract import RolesContract
+from launch.run.ledger import Ledger
+from launch.run.metrics import MetricsLogger, Occupancy, step_metrics
+from launch.run.roles_contract import RolesContract
 
 if TYPE_CHECKING:
     from envs.trajectory import Group

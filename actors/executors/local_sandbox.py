@@ -1,4 +1,4 @@
-"""``SandboxSessions``: the ``actors.executors`` protocols (``Executors``, ``Session``) over local
+"""``SandboxSessions``: the ``actors.executors.protocol`` protocols (``Executors``, ``Session``) over local
 ``sandbox.worker.SandboxWorker``s, without Ray, for drivers outside the training cluster (the
 warm start, ``envsched sft``). Code runs only in the isolated workers, as on the executor pool.
 
@@ -62,7 +62,7 @@ class SandboxSession:
 
 class SandboxSessions:
     """Sandboxed sessions for one pool over ``workers`` local sandbox workers (the
-    ``actors.executors.Executors`` protocol)."""
+    ``actors.executors.protocol.Executors`` protocol)."""
 
     def __init__(self, pool: Any, config: Optional[SandboxConfig] = None, workers: int = 1):
         if workers < 1:

@@ -1,5 +1,5 @@
 """``ExecutorSession``: one episode on one sandbox of an EnvExecutor Ray actor, the session that
-``actors.executor_pool.ExecutorPool.open_session`` returns (``actors.executors.Session``).
+``actors.executors.pool.ExecutorPool.open_session`` returns (``actors.executors.protocol.Session``).
 
 The coroutines (``astep``, ``averify``, ``aclose``) are the core; ``step``, ``verify`` and
 ``close`` run them for blocking callers (not inside a running loop). A session is closed exactly
@@ -10,7 +10,7 @@ Ray errors become ``sandbox.errors.SandboxError`` (``to_sandbox_error``): sandbo
 intact, a dead executor is kind ``executor`` (naming its constructor's error when it could not
 start), a missed deadline ``timeout``.
 
-May import: ray (its exceptions), actors.executors, envs.spec, envs.trajectory, sandbox.config,
+May import: ray (its exceptions), actors.executors.protocol, envs.spec, envs.trajectory, sandbox.config,
 sandbox.errors, the standard library.
 """
 

@@ -2,7 +2,7 @@
 
 ``open_run(cfg, run_dir, resume, resume_changed) -> Checkpoint | None``:
 
-- a directory with a checkpoint is continued from its newest intact one (``launch.checkpoint``);
+- a directory with a checkpoint is continued from its newest intact one (``launch.run.checkpoint``);
   ``resume=True`` makes a missing checkpoint an error; metrics without a checkpoint are refused
   (starting over would mix two runs' logs);
 - an existing ``config.yaml`` is compared with the new config key by key (the stored one validated
@@ -13,7 +13,7 @@
 Decision where the issue is silent: ``RESUMABLE`` keys (how long to train, where Ray runs, the
 progress bar) do not change what a step computes, so they need no flag.
 
-May import: yaml, the standard library, launch.checkpoint, launch.config, launch.cli.
+May import: yaml, the standard library, launch.run.checkpoint, launch.config, launch.cli.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 import yaml
 
-from launch.checkpoint import Checkpoint, CheckpointError, latest_checkpoint
+from launch.run.checkpoint import Checkpoint, CheckpointError, latest_checkpoint
 
 if TYPE_CHECKING:
     from launch.config import TrainConfig

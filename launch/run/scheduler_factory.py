@@ -5,7 +5,7 @@ construction ``envsched simulate`` uses) with B = ``run.batch_size``, K = ``roll
 seed ``run.seed``. Schedulers that ``needs_graph`` get the dual-relation graph, cached at
 ``RUN_DIR/graph.pkl`` so ``envsched explain`` and resumed runs do not recompute it.
 
-May import: scheduling, envs, the standard library; launch.split inside a function.
+May import: scheduling, envs, the standard library; launch.run.split inside a function.
 """
 
 from __future__ import annotations
@@ -36,9 +36,9 @@ def load_or_build_graph(pool: Any, run_dir: Optional[Path]) -> Any:
 
 
 def build_scheduler(cfg: TrainConfig, pool: Any, run_dir: Optional[Path] = None) -> Scheduler:
-    """The configured scheduler over the pool's training split (``launch/split.py``): held-out
+    """The configured scheduler over the pool's training split (``launch/run/split.py``): held-out
     tasks are never given to it, so it cannot select them."""
-    from launch.split import pool_split
+    from launch.run.split import pool_split
 
     split = pool_split(pool, cfg.pool)
     if len(split.train) < len(pool.tasks):

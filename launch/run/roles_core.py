@@ -1,5 +1,5 @@
-"""What ``launch/roles.py:Roles`` decides, without Ray: whom to restart, when to give up, and
-the step's role metrics (placement and deadlines of groups are ``launch.ledger.Ledger``'s).
+"""What ``launch/run/roles.py:Roles`` decides, without Ray: whom to restart, when to give up, and
+the step's role metrics (placement and deadlines of groups are ``launch.run.ledger.Ledger``'s).
 
 ``RolesCore(clock)`` holds the rollout workers' current handles (opaque here) and the restart
 counters.
