@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Iterator, Optional
 
 from actors import lora
+from actors.learner.safe_load import weights_only_loads
 from actors.learner import grpo
 from actors.learner.batching import PackedBatch, scored_logprobs
 from actors.learner.prefix import prefix_shared_logprobs
@@ -345,8 +346,9 @@ class LearnerEngine:
         return tag
 
     def load_checkpoint(self, directory: str, tag: Optional[str] = None) -> int:
-        path, client = self.engine.load_checkpoint(directory, tag=tag,
-                                                   load_module_strict=self.cfg.lora is None)
+        with weights_only_loads():   # a run folder is data: nothing in it runs
+            path, client = self.engine.load_checkpoint(directory, tag=tag,
+                                                       load_module_strict=self.cfg.lora is None)
         if path is None:
             raise FileNotFoundError(f"no DeepSpeed checkpoint under {directory!r} (tag {tag!r})")
         self.step = int(client["step"])

@@ -15,14 +15,15 @@ A LoRA checkpoint holds only the adapter: ``lora="merged"`` (default) folds it i
 weights (``actors.lora.merge_into``); ``lora="adapter"`` writes the PEFT adapter directory.
 
 May import: torch, deepspeed, transformers (inside functions), ``actors.policy``,
-``actors.lora``. Not ``actors.learner.engine``, which imports this module.
+``actors.lora``, ``actors.checkpoints`` (every load passes ``trust_remote_code`` explicitly). Not ``actors.learner.engine``, which imports this module.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 SOURCE_FILE = "model_source.json"
 
@@ -44,14 +45,18 @@ def recorded_lora(learner_dir: Path) -> Optional[dict]:
     return json.loads(path.read_text()).get("lora") if path.is_file() else None
 
 
-def save_hf(model, state_dict: Optional[dict], source: str, out: Path) -> None:
+def save_hf(model, state_dict: Optional[dict], source: str, out: Path,
+            trust_remote_code: bool = False) -> None:
     """``model``'s architecture with ``state_dict`` as a Hugging Face directory ``out``, with the
     tokenizer of ``source`` (a directory or a cached hub id) saved by its own ``save_pretrained``:
     whatever files that tokenizer is made of, and its chat template."""
     from transformers import AutoTokenizer
 
     model.save_pretrained(out, state_dict=state_dict)
-    AutoTokenizer.from_pretrained(source).save_pretrained(out)
+    from actors.checkpoints import remote_code
+
+    AutoTokenizer.from_pretrained(source, trust_remote_code=remote_code(
+        source, trust_remote_code)).save_pretrained(out)
 
 
 def model_source(learner_dir: Path, override: Optional[str]) -> str:
@@ -75,12 +80,31 @@ def full_state_dict(learner_dir: Path) -> dict:
     if list(tag_dir.glob("*optim_states.pt")) and any(tag_dir.glob("zero_pp_rank_*")):
         from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
-        return get_fp32_state_dict_from_zero_checkpoint(str(learner_dir))
+        with _as_data(tag_dir):
+            return get_fp32_state_dict_from_zero_checkpoint(str(learner_dir))
     states = sorted(tag_dir.glob("mp_rank_*_model_states.pt"))
     if not states:
         raise ExportError(f"{tag_dir} holds no model states")
-    module = torch.load(states[0], map_location="cpu", weights_only=False)["module"]
+    with _as_data(tag_dir):
+        module = torch.load(states[0], map_location="cpu", weights_only=True)["module"]
     return {k: v.float() for k, v in module.items()}
+
+
+@contextlib.contextmanager
+def _as_data(tag_dir: Path) -> Iterator[None]:
+    """Checkpoint files loaded ``weights_only`` (``actors.learner.safe_load``); a file naming
+    anything else is refused in one line."""
+    import pickle
+
+    from actors.learner.safe_load import weights_only_loads
+
+    try:
+        with weights_only_loads():
+            yield
+    except pickle.UnpicklingError as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ExportError(f"{tag_dir}: a checkpoint file holds more than weights and is not "
+                          f"loaded ({first[:200]})") from None
 
 
 def _check_lora_flag(learner_dir: Path, lora: Optional[str]) -> None:
@@ -92,7 +116,7 @@ def _check_lora_flag(learner_dir: Path, lora: Optional[str]) -> None:
 
 
 def _lora_export(learner_dir: Path, state: dict, source: str, lora: Optional[str],
-                 out: Path) -> Optional[dict]:
+                 out: Path, trust: bool = False) -> Optional[dict]:
     """A LoRA checkpoint: writes the adapter (``lora='adapter'``, returns None) or returns the
     merged base state dict (``'merged'``, the default). A full-weight one: ``state``."""
     from actors.lora import LoraAdapter, merge_into
@@ -109,28 +133,34 @@ def _lora_export(learner_dir: Path, state: dict, source: str, lora: Optional[str
         return None
     from transformers import AutoModelForCausalLM
 
-    base = AutoModelForCausalLM.from_pretrained(source, dtype="float32").state_dict()
+    base = AutoModelForCausalLM.from_pretrained(source, dtype="float32",
+                                                trust_remote_code=trust).state_dict()
     return merge_into(base, adapter)
 
 
 def export_checkpoint(learner_dir: str | Path, out: str | Path, model: Optional[str] = None,
-                      dtype: str = "auto", lora: Optional[str] = None) -> Path:
+                      dtype: str = "auto", lora: Optional[str] = None,
+                      trust_remote_code: bool = False) -> Path:
     """See the module docstring; ``lora``: for a LoRA checkpoint, ``adapter`` writes the PEFT
-    adapter directory, ``merged`` (default) the model with the adapter folded in."""
+    adapter directory, ``merged`` (default) the model with the adapter folded in;
+    ``trust_remote_code``: load a source folder with ``auto_map`` (refused in one line
+    otherwise, ``actors.checkpoints.remote_code``)."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    from actors.checkpoints import remote_code
     from actors.policy import resolve_model
 
     learner_dir, out = Path(learner_dir), Path(out)
     source = resolve_model(model_source(learner_dir, model))
+    trust = remote_code(source, trust_remote_code)
     _check_lora_flag(learner_dir, lora)
-    state = _lora_export(learner_dir, full_state_dict(learner_dir), source, lora, out)
+    state = _lora_export(learner_dir, full_state_dict(learner_dir), source, lora, out, trust)
     if state is None:
         return out
-    config = AutoConfig.from_pretrained(source)
+    config = AutoConfig.from_pretrained(source, trust_remote_code=trust)
     with torch.device("meta"):
-        policy = AutoModelForCausalLM.from_config(config)
+        policy = AutoModelForCausalLM.from_config(config, trust_remote_code=trust)
     _, unexpected = policy.load_state_dict(state, strict=False, assign=True)
     policy.tie_weights()
     missing = [n for n, p in policy.named_parameters() if p.is_meta]
@@ -144,5 +174,5 @@ def export_checkpoint(learner_dir: str | Path, out: str | Path, model: Optional[
         target = getattr(torch, {"bf16": "bfloat16", "fp32": "float32"}.get(target, target))
     policy.to(target or torch.float32)
     out.mkdir(parents=True, exist_ok=True)
-    save_hf(policy, None, source, out)
+    save_hf(policy, None, source, out, trust)
     return out

@@ -8,7 +8,8 @@
 ``--schedulers`` takes any ``scheduling.registry`` name or ``dapo+NAME`` (default: every
 registered scheduler). Without ``--pool`` a pool of 51 environments x 50 tasks is generated
 (seed 0) under ``OUT/pool``. Writes ``OUT/report.md``, ``OUT/metrics.json``, ``OUT/curve_*.png``
-and ``OUT/results.pkl`` (the raw run logs; ``--render-only`` rewrites the report from it), then
+and ``OUT/results.json`` + ``.npz`` (the raw run logs as data, ``launch.plain_data``:
+``--render-only`` rewrites the report from them and never unpickles anything), then
 prints each scheduler's headline figures and who is first on each axis (``report.findings``).
 ``--quick`` is a seconds-long smoke run (small generated pool, few steps) for tests.
 A pool without the generator's metadata (an imported EnvScaler or tau-bench pool) gets a world
@@ -21,12 +22,19 @@ from __future__ import annotations
 
 import argparse
 import os
-import pickle
 import time
 from pathlib import Path
 
 from launch.errors import UserError
+from launch.plain_data import PlainDataError, dump, load
 from scheduling import registry
+from scheduling.simulate.dynamics import SimParams
+from scheduling.simulate.experiment import Job, Results, Settings
+from scheduling.simulate.runner import RunLog, StepLog
+from scheduling.simulate.world import World
+
+# the dataclasses a results file may hold (anything else is refused when it is read)
+RESULT_CLASSES = (Results, Settings, World, RunLog, StepLog, SimParams, Job)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -122,13 +130,18 @@ def _pool(args: argparse.Namespace):
 def _render(out: Path) -> int:
     from scheduling.simulate.report import write_report
 
-    path = out / "results.pkl"
+    path = out / "results.json"
     if not path.exists():
-        raise UserError(f"--render-only: {path} not found; run `envsched simulate --out {out}` "
-                        "first")
-    with open(path, "rb") as f:
-        saved = pickle.load(f)
-    write_report(saved["results"], out, saved["elapsed_s"])
+        old = " (results.pkl is an earlier envsched's pickle, never loaded: it could run code)" \
+            if (out / "results.pkl").exists() else ""
+        raise UserError(f"--render-only: {path} not found{old}; run `envsched simulate --out "
+                        f"{out}` first")
+    try:
+        saved = load(path, RESULT_CLASSES)
+        results, elapsed = saved["results"], float(saved["elapsed_s"])
+    except (PlainDataError, KeyError, TypeError, ValueError) as e:
+        raise UserError(f"--render-only: {path} is not a simulator results file ({e})") from None
+    write_report(results, out, elapsed)
     print(f"wrote {out / 'report.md'} and metrics.json from {path}")
     return 0
 
@@ -162,8 +175,7 @@ def run(args: argparse.Namespace) -> int:
     except (WorldError, SchedulerError) as e:
         raise UserError(str(e)) from None
     elapsed = time.time() - t0
-    with open(args.out / "results.pkl", "wb") as f:
-        pickle.dump({"results": res, "elapsed_s": elapsed}, f)
+    dump({"results": res, "elapsed_s": elapsed}, args.out / "results.json")
     m = write_report(res, args.out, elapsed)
     print(f"wrote {args.out / 'report.md'} and metrics.json ({m['elapsed_s']:.0f} s)")
     for name, row in m["summary"].items():

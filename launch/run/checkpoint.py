@@ -1,9 +1,15 @@
 """Run checkpoints: everything needed to continue a run as if it had never stopped.
 
-Layout ``RUN_DIR/checkpoints/step_000012/``: ``controller.pkl`` (the ledger's state: counters,
-RNG states, tickets in flight, buffered groups), ``scheduler.pkl`` (the scheduler actor's
-``state_dict``), ``learner/`` (``LearnerGroup.save(path)``) and ``meta.json`` (step, wall time,
-the size of every other file: the manifest ``load`` verifies), written last.
+Layout ``RUN_DIR/checkpoints/step_000012/``: ``controller.json`` (the ledger's state: counters,
+RNG states, tickets in flight, buffered groups), ``scheduler.json`` (the scheduler actor's
+``state_dict``), each with its arrays in a ``.npz`` beside it (``launch.plain_data``: data, never
+pickles, so a tampered run folder cannot run code on resume), ``learner/``
+(``LearnerGroup.save(path)``, read back with ``weights_only`` loads) and ``meta.json`` (step,
+wall time, the format, the size of every other file: the manifest ``load`` verifies), written last.
+
+A checkpoint written by an earlier envsched (pickled ``controller.pkl``; classes under paths that
+have since moved) is refused in one line (``CheckpointFormatError``) saying why and what to do;
+it is never reported as corrupt, and ``latest_checkpoint`` does not fall back past it.
 
 Writing is atomic: files are fsynced inside ``step_N.tmp``, renamed to ``step_N`` when complete,
 then ``latest`` is rewritten; ``keep`` prunes older ones. A failed write removes its
@@ -14,7 +20,7 @@ told apart by the free space left) raises ``launch.errors.CheckpointDiskFull``.
 skipped (``has_checkpoint``: whether there is one); ``truncate_logs`` cuts the logs back to its
 step (docs/architecture.md, "Checkpoint and resume").
 
-May import: the standard library, launch.errors.
+May import: the standard library, launch.errors, launch.plain_data.
 """
 
 from __future__ import annotations
@@ -22,7 +28,6 @@ from __future__ import annotations
 import errno
 import json
 import os
-import pickle
 import re
 import shutil
 import time
@@ -32,18 +37,22 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from launch.errors import CheckpointDiskFull
+from launch.plain_data import PlainDataError, dump, load
 
 STEP_DIR = re.compile(r"^step_(\d+)$")
 # per-step logs with a "step" field, cut back to the checkpoint's step on resume
 LOGS = ("metrics.jsonl", "eval.jsonl", "groups.jsonl")
 # free bytes below which a failed write is taken to have filled the disk (see ``_abandon``)
 SPACE_MARGIN = 1 << 20
-_UNPICKLE_ERRORS = (EOFError, pickle.UnpicklingError, ValueError, TypeError, AttributeError,
-                    ImportError, IndexError, KeyError)
+FORMAT = 2     # meta.json "format": 2 = plain data (JSON + npz); none = pickles (refused)
 
 
 class CheckpointError(Exception):
     """A checkpoint is missing or unreadable; the message names the path."""
+
+
+class CheckpointFormatError(CheckpointError):
+    """A checkpoint written by an earlier envsched, in a format this one does not read."""
 
 
 class CheckpointWarning(UserWarning):
@@ -70,6 +79,11 @@ def _write_durable(path: Path, data: bytes) -> None:
     with path.open("wb") as f:
         f.write(data)
         f.flush()
+        os.fsync(f.fileno())
+
+
+def _fsync_file(path: Path) -> None:
+    with path.open("rb") as f:
         os.fsync(f.fileno())
 
 
@@ -100,11 +114,12 @@ def save_checkpoint(run_dir: Path, step: int, controller: dict[str, Any],
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         tmp.mkdir(parents=True)
-        _write_durable(tmp / "controller.pkl", pickle.dumps(controller))
-        _write_durable(tmp / "scheduler.pkl", pickle.dumps(scheduler))
+        for name, state in (("controller", controller), ("scheduler", scheduler)):
+            for written in dump(state, tmp / f"{name}.json"):
+                _fsync_file(written)
         if save_learner is not None:
             save_learner(tmp / "learner")
-        meta = {"step": step, "time": time.time(), "files": _manifest(tmp)}
+        meta = {"step": step, "time": time.time(), "format": FORMAT, "files": _manifest(tmp)}
         _write_durable(tmp / "meta.json", json.dumps(meta, sort_keys=True).encode())
         _fsync_dir(tmp)
         shutil.rmtree(final, ignore_errors=True)
@@ -200,25 +215,34 @@ def load_checkpoint(path: Path) -> Checkpoint:
     m = STEP_DIR.match(path.name)
     if m and int(m.group(1)) != meta["step"]:
         raise CheckpointError(f"checkpoint {path}: meta.json says step {meta['step']}")
+    _check_format(path, meta)
     for name, size in (meta.get("files") or {}).items():
         f = path / name
         if not f.is_file() or f.stat().st_size != size:
             have = f.stat().st_size if f.is_file() else "missing"
             raise CheckpointError(f"checkpoint {path}: {name} is {have}, expected {size} bytes")
-    return Checkpoint(path=path, step=meta["step"], controller=_unpickle(path / "controller.pkl"),
-                      scheduler=_unpickle(path / "scheduler.pkl"))
+    return Checkpoint(path=path, step=meta["step"], controller=_state(path / "controller.json"),
+                      scheduler=_state(path / "scheduler.json"))
 
 
-def _unpickle(path: Path) -> Any:
+def _check_format(path: Path, meta: dict[str, Any]) -> None:
+    if meta.get("format") == FORMAT:
+        return
+    if (path / "controller.pkl").exists() or meta.get("format") is None:
+        raise CheckpointFormatError(
+            f"checkpoint {path} was written by an earlier envsched (pickled driver state, which "
+            f"this version never loads: a run folder could run code through it); start the run "
+            f"again with a new --out, or finish it with the envsched version that wrote it")
+    raise CheckpointFormatError(f"checkpoint {path} has format {meta.get('format')!r}; this "
+                                f"envsched reads format {FORMAT}: use the version that wrote it")
+
+
+def _state(path: Path) -> Any:
     try:
-        with path.open("rb") as f:
-            return pickle.load(f)
-    except OSError as e:
-        raise CheckpointError(f"checkpoint {path.parent}: {path.name} is unreadable ({e})") \
-            from None
-    except _UNPICKLE_ERRORS as e:
-        raise CheckpointError(f"checkpoint {path.parent}: {path.name} is corrupt or truncated "
-                              f"({type(e).__name__}: {e})") from None
+        return load(path)
+    except PlainDataError as e:
+        raise CheckpointError(f"checkpoint {path.parent}: {path.name} is unreadable or "
+                              f"corrupt ({e})") from None
 
 
 def latest_checkpoint(run_dir: Path, step: Optional[int] = None) -> Checkpoint:
@@ -235,6 +259,8 @@ def latest_checkpoint(run_dir: Path, step: Optional[int] = None) -> Checkpoint:
     for _, path in _step_dirs(root):
         try:
             ckpt = load_checkpoint(path)
+        except CheckpointFormatError:
+            raise
         except CheckpointError as e:
             problems.append(str(e))
             continue

@@ -283,6 +283,33 @@ def test_simulate_quick_writes_report_metrics_and_plots(tmp_path, capsys):
     first = m["rankings"]["mean_reward_variance"][0]
     assert f"- Mean reward variance: first {first}." in printed
     assert "- Held-out success: first" in printed and "6. " in printed
+    # the raw logs are data: --render-only rebuilds the same report from them, unpickling nothing
+    assert not list(out.glob("*.pkl"))
+    (out / "report.md").unlink()
+    assert main(["simulate", "--render-only", "--out", str(out)]) == 0
+    assert (out / "report.md").read_text() == report
+    assert json.loads((out / "metrics.json").read_text())["summary"] == m["summary"]
+
+
+class _Evil:
+    def __reduce__(self):
+        return (exec, ("open('PWNED', 'w').write('x')",))
+
+
+def test_render_only_never_unpickles_and_refuses_a_tampered_results_file(tmp_path, capsys,
+                                                                        monkeypatch):
+    import pickle
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "results.pkl").write_bytes(pickle.dumps(_Evil()))
+    assert main(["simulate", "--render-only", "--out", str(tmp_path)]) == 2
+    assert "never loaded" in capsys.readouterr().err
+    (tmp_path / "results.json").write_text(json.dumps(
+        {"results": {"__t": "dc", "cls": "subprocess.Popen", "v": {"args": "true"}},
+         "elapsed_s": 1.0}))
+    assert main(["simulate", "--render-only", "--out", str(tmp_path)]) == 2
+    assert "not one this file may hold" in capsys.readouterr().err
+    assert not (tmp_path / "PWNED").exists()
 
 
 def test_simulate_rejects_unknown_scheduler(tmp_path, capsys):

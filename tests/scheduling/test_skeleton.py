@@ -4,12 +4,11 @@ built on it and keeps the same in-flight, exclusion and restore contract; ``stri
 
 from __future__ import annotations
 
-import pickle
-
 import numpy as np
 import pytest
 from fakes import FakeGraph
 
+from launch.plain_data import dump, load
 from scheduling import registry
 from scheduling.base import GroupResult, PoolScheduler, SchedulerError, TaskInfo
 
@@ -21,12 +20,18 @@ def _build(name):
     return registry.build(name, {}, tasks=TASKS, batch_size=8, k=4, seed=1, graph=G)
 
 
+def _as_data(state, tmp_path):
+    """Through the checkpoint's format (``launch.plain_data``): plain data, no pickle."""
+    dump(state, tmp_path / "scheduler.json")
+    return load(tmp_path / "scheduler.json")
+
+
 def _group(tid, step):
     return GroupResult(tid, step, np.random.default_rng([step, G.index[tid]]).random(4) < 0.5)
 
 
 @pytest.mark.parametrize("name", registry.names())
-def test_pending_exclusion_and_restore_are_the_skeletons(name):
+def test_pending_exclusion_and_restore_are_the_skeletons(name, tmp_path):
     s = _build(name)
     assert isinstance(s, PoolScheduler)
     b0, b1 = s.select(0), s.select(1)
@@ -39,7 +44,7 @@ def test_pending_exclusion_and_restore_are_the_skeletons(name):
     s.exclude(banned, "test")
     with pytest.raises(SchedulerError, match="unknown task id 'nope'"):
         s.exclude("nope", "test")
-    state = pickle.loads(pickle.dumps(s.state_dict()))
+    state = _as_data(s.state_dict(), tmp_path)
     r = _build(name)
     r.load_state_dict(state)
     assert (r.pending(), r.excluded(), r.last_step) == (s.pending(), s.excluded(), 1)
