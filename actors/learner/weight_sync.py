@@ -99,11 +99,26 @@ class ObjectStoreSync(WeightSync):
 
 
 class CollectiveSync(WeightSync):
+    """The group is built on the first publish and rebuilt whenever its membership changes
+    (``targets`` set to another set of actors, e.g. a replaced rollout worker): a new member has
+    no communicator, and a group that still counts a dead member hangs its broadcast."""
+
     def __init__(self, targets: Sequence[Any], partial_rollout: bool = False,
                  timeout_s: float = 600.0):
+        self.meta = None
         super().__init__(targets, timeout_s)
         self.partial_rollout = partial_rollout
-        self.meta = None
+
+    @property
+    def targets(self) -> list:
+        return self._targets
+
+    @targets.setter
+    def targets(self, value: Sequence[Any]) -> None:
+        value = list(value)
+        if _members(value) != _members(getattr(self, "_targets", [])):
+            self.meta = None   # reconnect everyone, learner rank 0 included, on the next publish
+        self._targets = value
 
     def _connect(self, learner) -> None:
         counts = self._wait([t.num_sync_workers.remote() for t in self.targets], "worker count")
@@ -130,6 +145,11 @@ class CollectiveSync(WeightSync):
         nbytes = sum(_numel(shape) * _itemsize(dtype) for _, dtype, shape in self.meta)
         return SyncReport(version, time.perf_counter() - t0, len(self.targets), "collective",
                           nbytes)
+
+
+def _members(targets: Sequence[Any]) -> tuple:
+    """Who the targets are: Ray actor ids (a restarted worker has a new one), else objects."""
+    return tuple(getattr(t, "_actor_id", None) or id(t) for t in targets)
 
 
 def _numel(shape) -> int:

@@ -194,6 +194,7 @@ class Roles:
     def _replace(self, w: int) -> None:
         ray.kill(self.workers[w], no_restart=True)
         self.core.replaced(w, self._new_worker(w))
+        self.sync = self._new_sync()   # new membership: the collective group is rebuilt
         self.scheduler.set_replay_port.remote(self._replay_port())
         print(f"[envsched] rollout worker {w} died; replaced ({self.restarts} so far)", flush=True)
 
