@@ -200,16 +200,17 @@ def check_logging(cfg: LoggingConfig) -> list[Check]:
 
 
 def check_policy(cfg: TrainConfig) -> list[Check]:
-    from actors.checkpoints import PolicyPathError
+    from actors.checkpoints import PolicyPathError, RemoteCodeError, remote_code
     from actors.policy import resolve_model
 
     how = "sft warm start" if cfg.warm_starts() else "as is"
     if not cfg.policy.path:
         return [Check("policy", "ok", f"the tiny local policy ({how})")]
     try:
-        return [Check("policy", "ok", f"{cfg.policy.path} -> {resolve_model(cfg.policy.path)} "
-                      f"({how})")]
-    except PolicyPathError as e:  # its message ends with the fix
+        resolved = resolve_model(cfg.policy.path)
+        remote_code(resolved, cfg.policy.trust_remote_code)   # auto_map: refused unless trusted
+        return [Check("policy", "ok", f"{cfg.policy.path} -> {resolved} ({how})")]
+    except (PolicyPathError, RemoteCodeError) as e:  # its message ends with the fix
         return [Check("policy", "fail", str(e))]
     except FileNotFoundError as e:
         return [Check("policy", "fail", str(e), "set policy.path to a local model directory or "

@@ -11,6 +11,11 @@ text a method needs) and a config. The training loop and the simulator drive it 
 - ``state_dict()`` / ``load_state_dict()``: restore bit-exactly (same next selections).
 - ``metrics() -> dict``: flat scalars for logging.
 
+A scheduler that predicts a task's group variance (the population variance of its K rewards,
+``scheduling.variance.group_variance``) carries it in each selection's ``scores[PRED_VAR]``, beside
+the scores that chose it (never one of them); the training loop records it against the realised
+variance (``launch/run/metrics.py``).
+
 ``PoolScheduler`` is the skeleton of EnvSched, EnvSched-Bayes and every baseline (task index,
 exclusions, ``pending()``, the select prologue / epilogue, the observe guard, ``explain`` /
 ``metrics`` basics, the ``state_dict`` header); a scheduler supplies ``_choose``, ``_update`` and
@@ -27,6 +32,7 @@ May import: numpy and the standard library (never Ray or torch).
 from __future__ import annotations
 
 import abc
+import hashlib
 import time
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
@@ -34,6 +40,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 PHASES = ("cold-start", "coverage", "exploitation", "random")
+PRED_VAR = "pred_var"   # the Selection.scores key of a predicted group variance (docstring)
 
 
 @dataclass(frozen=True)
@@ -96,6 +103,14 @@ class GroupResult:
         return GroupResult(task_id=group.task_id, step=group.step,
                            rewards=np.array(group.rewards), trajectories=group.trajectories,
                            task_faults=group.fault_counts()["task_errors"])
+
+
+def pool_identity(task_ids: Sequence[str]) -> dict[str, Any]:
+    """What a saved scheduler state records of the tasks it was built on: their number, the first
+    three ids and a hash of every id in order (``load_state_dict`` refuses a state of another
+    pool; a resumed run checks it before anything starts, ``launch.run.resume.check_pool``)."""
+    digest = hashlib.sha256("\n".join(task_ids).encode("utf-8")).hexdigest()[:16]
+    return {"n": len(task_ids), "task_ids_head": list(task_ids[:3]), "task_ids_hash": digest}
 
 
 class SchedulerError(Exception):
@@ -195,7 +210,7 @@ class PoolScheduler(Scheduler):
 
     def _identity(self) -> dict[str, Any]:
         """What a state must have been saved with to load here."""
-        return {"scheduler": self.name, "n": self.n, "task_ids_head": list(self.task_ids[:3])}
+        return {"scheduler": self.name, **pool_identity(self.task_ids)}
 
     # --- the skeleton -----------------------------------------------------------------------
     def select(self, step: int) -> Batch:

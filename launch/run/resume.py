@@ -13,7 +13,8 @@
 Decision where the issue is silent: ``RESUMABLE`` keys (how long to train, where Ray runs, the
 progress bar) do not change what a step computes, so they need no flag.
 
-May import: yaml, the standard library, launch.run.checkpoint, launch.config, launch.cli.
+May import: yaml, the standard library, launch.run.checkpoint, launch.config, launch.cli,
+launch.errors, launch.run.scheduler_factory, scheduling.base (``check_pool``).
 """
 
 from __future__ import annotations
@@ -111,3 +112,23 @@ def _check_and_record(run_dir: Path, changes: dict[str, tuple[Any, Any]], step: 
     print(f"[envsched] config changed since the run began: {', '.join(sorted(changes))} "
           f"(recorded in config_changes.jsonl; the old config kept as {old_copy.name})",
           flush=True)
+
+
+def check_pool(ckpt: Checkpoint, cfg: TrainConfig, pool: Any, pool_dir: Path) -> None:
+    """Refuse, before Ray starts, to continue a run whose checkpoint was trained on another
+    pool (or training split): the scheduler state would be refused later, inside its actor."""
+    from launch.errors import UserError
+    from launch.run.scheduler_factory import training_pool
+    from scheduling.base import pool_identity
+
+    saved = ckpt.scheduler.get("scheduler") if isinstance(ckpt.scheduler, dict) else None
+    if not isinstance(saved, dict):
+        raise UserError(f"checkpoint {ckpt.path}: scheduler.json holds no scheduler state")
+    now = pool_identity([t.task_id for t in training_pool(cfg, pool).tasks])
+    differ = [k for k, v in now.items() if saved.get(k) != v]
+    if differ:
+        raise UserError(
+            f"checkpoint {ckpt.path} was trained on another pool or split than {pool_dir} "
+            f"({', '.join(differ)} differ: {saved.get('n')} training tasks then, {now['n']} "
+            f"now); fix: point pool.path at the run's own pool (RUN_DIR/pool), or start a new "
+            f"run with another --out")

@@ -35,14 +35,18 @@ def load_or_build_graph(pool: Any, run_dir: Optional[Path]) -> Any:
     return DualGraph.from_pool(pool, cache=path)
 
 
-def build_scheduler(cfg: TrainConfig, pool: Any, run_dir: Optional[Path] = None) -> Scheduler:
-    """The configured scheduler over the pool's training split (``launch/run/split.py``): held-out
-    tasks are never given to it, so it cannot select them."""
+def training_pool(cfg: TrainConfig, pool: Any) -> Any:
+    """The pool the scheduler sees: the training split, in the pool's order."""
     from launch.run.split import pool_split
 
     split = pool_split(pool, cfg.pool)
-    if len(split.train) < len(pool.tasks):
-        pool = pool.subset(split.train)
+    return pool.subset(split.train) if len(split.train) < len(pool.tasks) else pool
+
+
+def build_scheduler(cfg: TrainConfig, pool: Any, run_dir: Optional[Path] = None) -> Scheduler:
+    """The configured scheduler over the pool's training split (``launch/run/split.py``): held-out
+    tasks are never given to it, so it cannot select them."""
+    pool = training_pool(cfg, pool)
     try:
         registry.check_trainable(cfg.scheduler.name)   # config load refused it already
         return registry.build(cfg.scheduler.name, cfg.scheduler.typed_params(),

@@ -75,7 +75,8 @@ def prepare_policy(cfg: TrainConfig, pool_dir: Path, run_dir: Path) -> str:
         train_ids = pool_split(load_pool(pool_dir), cfg.pool).train  # held-out tasks stay unseen
         summary = run_sft_apart(pool_dir, out, s.epochs, s.lr, s.task_fraction, s.max_examples,
                           cfg.run.seed, batch=s.batch, target_loss=s.target_loss,
-                          sandbox=cfg.executors.sandbox, only=train_ids, base=base)
+                          sandbox=cfg.executors.sandbox, only=train_ids, base=base,
+                                trust_remote_code=cfg.policy.trust_remote_code)
         print(f"sft: {summary['tasks']} tasks, loss {summary['epoch_loss'][0]:.3f} -> "
               f"{summary['epoch_loss'][-1]:.3f} in {summary['seconds']} s", flush=True)
     return str(out)
@@ -96,7 +97,7 @@ def train(cfg: TrainConfig, run_dir: Path, address: Optional[str] = None, resume
     from launch.run.evaluation import read_eval
     from launch.run.metrics import read_metrics, summarize
     from launch.run.recovery import Recovery, next_command
-    from launch.run.resume import open_run
+    from launch.run.resume import check_pool, open_run
     from launch.rollout import check_chat_format, check_users
     from launch.run.roles import Roles
     from launch.run.split import eval_sets, pool_split
@@ -112,6 +113,8 @@ def train(cfg: TrainConfig, run_dir: Path, address: Optional[str] = None, resume
         raise UserError(f"pool {pool_dir} has {len(pool.tasks)} tasks, fewer than "
                         f"run.batch_size={cfg.run.batch_size} (one step selects B distinct tasks; "
                         f"fix: lower run.batch_size or use a larger pool)")
+    if ckpt is not None:   # another pool is refused here, in one line, before Ray starts
+        check_pool(ckpt, cfg, pool, pool_dir)
     eval_pools = load_eval_pools(cfg, pool_dir)   # a bad one stops the run here, in one line
     t_pool = time.perf_counter()
     _progress(f"pool {pool_dir}: {len(pool.tasks)} tasks ({t_pool - t0:.0f} s)"

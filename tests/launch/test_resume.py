@@ -87,3 +87,32 @@ def test_train_command_has_resume_changed():
     add_arguments(parser)
     assert parser.parse_args(["--out", "r", "--resume-changed"]).resume_changed is True
     assert parser.parse_args(["--out", "r"]).resume_changed is False
+
+
+def test_a_run_resumed_on_another_pool_is_refused_in_one_line_before_ray_starts(tmp_path):
+    """The pool directory the run trains on now holds other tasks than its checkpoint's
+    scheduler state: ``train`` stops at once with what differs, not as a Ray traceback from
+    inside the scheduler actor after start-up."""
+    import ray
+
+    from envs.generator import generate_pool
+    from envs.pool import load_pool
+    from launch.run.scheduler_factory import build_scheduler
+    from launch.run.trainer import train
+
+    pool_dir = tmp_path / "pool"
+    generate_pool(pool_dir, 3, 4, 0)
+    cfg = _cfg(pool__path=str(pool_dir), scheduler__name="random")
+    run_dir = tmp_path / "run"
+    assert open_run(cfg, run_dir) is None
+    state = build_scheduler(cfg, load_pool(pool_dir)).state_dict()
+    save_checkpoint(run_dir, 2, {"step": 2}, {"scheduler": state, "queue": []})
+    import shutil
+
+    shutil.rmtree(pool_dir)
+    generate_pool(pool_dir, 3, 4, 1)           # same place, other tasks
+    assert not ray.is_initialized()
+    with pytest.raises(UserError, match="trained on another pool") as e:
+        train(cfg, run_dir)
+    assert "task_ids_hash" in str(e.value) and "\n" not in str(e.value)
+    assert not ray.is_initialized()
