@@ -12,6 +12,15 @@ the trainer calls it once on the driver, so every Ray actor is handed a plain HF
 - anything else -> a hub id's snapshot in the local Hugging Face cache (offline, never downloads).
 Errors are ``PolicyPathError`` (a ``FileNotFoundError``): they name the value and say the fix.
 
+A model folder is data, never code (docs/sandbox.md, "Model folders, endpoints and user turns"):
+``remote_code(model_dir, trust)`` is the ``trust_remote_code`` value every transformers and vLLM
+load passes explicitly (so transformers never asks on stdin). A folder whose ``config.json`` or
+``tokenizer_config.json`` (or a processor config) has ``auto_map`` names Python files that loading
+it would import; it is refused in one line naming the file (``RemoteCodeError``) unless ``trust``
+(``policy.trust_remote_code: true``), which logs a warning. A ``.gguf`` that is empty, truncated
+or not GGUF (``check_gguf``: the magic, then the conversion's own errors) is one
+``PolicyPathError`` line naming the file.
+
 ``fetch_builtin(SMOLLM2)`` (``envsched model fetch smollm2``) is the explicit, sha256-checked
 download. The conversion, the cache location and the fetch: docs/real-model.md, "Getting a real
 checkpoint". Conversions write a temporary directory renamed into place, so concurrent builders
@@ -25,8 +34,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import shutil
+import struct
 import subprocess
 import sys
 import tempfile
@@ -35,12 +46,86 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional, Union
 
+log = logging.getLogger(__name__)
 SOURCE_FILE = "envsched_source.json"  # provenance of a converted directory
+# the files of a model folder whose ``auto_map`` makes transformers import the folder's code
+REMOTE_CODE_FILES = ("config.json", "tokenizer_config.json", "processor_config.json",
+                     "preprocessor_config.json")
+MAX_CONFIG_BYTES = 64 << 20
+GGUF_MAGIC = b"GGUF"
+GGUF_HEADER_BYTES = 24  # magic, version, tensor count, metadata count
 CONVERSION_VERSION = 1  # bump when the conversion recipe changes: old directories are not reused
 
 
 class PolicyPathError(FileNotFoundError):
     """A ``policy.path`` value that names no usable model; the message ends with the fix."""
+
+
+class RemoteCodeError(PolicyPathError):
+    """A model folder that would run its own code, refused (``remote_code``)."""
+
+
+def _auto_map(model_dir: Path) -> Optional[tuple[Path, list[str]]]:
+    """(the first file with ``auto_map``, the code it names), or None; a file that is not a
+    bounded JSON object is a ``PolicyPathError`` naming it."""
+    for name in REMOTE_CODE_FILES:
+        path = model_dir / name
+        if not path.is_file():
+            continue
+        if path.stat().st_size > MAX_CONFIG_BYTES:
+            raise PolicyPathError(f"{path}: larger than {MAX_CONFIG_BYTES >> 20} MiB; not a "
+                                  f"model config")
+        try:
+            data = json.loads(path.read_bytes())
+        except (ValueError, RecursionError) as e:
+            raise PolicyPathError(f"{path}: not valid JSON ({type(e).__name__}: "
+                                  f"{str(e)[:120]})") from None
+        if not isinstance(data, dict):
+            raise PolicyPathError(f"{path}: not a JSON object")
+        if "auto_map" in data:
+            value = data["auto_map"]
+            names = [str(v)[:80] for v in (value.values() if isinstance(value, dict) else [value])]
+            return path, names
+    return None
+
+
+def remote_code(model_dir: Union[str, Path], trust: bool = False) -> bool:
+    """The ``trust_remote_code`` to pass when loading ``model_dir`` (see the module docstring):
+    False for a folder without ``auto_map``; such a folder raises ``RemoteCodeError`` unless
+    ``trust``, and is then loaded with True after a warning. A hub id or a missing folder is False
+    (the load itself then names the problem)."""
+    p = Path(model_dir)
+    if not p.is_dir():
+        return False
+    found = _auto_map(p)
+    if found is None:
+        return False
+    path, names = found
+    if not trust:
+        raise RemoteCodeError(f"{path}: auto_map names code that loading this model would run "
+                              f"({', '.join(names)[:200]}); refused. Fix: use a model whose "
+                              f"architecture transformers ships, or set policy.trust_remote_code"
+                              f"=true if you trust this folder's .py files")
+    log.warning("%s: policy.trust_remote_code is true: loading runs this folder's code (%s)",
+                path, ", ".join(names)[:200])
+    return True
+
+
+def check_gguf(path: Union[str, Path]) -> None:
+    """A ``PolicyPathError`` naming ``path`` unless it starts like a GGUF file."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(GGUF_HEADER_BYTES)
+    except OSError as e:
+        raise PolicyPathError(f"{path}: cannot read it ({e.strerror})") from None
+    if not head:
+        raise PolicyPathError(f"{path}: empty file, not a GGUF model")
+    if head[:4] != GGUF_MAGIC:
+        raise PolicyPathError(f"{path}: not a GGUF file (it starts with {head[:4]!r}, not "
+                              f"b'GGUF')")
+    if len(head) < GGUF_HEADER_BYTES:
+        raise PolicyPathError(f"{path}: truncated GGUF file ({len(head)} bytes, shorter than its "
+                              f"header)")
 
 
 @dataclass(frozen=True)
@@ -167,7 +252,8 @@ def _write_hf_dir(gguf: Path, out: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    kw = dict(gguf_file=gguf.name)
+    check_gguf(gguf)
+    kw = dict(gguf_file=gguf.name, trust_remote_code=False)   # a GGUF carries no code
     try:
         loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, dtype=torch.float32, **kw)
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, **kw)
@@ -175,7 +261,12 @@ def _write_hf_dir(gguf: Path, out: Path) -> None:
         if "pip install" in str(e):  # transformers' wording when gguf or accelerate is missing
             raise PolicyPathError(f"converting {gguf} needs the gguf and accelerate packages "
                                   f"(pip install -e . reinstalls them): {e}") from None
-        raise
+        raise PolicyPathError(f"{gguf}: not a usable GGUF model ({type(e).__name__}: "
+                              f"{_first_line(e)})") from None
+    except (OSError, EOFError, KeyError, IndexError, TypeError, AttributeError, RuntimeError,
+            MemoryError, OverflowError, struct.error) as e:   # numpy/gguf on a damaged file
+        raise PolicyPathError(f"{gguf}: not a usable GGUF model ({type(e).__name__}: "
+                              f"{_first_line(e)})") from None
     config = loaded.config
     if hasattr(config, "quantization_config"):
         del config.quantization_config  # the weights below are plain fp32
@@ -192,6 +283,11 @@ def _write_hf_dir(gguf: Path, out: Path) -> None:
     # mkdtemp/mkstemp create owner-only files; the cache is shared with Ray workers and CI users
     for f in (out, *out.iterdir()):
         f.chmod(0o755 if f.is_dir() else 0o644)
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return (text.splitlines()[0] if text else "no detail")[:200]
 
 
 def fetch_builtin(builtin: Builtin, cache: Optional[Path] = None,

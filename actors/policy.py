@@ -11,10 +11,12 @@ changed recipe never reuses a stale cache; the build writes to a temporary direc
 it, so concurrent builders never see a half-written model. See docs/rollout.md, "The tiny local
 policy".
 
-``load_policy(path, dtype=float32) -> (model, tokenizer)`` loads any HF causal-LM directory for the
-learner and the HF engine; ``resolve_model(path)`` accepts a local directory, a ``.gguf`` file, a
-builtin name (``smollm2``) or a hub id already in the local cache, through
-``actors.checkpoints.resolve_policy_path``.
+``load_policy(path, dtype=float32, trust_remote_code=False) -> (model, tokenizer)`` loads any HF
+causal-LM directory for the learner and the HF engine; ``resolve_model(path)`` accepts a local
+directory, a ``.gguf`` file, a builtin name (``smollm2``) or a hub id already in the local cache,
+through ``actors.checkpoints.resolve_policy_path``. Every load passes ``trust_remote_code``
+explicitly (``actors.checkpoints.remote_code``): a folder with ``auto_map`` is refused in one line
+unless ``trust_remote_code`` (``policy.trust_remote_code``), and nothing is ever asked on stdin.
 
 May import: torch, transformers, tokenizers, ``actors.checkpoints`` (resolving a policy path),
 ``envs.generator`` (corpus text), the standard library.
@@ -194,21 +196,29 @@ def resolve_model(path: Union[str, Path]) -> str:
     return str(resolve_policy_path(path))
 
 
-def load_tokenizer(path: Union[str, Path]):
+def load_tokenizer(path: Union[str, Path], trust_remote_code: bool = False):
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(resolve_model(path))
+    from actors.checkpoints import remote_code
+
+    path = resolve_model(path)
+    return AutoTokenizer.from_pretrained(
+        path, trust_remote_code=remote_code(path, trust_remote_code))
 
 
-def load_policy(path: Union[str, Path], dtype=None):
-    """``(model, tokenizer)`` from an HF directory; model in eval mode, float32 unless ``dtype``."""
+def load_policy(path: Union[str, Path], dtype=None, trust_remote_code: bool = False):
+    """``(model, tokenizer)`` from an HF directory; model in eval mode, float32 unless ``dtype``;
+    ``trust_remote_code``: see the module docstring."""
     import torch
     from transformers import AutoModelForCausalLM
 
+    from actors.checkpoints import remote_code
+
     path = resolve_model(path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype or torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(
+        path, dtype=dtype or torch.float32, trust_remote_code=remote_code(path, trust_remote_code))
     model.eval()
-    return model, load_tokenizer(path)
+    return model, load_tokenizer(path, trust_remote_code)
 
 
 def cache_kwargs(model, cache) -> dict:

@@ -82,7 +82,8 @@ class RolloutWorker:
         path = model_path or (str(build_tiny_policy()) if engine != "vllm" else None)
         if path is None:
             raise ValueError(f"{name}: the vllm engine needs a model path")
-        self.tokenizer = load_tokenizer(path)
+        # the engine's own kwarg, set only from policy.trust_remote_code (launch.config)
+        self.tokenizer = load_tokenizer(path, bool((engine_kwargs or {}).get("trust_remote_code")))
         self.engine = make_engine(engine, model_path=path, tokenizer=self.tokenizer,
                                   pool=self.pool, **(engine_kwargs or {}))
         self.executors = _executors(self.pool, executors, executor_config)

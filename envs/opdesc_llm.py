@@ -10,6 +10,13 @@ extractor is used and the reason logged and returned. Results are cached in an a
 file (through ``envs.untrusted``) by a content hash of (model, prompt version, system prompt,
 user message), so an unchanged pool sends no request. See docs/adapters.md.
 
+The endpoint and the cache are untrusted: an answer is parsed as bounded JSON
+(``envs.untrusted.parse_json``), and a reply the client refuses (``envs.chat_client``: too big,
+too slow, too deep, a redirect to another origin) fails that request only. A cached answer is
+validated exactly like a fresh one (``OpDescription`` + ``check_against_task``); one that fails,
+or a cache line that is not an object with a string key and an object description, is dropped
+with a warning and the task is asked again.
+
 The abstraction (Appendix E steps 1–5) is applied downstream by ``scheduling.abstraction``.
 
 May import: envs.*, pydantic (its validation error), the standard library, tqdm.
@@ -114,6 +121,14 @@ class LLMDescriber:
         if json_mode not in JSON_MODES:
             raise ValueError(f"the json_mode parameter of LLMDescriber must be one of "
                              f"{JSON_MODES}, got {json_mode!r}")
+        for name, value, least in (("concurrency", concurrency, 1), ("retries", retries, 0),
+                                   ("max_tokens", max_tokens, 1)):
+            if not isinstance(value, int) or value < least:
+                raise ValueError(f"the {name} parameter of LLMDescriber must be an integer >= "
+                                 f"{least}, got {value!r}")
+        if not timeout_s > 0:
+            raise ValueError(f"the timeout_s parameter of LLMDescriber must be > 0 seconds, got "
+                             f"{timeout_s!r}")
         self.endpoint = endpoint.rstrip("/")
         self.model, self.api_key = model, api_key
         # no transport retries here: the loop in describe_one retries (and counts) every request
@@ -140,6 +155,9 @@ class LLMDescriber:
                 if raw is None:
                     raise ValueError("line too long")
                 rec = parse_json(raw.decode("utf-8"), self._cache_at[1], line=lineno)
+                if not (isinstance(rec, dict) and isinstance(rec.get("key"), str)
+                        and isinstance(rec.get("description"), dict)):
+                    raise ValueError("not an object with a string key and an object description")
                 cache[rec["key"]] = rec["description"]
             except (ValueError, KeyError, TypeError) as e:  # UntrustedFileError, bad UTF-8 too
                 log.warning("ignoring a corrupt line %s:%d (%s)", self.cache_path, lineno, e)
@@ -160,8 +178,9 @@ class LLMDescriber:
                                     max_tokens=self.max_tokens,
                                     response_format=response_format).content
 
-    def _validate(self, content: str, task: TaskSpec) -> OpDescription:
-        raw = json.loads(content)
+    def _validate(self, content: Any, task: TaskSpec) -> OpDescription:
+        """An answer (JSON text, or a cached object) checked as an LLM description of ``task``."""
+        raw = parse_json(content, "the answer") if isinstance(content, str) else content
         if not isinstance(raw, dict):
             raise ValueError("the answer must be a JSON object")
         desc = OpDescription.model_validate({**raw, "source": "llm"})
@@ -172,9 +191,18 @@ class LLMDescriber:
                      stats: DescribeStats) -> OpDescription:
         message = user_message(task, env, initial_state)
         key = self._key(message)
-        if key in self._cache:
-            self._count(stats, cached=1, valid=1)
-            return OpDescription.model_validate(self._cache[key])
+        cached = self._cache.get(key)
+        if cached is not None:
+            try:   # validated like a fresh answer: the cache file is pool data
+                desc = self._validate(cached, task)
+            except (ValueError, ValidationError, OpDescriptionError, RecursionError) as e:
+                log.warning("task %s: ignoring its cached description (%s); asking again",
+                            task.task_id, _brief(e))
+                with self._lock:
+                    self._cache.pop(key, None)
+            else:
+                self._count(stats, cached=1, valid=1)
+                return desc
         messages = [{"role": "system", "content": SYSTEM_PROMPT},
                     {"role": "user", "content": message}]
         reason = ""
@@ -187,7 +215,7 @@ class LLMDescriber:
                 continue
             try:
                 desc = self._validate(content, task)
-            except (json.JSONDecodeError, ValueError, ValidationError, OpDescriptionError) as e:
+            except (ValueError, ValidationError, OpDescriptionError, RecursionError) as e:
                 reason = f"invalid answer: {_brief(e)}"
                 messages = messages[:2] + [{"role": "assistant", "content": content[:4000]},
                                            {"role": "user", "content": "Your answer was invalid: "

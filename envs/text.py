@@ -5,6 +5,9 @@ printed to a terminal.
   naming the file, byte offset, offending byte and line.
 - ``lone_surrogate(value)``: where a parsed record holds a lone surrogate (the pool loader refuses
   them: one broke every rollout's tokenizer).
+- ``encodable(text)``: ``text`` with every lone surrogate (the only text UTF-8 cannot encode)
+  replaced by U+FFFD, for text from a peer that cannot be refused wholesale (a simulated user's
+  reply) before it is tokenised.
 - ``printable(text)``: control characters (newlines included, so a pool string cannot forge
   report lines), lone surrogates and bidirectional overrides escaped. Apply it to everything that
   came from a pool before printing it.
@@ -77,6 +80,11 @@ def lone_surrogate(value: Any, where: str = "") -> Optional[str]:
             if found:
                 return found
     return None
+
+
+def encodable(text: str) -> str:
+    """``text`` encodable as UTF-8: lone surrogates become U+FFFD (see the module docstring)."""
+    return _SURROGATE.sub("\ufffd", text) if _SURROGATE.search(text) else text
 
 
 def printable(text: object) -> str:

@@ -73,10 +73,11 @@ def user_sim_config(overrides: dict[str, Any], pool: Pool) -> Optional[UserSimCo
 
 
 def check_users(cfg: UserSimConfig, pool: Pool, key: str = "user_sim.") -> Optional[UserSimConfig]:
-    """The user simulator of the pool's conversational tasks (None: the pool has none); ``key``:
+    """The user simulator of the pool's conversational tasks (None: the pool has none, or only
+    tasks that script their user, ``envs.spec.TaskSpec.needs_user_sim``); ``key``:
     how the fix names a field (``--user-set `` for ``envsched rollout``, ``user_sim.`` for a
     run's config)."""
-    if not any(t.user is not None for t in pool.tasks):
+    if not any(t.needs_user_sim for t in pool.tasks):   # none, or all scripted by their tasks
         return None
     if cfg.kind == "openai" and cfg.endpoint is None:
         raise UserError(f"the pool has conversational tasks but no user simulator endpoint; "
@@ -98,7 +99,8 @@ def check_chat_format(engine: str, model: Optional[str], config: RolloutConfig,
     if path is None:
         return
     try:
-        chat = ChatFormat(load_tokenizer(path), enable_thinking=config.enable_thinking,
+        trust = bool(config.engine_kwargs.get("trust_remote_code"))   # --trust-remote-code
+        chat = ChatFormat(load_tokenizer(path, trust), enable_thinking=config.enable_thinking,
                           tool_parser=config.tool_parser)
         if conversational:
             chat.user_segment("a user message", stopped=True)

@@ -171,10 +171,12 @@ def train_sft(model: Any, sequences: list[tuple[list[int], list[int]]], epochs: 
 def run_sft(pool_dir: Path, out_dir: Path, epochs: int, lr: float, task_fraction: float,
             max_examples: int, seed: int = 0, base: Optional[str] = None, batch: int = 1,
             target_loss: Optional[float] = None, sandbox: Any = None,
-            only: Optional[Sequence[str]] = None) -> dict[str, Any]:
+            only: Optional[Sequence[str]] = None,
+            trust_remote_code: bool = False) -> dict[str, Any]:
     """Warm-start ``base`` (default: the tiny policy) and save it to ``out_dir``; reference
     solutions play in a sandbox worker configured by ``sandbox`` (a ``SandboxConfig``). ``only``:
-    the tasks it may show (a run's training split, so held-out tasks stay unseen)."""
+    the tasks it may show (a run's training split, so held-out tasks stay unseen).
+    ``trust_remote_code``: ``policy.trust_remote_code`` (``actors.policy.load_policy``)."""
     import torch
 
     from actors.policy import build_tiny_policy, load_policy
@@ -182,7 +184,8 @@ def run_sft(pool_dir: Path, out_dir: Path, epochs: int, lr: float, task_fraction
 
     t0 = time.perf_counter()
     pool = load_pool(pool_dir)
-    model, tokenizer = load_policy(base or build_tiny_policy(seed=seed))
+    model, tokenizer = load_policy(base or build_tiny_policy(seed=seed),
+                                   trust_remote_code=trust_remote_code)
     task_ids = pick_tasks(pool if only is None else pool.subset(only), task_fraction,
                           max_examples, seed)
     seqs = reference_sequences(pool, tokenizer, task_ids, sandbox=sandbox)

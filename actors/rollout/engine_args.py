@@ -9,6 +9,12 @@ engines' keyword parameters, read with ``ast`` so torch is not imported.
 ``gpus_per_engine(kwargs)``: tensor x pipeline parallel size, what ``cluster.rollout.num_gpus``
 must equal.
 
+``with_remote_code(engine, kwargs, trust, key)``: the engine kwarg ``trust_remote_code`` follows
+one explicit setting (``policy.trust_remote_code``; ``--trust-remote-code`` for ``envsched
+rollout``): a true value in ``kwargs`` without it is refused naming ``key``, and with it the
+kwarg is set for the engines that load a model (hf, vllm; left unset, so False, without it),
+so the rollout worker, its tokenizer and vLLM all receive it (``actors.checkpoints.remote_code``).
+
 May import: the standard library; vllm (only to read ``AsyncEngineArgs``'s fields).
 """
 
@@ -32,7 +38,10 @@ VLLM_KNOWN_KEYS = frozenset({
     "kv_cache_memory_bytes", "enable_lora", "max_lora_rank", "max_loras", "max_cpu_loras",
 })
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)   # vLLM's allowed max_lora_rank
-RESERVED = frozenset({"model", "tokenizer", "worker_extension_cls", "model_path"})
+RESERVED = frozenset({"model", "tokenizer", "worker_extension_cls", "model_path",
+                      "logprobs_mode"})
+WHY_RESERVED = {"logprobs_mode": "the learner scores the distribution the engine samples from, "
+                                 "processed_logprobs"}
 ENGINES = Path(__file__).resolve().parent / "engines"
 
 
@@ -78,8 +87,9 @@ def check_engine_kwargs(engine: str, kwargs: Mapping[str, Any]) -> dict[str, Any
     errors = []
     for key in kwargs:
         if key in RESERVED:
+            why = WHY_RESERVED.get(key, "policy.path names the model")
             errors.append(f"rollout.engine_kwargs.{key} is set by envsched (fix: remove it; "
-                          f"policy.path names the model)")
+                          f"{why})")
         elif key not in keys:
             close = difflib.get_close_matches(key, sorted(keys), n=1)
             hint = f"did you mean '{close[0]}'?" if close else f"known: {', '.join(sorted(keys))}"
@@ -88,6 +98,24 @@ def check_engine_kwargs(engine: str, kwargs: Mapping[str, Any]) -> dict[str, Any
     if errors:
         raise ValueError("; ".join(errors))
     return dict(kwargs)
+
+
+REMOTE_CODE_KEY = "trust_remote_code"
+
+
+def with_remote_code(engine: str, kwargs: Mapping[str, Any], trust: bool,
+                     key: str = "policy.trust_remote_code") -> dict[str, Any]:
+    """``kwargs`` with ``trust_remote_code`` following ``trust`` (see the module docstring)."""
+    out = dict(kwargs)
+    if out.get(REMOTE_CODE_KEY) not in (None, False, trust):
+        raise ValueError(f"rollout.engine_kwargs.{REMOTE_CODE_KEY} would run code from the model "
+                         f"folder; it follows {key} (fix: remove it, and set {key}=true only for "
+                         f"a model folder you trust)")
+    if engine not in ("hf", "vllm"):
+        out.pop(REMOTE_CODE_KEY, None)      # the scripted engine loads no model
+    elif trust:
+        out[REMOTE_CODE_KEY] = True         # unset otherwise: the engines default to False
+    return out
 
 
 def gpus_per_engine(kwargs: Mapping[str, Any]) -> int:
@@ -108,3 +136,32 @@ def lora_engine_kwargs(engine: str, kwargs: Mapping[str, Any], lora: Any) -> dic
                          f"for vLLM's LoRA support, got {lora.rank}")
     return {"enable_lora": True, "max_lora_rank": rank, "max_loras": 1, "max_cpu_loras": 2,
             **kwargs}
+
+
+# the engines' names for the learner's two dtypes ("auto" and a missing key: follow the learner)
+DTYPE_NAMES = {"bfloat16": "bfloat16", "bf16": "bfloat16", "float32": "float32",
+               "fp32": "float32", "float": "float32"}
+ENGINE_DEFAULT_DTYPE = {"hf": "float32"}   # what each engine runs in without a dtype key
+
+
+def same_dtype_kwargs(engine: str, kwargs: Mapping[str, Any], learner_dtype: str) -> dict[str, Any]:
+    """``kwargs`` with the engine in the learner's dtype ``learner_dtype`` ('bfloat16' or
+    'float32', ``LearnerConfig.torch_dtype_name``), so that the log-probs the engine samples with
+    are the ones the learner recomputes (docs/learner.md, "Precision"). A missing or ``auto``
+    ``dtype`` becomes the learner's (left out where the engine's default already is: the HF
+    engine's fp32); another dtype raises ``ValueError`` with the fix. The scripted engine has no
+    weights: unchanged."""
+    if engine not in ("hf", "vllm"):
+        return dict(kwargs)
+    out = dict(kwargs)
+    have = out.pop("dtype", "auto")
+    if str(have) != "auto":
+        if DTYPE_NAMES.get(str(have)) != learner_dtype:
+            raise ValueError(f"rollout.engine_kwargs.dtype is {have!r} but the learner trains in "
+                             f"{learner_dtype} (learner.dtype); the engine must sample in the "
+                             f"learner's dtype: fix: set rollout.engine_kwargs.dtype: "
+                             f"{learner_dtype} or remove it")
+        out["dtype"] = have
+    elif ENGINE_DEFAULT_DTYPE.get(engine) != learner_dtype:
+        out["dtype"] = learner_dtype
+    return out

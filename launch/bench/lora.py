@@ -134,6 +134,7 @@ def run(args: argparse.Namespace) -> int:
     import ray
 
     from actors.learner.config import LearnerConfig, LoraConfig
+    from actors.checkpoints import remote_code
     from actors.learner.learner_actor import LearnerGroup
     from actors.policy import build_tiny_policy, resolve_model
     from launch.cluster import connect
@@ -145,11 +146,12 @@ def run(args: argparse.Namespace) -> int:
                         f"{args.rounds}, {args.rank}, {args.seq_len})")
     try:
         path = resolve_model(args.model) if args.model else str(build_tiny_policy(seed=args.seed))
+        remote_code(path)   # a folder with code of its own is refused, never run
     except FileNotFoundError as e:
         raise UserError(f"--model {args.model!r}: {e}") from None
     from transformers import AutoConfig
 
-    vocab = AutoConfig.from_pretrained(path).vocab_size
+    vocab = AutoConfig.from_pretrained(path, trust_remote_code=False).vocab_size
     connect(ClusterConfig(num_cpus=4), None)
     # SGD: no optimiser state, so the full-weight learner fits beside the rest (what it publishes
     # does not depend on the optimiser)

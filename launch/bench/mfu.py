@@ -108,7 +108,8 @@ def learner_rate(args, torch, path: str, dtype_name: str) -> dict:
     from transformers import AutoModelForCausalLM
 
     dtype = getattr(torch, DTYPES[dtype_name])
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=args.attn)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=args.attn,
+                                                 trust_remote_code=False)   # checked in run
     model.train()
     params = sum(p.numel() for p in model.parameters())
     opt = torch.optim.Adam(model.parameters(), lr=1e-6)
@@ -182,7 +183,7 @@ def run(args: argparse.Namespace) -> int:
 
     import torch
 
-    from actors.checkpoints import resolve_policy_path
+    from actors.checkpoints import remote_code, resolve_policy_path
     from launch.errors import UserError
 
     dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
@@ -192,6 +193,7 @@ def run(args: argparse.Namespace) -> int:
                         f"--batch >= 1 and 0 < --scored <= 1")
     try:
         path = str(resolve_policy_path(args.model))
+        remote_code(path)   # a folder with code of its own is refused, never run
     except FileNotFoundError as e:
         raise UserError(f"--model {args.model}: {e}") from None
     torch.set_num_threads(args.threads)

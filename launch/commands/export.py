@@ -24,6 +24,8 @@ from actors.learner.config import DTYPES, LORA_FORMS
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run_dir", help="a run directory written by envsched train")
     parser.add_argument("--step", type=int, default=None, help="checkpoint step (default: latest)")
+    parser.add_argument("--trust-remote-code", action="store_true",
+                        help="the starting model's folder has auto_map: run its code to load it")
     parser.add_argument("--out", required=True, help="output model directory")
     parser.add_argument("--model", default=None,
                         help="the run's starting model (default: recorded in the checkpoint)")
@@ -42,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         ckpt = find_checkpoint(Path(args.run_dir), args.step)
         out = export_checkpoint(ckpt / "learner", args.out, args.model, args.dtype,
-                                args.lora)
+                                args.lora, trust_remote_code=args.trust_remote_code)
     except (CheckpointError, ExportError, FileNotFoundError) as e:
         raise UserError(str(e)) from None
     print(f"exported {ckpt} -> {out}")

@@ -6,6 +6,12 @@ the static extractor with a logged reason, and writes ``DIR/op_descriptions.json
 which ``envsched graph build`` then uses instead of the static extractor. Both files are pool
 data: a symlink planted at them or at a folder above them in the pool is refused, naming it
 (``envs.untrusted``).
+
+The endpoint is untrusted too (``envs.chat_client``): redirects are followed within its origin
+only (the API key never goes elsewhere), ``--timeout`` bounds each whole request, a reply is
+size- and depth-bounded, and a reply that cannot be used falls back to the static extractor for
+that task. ``--concurrency``, ``--timeout`` and ``--max-tokens`` below 1 (or 0 s), and negative
+``--retries``, are refused in one line.
 """
 
 from __future__ import annotations
@@ -45,6 +51,14 @@ def run(args: argparse.Namespace) -> int:
     from envs.untrusted import UntrustedFileError
     from launch.errors import UserError
 
+    bad = [f"--{name} must be {rule}, got {value:g}" for name, value, ok, rule in (
+        ("concurrency", args.concurrency, args.concurrency >= 1, ">= 1"),
+        ("retries", args.retries, args.retries >= 0, ">= 0"),
+        ("timeout", args.timeout, args.timeout > 0 and args.timeout < float("inf"),
+         "a positive number of seconds"),
+        ("max-tokens", args.max_tokens, args.max_tokens >= 1, ">= 1")) if not ok]
+    if bad:
+        raise UserError("; ".join(bad))
     pool = load_pool(args.pool)
     root = Path(args.pool)
     try:  # the pool is data: its cache and descriptions are never read or written via a link

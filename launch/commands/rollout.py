@@ -16,6 +16,10 @@ untouched state); ``--engine hf`` without --model uses the tiny random local pol
 ``--set`` overrides a ``RolloutConfig`` field (``--set max_turns=8``, values parsed as YAML;
 dotted keys nest: ``--set engine_kwargs.KEY=VALUE``); ``--user-set`` a ``UserSimConfig`` field, the
 simulated user of a conversational pool's tasks (``--user-set endpoint=http://HOST:8000/v1``). The work itself is ``launch.rollout``'s.
+A model folder whose config has ``auto_map`` (code of its own) is refused in one line before Ray
+starts unless ``--trust-remote-code`` (``policy.trust_remote_code`` of a training config; the
+engine kwarg of that name follows it and is refused in ``--set`` otherwise); nothing is read from
+stdin (``actors.checkpoints.remote_code``).
 """
 
 from __future__ import annotations
@@ -44,6 +48,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--user-set", action="append", default=[], metavar="KEY=VALUE",
                    help="conversational pools: a UserSimConfig field of the simulated user "
                    "(e.g. endpoint=http://HOST:8000/v1)")
+    p.add_argument("--trust-remote-code", action="store_true",
+                   help="run the model folder's own code (its auto_map); refused without this")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--address", help="Ray address (default: an embedded local Ray)")
     p.add_argument("--timeout", type=float, default=3600.0, help="seconds for the whole run")
@@ -60,7 +66,19 @@ def run(args: argparse.Namespace) -> int:
                                 user_sim_config)
 
     pool = load_pool(args.pool)
+    from actors.checkpoints import remote_code
+    from actors.rollout.engine_args import with_remote_code
+
     config = rollout_config(override_tree(args.set), args.k)
+    try:
+        kwargs = with_remote_code(args.engine, config.engine_kwargs, args.trust_remote_code,
+                                  "--trust-remote-code")
+    except ValueError as e:
+        raise UserError(str(e).replace("=true", "")) from None
+    config = config.model_copy(update={"engine_kwargs": kwargs})
+    if args.trust_remote_code and args.engine == "scripted":
+        raise UserError("--trust-remote-code needs --engine hf or vllm (the scripted engine "
+                        "loads only a tokenizer)")
     if args.engine == "vllm" and not args.model:
         raise UserError("--engine vllm needs --model PATH")
     model = args.model
@@ -69,7 +87,8 @@ def run(args: argparse.Namespace) -> int:
 
         try:
             model = resolve_model(model)
-        except FileNotFoundError as e:
+            remote_code(model, args.trust_remote_code)
+        except FileNotFoundError as e:   # RemoteCodeError too
             raise UserError(f"--model {args.model}: {e}") from None
     from actors.rollout.engine_args import check_engine_kwargs
 

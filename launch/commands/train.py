@@ -59,6 +59,14 @@ def preflight(cfg: TrainConfig, run_dir: Path, address: Optional[str]) -> None:
     if failed:
         raise UserError("pre-flight checks failed (`envsched doctor` lists every check): "
                         + "; ".join(c.line() for c in failed))   # one line
+    if cfg.policy.path:   # a model folder with code of its own: one line, before Ray starts
+        from actors.checkpoints import remote_code
+        from actors.policy import resolve_model
+
+        try:
+            remote_code(resolve_model(cfg.policy.path), cfg.policy.trust_remote_code)
+        except FileNotFoundError as e:   # RemoteCodeError too
+            raise UserError(f"policy.path {cfg.policy.path}: {e}") from None
     for c in checks:
         if c.status == "warn":
             print(c.line(), flush=True)

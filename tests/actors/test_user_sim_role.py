@@ -126,7 +126,7 @@ def test_an_unreachable_user_endpoint_drops_the_episodes_with_a_clear_error(ray_
         assert (t.status, t.fault, t.info["attempts"]) == ("env_error", "infra", 2)
         assert t.info["error"].startswith(
             f"user simulator: user-sim-0: task taubench_retail_train_0: chat endpoint {endpoint} "
-            "unreachable or failing after 2 attempts: URLError:"), t.info["error"]
+            "unreachable or failing after 2 attempts: ConnectionRefusedError:"), t.info["error"]
     sims = ray_local.get(users[0].stats.remote(), timeout=30)
     assert (sims["calls"], sims["failures"], sims["resends"]) == (4.0, 4.0, 4.0)
     for actor in [worker, *users]:
