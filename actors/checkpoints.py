@@ -46,6 +46,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional, Union
 
+from envs.cache import cache_dir
+
 log = logging.getLogger(__name__)
 SOURCE_FILE = "envsched_source.json"  # provenance of a converted directory
 # the files of a model folder whose ``auto_map`` makes transformers import the folder's code
@@ -157,8 +159,7 @@ BUILTINS = {b.name: b for b in (SMOLLM2,)}
 
 
 def models_cache_dir() -> Path:
-    root = os.environ.get("ENVSCHED_CACHE")
-    return Path(root) / "models" if root else Path.home() / ".cache" / "envsched" / "models"
+    return cache_dir("models")
 
 
 def sha256_file(path: Union[str, Path]) -> str:

@@ -34,7 +34,8 @@ import tempfile
 from pathlib import Path
 from typing import Optional, Union
 
-REPO = Path(__file__).resolve().parents[1]
+from envs.cache import cache_dir
+
 TEMPLATE_PATH = Path(__file__).with_name("chat_template.jinja")
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 ADDED_TOKENS = ["<tool_call>", "</tool_call>", "<think>", "</think>", "<tool_response>",
@@ -152,7 +153,7 @@ def _recipe(seed: int) -> str:
 
 
 def default_cache_dir() -> Path:
-    return Path(os.environ.get("ENVSCHED_CACHE", REPO / ".cache")) / "policies"
+    return cache_dir("policies")
 
 
 def build_tiny_policy(cache_dir: Optional[Union[str, Path]] = None, seed: int = 0) -> Path:

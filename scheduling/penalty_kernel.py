@@ -21,8 +21,15 @@ May import: numpy, numba, the standard library.
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
-from numba import njit
+
+from envs.cache import cache_dir
+
+# compiled kernels go to the user's cache, not into scheduling/__pycache__ (set before numba loads)
+os.environ.setdefault("NUMBA_CACHE_DIR", str(cache_dir("numba")))
+from numba import njit  # noqa: E402
 
 
 BLOCK = 16        # members per evaluation block of the argmax walk: 16 float32 = 64 bytes

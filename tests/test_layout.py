@@ -3,7 +3,8 @@
 - ``scheduling/`` (the scheduler library), ``envs/`` and ``sandbox/`` import no Ray or torch;
   ``scheduling/`` imports no ``sandbox`` or ``launch`` either.
 - From ``envs``, the scheduler library imports only typed data and operation descriptions
-  (``envs.spec``, ``envs.trajectory``, ``envs.opdesc``, ``envs.opdesc_static``, ``envs.describe``);
+  (``envs.spec``, ``envs.trajectory``, ``envs.opdesc``, ``envs.opdesc_static``, ``envs.describe``,
+  ``envs.cache``: where numba's kernels are cached);
   the simulator (``scheduling/simulate/``) also ``envs.pool`` (``scheduling/__init__.py``).
 - ``sandbox`` imports ``envs``, so ``envs`` imports ``sandbox`` only inside functions, and only
   where the docstrings say: ``envs/validate.py`` and ``envs/adapters/taubench.py``
@@ -43,7 +44,7 @@ REPO = Path(__file__).resolve().parents[1]
 HEAVY = {"ray", "torch", "deepspeed", "vllm", "transformers"}
 BELOW_LAUNCH = ("actors", "envs", "sandbox", "scheduling")
 ENVS_FOR_SCHEDULING = ("envs.spec", "envs.trajectory", "envs.opdesc", "envs.opdesc_static",
-                       "envs.describe")
+                       "envs.describe", "envs.cache")
 ENVS_FOR_THE_SIMULATOR = ENVS_FOR_SCHEDULING + ("envs.pool",)
 ENVS_USING_THE_SANDBOX = ("envs/validate.py", "envs/adapters/taubench.py")
 RAY_AT_MODULE_LEVEL = ("actors/rollout_worker.py", "actors/executors/pool.py",
@@ -330,7 +331,8 @@ def test_no_import_cycle():
 
 RUN_MAY_NOT_IMPORT = ("launch.cli", "launch.commands", "launch.bench", "launch.compare",
                       "launch.compare_report")
-IMPORTS_THE_RUN = ("launch/compare.py", "launch/compare_report.py", "launch/doctor.py")
+IMPORTS_THE_RUN = ("launch/compare.py", "launch/compare_budget.py", "launch/compare_report.py",
+                   "launch/doctor.py")
 
 
 def test_the_run_folder_imports_no_command_benchmark_or_comparison():

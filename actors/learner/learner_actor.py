@@ -33,10 +33,10 @@ from actors.learner.batching import pack
 from actors.learner.config import LearnerConfig
 from actors.learner.step import step_advantages, step_shards
 from envs.trajectory import Group, Trajectory
+from envs.cache import cache_dir
 
 log = logging.getLogger(__name__)
 
-REPO = Path(__file__).resolve().parents[2]
 
 
 class LearnerError(RuntimeError):
@@ -81,7 +81,7 @@ class LearnerActor:
         # also set by the actor's runtime env (``learner_actor_options``); set here too so that a
         # process-wide DS_ACCELERATOR (a CPU driver's, a node's) never wins over this rank's GPU
         os.environ["DS_ACCELERATOR"] = self.cfg.accelerator
-        os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(REPO / ".cache" / "torch_extensions"))
+        os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(cache_dir("torch_extensions")))
         clear_stale_build_locks(Path(os.environ["TORCH_EXTENSIONS_DIR"]))
 
     def address(self, configured_port: bool = True) -> tuple[str, int]:
@@ -142,6 +142,13 @@ class LearnerActor:
 
         learner_sync_broadcast(self.engine)
 
+    def precision_refusal(self) -> Optional[str]:
+        """Why this rank's CPU cannot train in the configured bf16, or None
+        (``actors.learner.precision.precision_refusal``)."""
+        from actors.learner.precision import precision_refusal
+
+        return precision_refusal(self.cfg)
+
     def pid(self) -> int:
         """This rank's process id (for operators and fault-injection tests)."""
         return os.getpid()
@@ -170,6 +177,10 @@ class LearnerGroup:
         self.cfg = cfg
         remote = ray.remote(LearnerActor).options(**learner_actor_options(cfg))
         self.actors = [remote.remote(cfg, r, cfg.ranks) for r in range(cfg.ranks)]
+        refusals = self._get([a.precision_refusal.remote() for a in self.actors], "dtype check")
+        if any(refusals):   # on each rank's own CPU, before DeepSpeed starts: one line
+            self.shutdown()
+            raise LearnerError(next(r for r in refusals if r))
         addr, port = self._get([self.actors[0].address.remote()], "address")[0]
         self.master = (addr, port)
         self.step = self._get([a.setup.remote(addr, port) for a in self.actors], "setup")[0]

@@ -4,7 +4,7 @@
 
 Generates (or reuses) a pool of N tasks with ``envs.generator.generate_pool`` (50 tasks per
 environment unless ``--tasks-per-env``), builds the static graph once and caches it under
-``--cache`` (default ``.cache/bench``; the real build at N = 100k is slow), then runs T steps of
+``--cache`` (default ``envs.cache.cache_dir("bench")``; the real build at N = 100k is slow), then runs T steps of
 ``select(step)`` followed by absorbing B = 64 groups of K = 8 Bernoulli rewards (each task has a
 fixed latent success rate drawn from the seed). Step 0 (cold start) is reported separately.
 Reports median / p90 / max per-step wall milliseconds (and the median CPU time of this process,
@@ -24,6 +24,8 @@ import time
 import tracemalloc
 from pathlib import Path
 
+from envs.cache import cache_dir
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tasks", type=int, default=2550, help="N, tasks in the pool")
@@ -31,7 +33,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tasks-per-env", type=int, default=50)
     parser.add_argument("--k", type=int, default=8, help="rollouts per task (K)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--cache", default=".cache/bench", help="pool and graph cache folder")
+    parser.add_argument("--cache", default=str(cache_dir("bench")),
+                        help="pool and graph cache folder (default: $ENVSCHED_CACHE/bench)")
     parser.add_argument("--scheduler", default="envsched",
                         help="registry name of the scheduler to time (envsched, envsched-bayes)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
