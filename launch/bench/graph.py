@@ -5,7 +5,7 @@ Generates a pool of ceil(N / tasks_per_env) environments with the builtin genera
 ``topk_observed`` for both relations at a few observed-set sizes (K_within = 6, K_cross = 12):
 from the lists (memo cleared), then one training step later (64 more observed: incremental).
 Reports seconds per stage, peak resident memory of the process, graph bytes and the share of rows
-that needed the exact fallback. Targets (issue 3): 2,550 tasks <= 20 s, 100k tasks <= 10 min on
+that needed the exact fallback. Targets: 2,550 tasks <= 20 s, 100k tasks <= 10 min on
 2 cores, memory linear in N.
 """
 

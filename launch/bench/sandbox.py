@@ -15,7 +15,7 @@ Uses the order desk (``sandbox.examples``: 4 tools, uuid ids, clock reads, 4 che
                             ``big_state_episode_ms`` adds one state-changing step
 - ``actor_calls_per_s``     ``step`` calls on an EnvExecutor actor made from another Ray actor
                             (one session, serial ``ray.get``) on a local Ray
-Targets (issue 2): >= 1,000 calls/s through one warm worker; reset + verify <= 20 ms.
+Targets: >= 1,000 calls/s through one warm worker; reset + verify <= 20 ms.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ fixed latent success rate drawn from the seed). Step 0 (cold start) is reported 
 Reports median / p90 / max per-step wall milliseconds (and the median CPU time of this process,
 which is what matters on a shared machine), scheduler state bytes (pickled state_dict),
 the peak Python allocation during one step (tracemalloc) and the graph's bytes.
-Targets (issue 3): median <= 20 ms at N = 2,550; <= 1.5 s at N = 100,000; linear in N.
+Targets: median <= 20 ms at N = 2,550; <= 1.5 s at N = 100,000; linear in N.
 On a shared machine pin it (``taskset -c 0 envsched bench scheduler ...``) for steady figures.
 """
 

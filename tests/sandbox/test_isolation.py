@@ -1,4 +1,4 @@
-"""Issue 30's isolation properties, one each, below the hostile suite (which attacks them through a
+"""The sandbox's isolation properties, one each, below the hostile suite (which attacks them through a
 worker on every backend, tests/sandbox/test_sandbox_selftest.py): the verdict rule, BaseException
 in tools, nesting limits, the socket allow-list of the seccomp filter (installed for real in a
 subprocess), mountinfo's escapes, and per-check verifier forks."""

@@ -1,6 +1,6 @@
 """Environment code imports the whole standard library the interpreter ships (less
 ``UNSUPPORTED_STDLIB``) and the packages its pool declares, on every backend this host runs, also
-when the interpreter lives under a directory the sandbox uid cannot traverse (issue 30 item 1:
+when the interpreter lives under a directory the sandbox uid cannot traverse (once,
 ``datetime.strptime`` raised ``ModuleNotFoundError: _strptime`` in every unshare episode)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Golden selection trace of EnvSched, recorded before the performance work (issue 3).
+"""Golden selection trace of EnvSched, recorded before the performance work.
 
 ``trace(graph, steps)`` runs EnvSched on a graph with a fixed synthetic reward process (task i's
 K = 8 rewards at step s are Bernoulli(p_i) draws from ``default_rng([seed, i, s])``, p_i ~ Beta(0.7,
