@@ -29,12 +29,26 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional
 
+from actors.policy import build_tiny_policy, resolve_model
 from envs import strict_json
-
-if TYPE_CHECKING:
-    from launch.config import PoolConfig, TrainConfig
+from envs.generator import generate_pool
+from envs.pool import load_pool
+from launch.cluster import connect, shutdown
+from launch.config import PoolConfig, TrainConfig
+from launch.doctor import check_fits
+from launch.errors import RunStopped, UserError
+from launch.rollout import check_chat_format, check_users
+from launch.run.controller import Controller
+from launch.run.eval_pools import load_eval_pools
+from launch.run.evaluation import read_eval
+from launch.run.metrics import read_metrics, summarize
+from launch.run.recovery import Recovery, next_command
+from launch.run.resume import check_pool, open_run
+from launch.run.roles import Roles
+from launch.run.split import eval_sets, pool_split
+from launch.sft import run_sft_apart
 
 
 def prepare_pool(cfg: PoolConfig, run_dir: Path) -> Path:
@@ -42,8 +56,6 @@ def prepare_pool(cfg: PoolConfig, run_dir: Path) -> Path:
         return Path(cfg.path)
     out = run_dir / "pool"
     if not (out / "tasks.jsonl").is_file():
-        from envs.generator import generate_pool
-
         generate_pool(out, cfg.generate_envs, cfg.generate_tasks_per_env, cfg.generate_seed)
     return out
 
@@ -55,27 +67,18 @@ def _progress(line: str) -> None:
 def prepare_policy(cfg: TrainConfig, pool_dir: Path, run_dir: Path) -> str:
     base = None
     if cfg.policy.path:  # a directory, or a hub id in the local cache: resolved once, here
-        from actors.policy import resolve_model
-
         base = resolve_model(cfg.policy.path)
     if not cfg.warm_starts():
         if base is not None:
             return base
-        from actors.policy import build_tiny_policy
-
         return str(build_tiny_policy(seed=cfg.run.seed))
     out = run_dir / "sft"
     if not (out / "config.json").is_file():
-        from launch.sft import run_sft_apart
-
-        from envs.pool import load_pool
-        from launch.run.split import pool_split
-
         s = cfg.sft
         train_ids = pool_split(load_pool(pool_dir), cfg.pool).train  # held-out tasks stay unseen
         summary = run_sft_apart(pool_dir, out, s.epochs, s.lr, s.task_fraction, s.max_examples,
-                          cfg.run.seed, batch=s.batch, target_loss=s.target_loss,
-                          sandbox=cfg.executors.sandbox, only=train_ids, base=base,
+                                cfg.run.seed, batch=s.batch, target_loss=s.target_loss,
+                                sandbox=cfg.executors.sandbox, only=train_ids, base=base,
                                 trust_remote_code=cfg.policy.trust_remote_code)
         print(f"sft: {summary['tasks']} tasks, loss {summary['epoch_loss'][0]:.3f} -> "
               f"{summary['epoch_loss'][-1]:.3f} in {summary['seconds']} s", flush=True)
@@ -88,20 +91,6 @@ def _write_jsonl(path: Path, rows: list) -> None:
 
 def train(cfg: TrainConfig, run_dir: Path, address: Optional[str] = None, resume: bool = False,
           resume_changed: bool = False) -> dict[str, Any]:
-    from envs.pool import load_pool
-    from launch.cluster import connect, shutdown
-    from launch.run.controller import Controller
-    from launch.doctor import check_fits
-    from launch.errors import RunStopped, UserError
-    from launch.run.eval_pools import load_eval_pools
-    from launch.run.evaluation import read_eval
-    from launch.run.metrics import read_metrics, summarize
-    from launch.run.recovery import Recovery, next_command
-    from launch.run.resume import check_pool, open_run
-    from launch.rollout import check_chat_format, check_users
-    from launch.run.roles import Roles
-    from launch.run.split import eval_sets, pool_split
-
     run_dir = Path(run_dir)
     # an existing run continues from its checkpoint (so `make demo` is idempotent), if the
     # config is the one it began with (or resume_changed says so)

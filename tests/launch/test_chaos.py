@@ -124,7 +124,7 @@ def test_run_survives_killed_worker_executor_and_scheduler(ray_local, tmp_path, 
     run_dir = tmp_path / "run"
     killed: dict[str, int] = {}
     absorbed: Counter = Counter()
-    monkeypatch.setattr("launch.run.roles.Roles", _chaos_roles(killed, absorbed))
+    monkeypatch.setattr("launch.run.trainer.Roles", _chaos_roles(killed, absorbed))
     t0 = time.monotonic()
     summary = train(_cfg(pool_dir), run_dir)
     print(f"chaos: {time.monotonic() - t0:.1f} s (startup {summary['startup_seconds']} s), "

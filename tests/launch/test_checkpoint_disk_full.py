@@ -151,7 +151,7 @@ def test_a_run_whose_checkpoint_disk_fills_stops_with_one_line_and_resumes_from_
                 filled.append(_fill(disk, leave=64 * 1024))
             super().save_learner(directory)
 
-    monkeypatch.setattr("launch.run.roles.Roles", FillingRoles)
+    monkeypatch.setattr("launch.run.trainer.Roles", FillingRoles)
     monkeypatch.delenv("ENVSCHED_DEBUG", raising=False)
     assert main(["train", "--config", str(config), "--out", str(run_dir)]) == 1
     err = capfd.readouterr().err
@@ -168,7 +168,7 @@ def test_a_run_whose_checkpoint_disk_fills_stops_with_one_line_and_resumes_from_
     assert latest_checkpoint(run_dir).step == 1
 
     filled[0].unlink()   # the operator frees space, then runs the command
-    monkeypatch.setattr("launch.run.roles.Roles", Roles)
+    monkeypatch.setattr("launch.run.trainer.Roles", Roles)
     assert main(shlex.split(command)[1:]) == 0
     assert [r["step"] for r in read_metrics(run_dir)] == [1, 2, 3]
     assert latest_checkpoint(run_dir).step == 3

@@ -81,7 +81,7 @@ def test_a_learner_killed_mid_step_is_rebuilt_from_the_checkpoint_and_the_run_fi
     seen: dict = {"run_dir": run_dir}
     # checkpoints at steps 2 and 4; the rank dies during step 4: rebuilt from step 2, so step 3
     # (logged before the death) is cut and trained again, then step 4
-    monkeypatch.setattr("launch.run.roles.Roles", _killing_roles(at_version=3, seen=seen))
+    monkeypatch.setattr("launch.run.trainer.Roles", _killing_roles(at_version=3, seen=seen))
     summary = train(build_config(_tree(pool_dir, steps=4, checkpoint_every=2)), run_dir)
     print(f"learner SIGKILLed (pid {seen['pid']}) -> next step done in {seen['step_after']:.1f} "
           f"s; run {summary['train_seconds']} s (startup {summary['startup_seconds']} s)")
@@ -118,7 +118,7 @@ def test_a_learner_dead_before_the_first_checkpoint_stops_with_one_line(
     config = tmp_path / "config.yaml"
     config.write_text(yaml.safe_dump(_tree(pool_dir, steps=3, checkpoint_every=0)))
     seen: dict = {"run_dir": run_dir}
-    monkeypatch.setattr("launch.run.roles.Roles", _killing_roles(at_version=0, seen=seen))
+    monkeypatch.setattr("launch.run.trainer.Roles", _killing_roles(at_version=0, seen=seen))
     monkeypatch.delenv("ENVSCHED_DEBUG", raising=False)
     assert main(["train", "--config", str(config), "--out", str(run_dir)]) == 1
     err = capfd.readouterr().err
