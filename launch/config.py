@@ -14,13 +14,13 @@ section is validated once, here, and handed on as that object (pydantic models p
 ``key.sub=value``, validated; errors (``ConfigError``) name the field, the value and the fix.
 
 May import: pydantic, yaml, the standard library, envs.text (strict UTF-8 reading),
+envs.generator.difficulty (the generated pool's difficulty),
 launch.eval_config, the role config modules named above, actors.rollout.engine_args and
 scheduling.registry (no Ray, no torch).
 """
 
 from __future__ import annotations
 
-import difflib
 import os
 from pathlib import Path
 from typing import Any, Literal, Optional, Sequence
@@ -33,7 +33,9 @@ from actors.executors.config import ExecutorConfig
 from actors.learner.config import LearnerConfig
 from actors.rollout.config import RolloutConfig
 from actors.user_sim.config import UserSimConfig
+from envs.generator.difficulty import Difficulty
 from envs.text import NotUtf8Error, read_utf8
+from launch.config_text import ConfigError, explain, set_dotted  # noqa: F401 (re-exported)
 from launch.eval_config import EvalConfig
 from launch.loggers import LoggingConfig
 
@@ -42,10 +44,6 @@ REPO = Path(__file__).resolve().parents[1]
 # ``configs/``; a wheel holds a copy), so a non-editable install finds them too.
 PACKAGED_CONFIGS = Path(__file__).resolve().parent / "configs"
 DEFAULT_CONFIG = PACKAGED_CONFIGS / "cpu_demo.yaml"
-
-
-class ConfigError(ValueError):
-    """A configuration mistake; the message names the field, the value and the fix."""
 
 
 class _Section(BaseModel):
@@ -57,6 +55,8 @@ class RunConfig(_Section):
     steps: int = Field(20, ge=1, description="learner steps (policy versions) to train")
     batch_size: int = Field(8, ge=1, description="B: groups per learner step (and per "
                             "scheduler selection); K is rollout.k")
+    episodes: int = Field(0, ge=0, description="budget of rollouts consumed (dropped groups' "
+                          "episodes counted; launch/run/dynamic_sampling.py); 0 = run.steps only")
 
 
 class PoolConfig(_Section):
@@ -64,6 +64,9 @@ class PoolConfig(_Section):
     generate_envs: int = Field(4, ge=1)
     generate_tasks_per_env: int = Field(6, ge=1)
     generate_seed: int = 0
+    generate_difficulty: Difficulty = Field(
+        default_factory=Difficulty, description="the generated pool's difficulty "
+        "(envs.generator.difficulty; all null: the default pool)")
     heldout_env_frac: float = Field(0.0, ge=0, lt=1, description="share of environments held "
                                     "out whole: never scheduled, evaluated (launch/run/split.py)")
     heldout_task_frac: float = Field(0.0, ge=0, lt=1, description="share of each training "
@@ -131,6 +134,12 @@ class ControllerConfig(_Section):
     export_hf: bool = Field(False, description="also write each checkpoint's policy in Hugging "
                             "Face format (checkpoints/step_N/hf; envsched export does it later)")
     progress_bar: bool = True
+    dynamic_sampling: bool = Field(False, description="drop zero-variance training groups, any "
+                                   "scheduler (launch/run/dynamic_sampling.py)")
+    over_issue: float = Field(1.5, ge=1.0, description="dynamic sampling: in flight, this times "
+                              "what the staleness law admits (the rest dropped as surplus)")
+    max_draws: int = Field(8, ge=1, description="dynamic sampling: zero-variance groups fill a "
+                           "batch after (max_draws - 1) x B were dropped for it")
 
 
 class RoleResources(_Section):
@@ -175,6 +184,8 @@ class PolicyConfig(_Section):
     path: Optional[str] = Field(None, description="HF model dir, .gguf file (converted once), "
                                 "builtin name smollm2 or cached hub id; None = the tiny local "
                                 "policy")
+    trust_remote_code: bool = Field(False, description="run the model folder's own code (its "
+                                    "auto_map); false refuses such a folder (docs/sandbox.md)")
 
 
 class SftConfig(_Section):
@@ -234,8 +245,18 @@ class TrainConfig(_Section):
         """``rollout.engine_kwargs`` are arguments of ``policy.engine``, and a vLLM rollout actor
         holds the GPUs its engine shards over (tensor x pipeline parallel), or a fraction of one
         GPU for an unsharded engine (sharing it: ``weight_sync``)."""
-        from actors.rollout.engine_args import check_engine_kwargs, gpus_per_engine
+        from actors.rollout.engine_args import (check_engine_kwargs, gpus_per_engine,
+                                                with_remote_code)
 
+        trust = self.policy.trust_remote_code   # the one key; engine and learner follow it
+        kwargs = with_remote_code(self.policy.engine, self.rollout.engine_kwargs, trust)
+        if self.learner.trust_remote_code and not trust:
+            raise ValueError("learner.trust_remote_code follows policy.trust_remote_code (fix: "
+                             "remove it)")
+        object.__setattr__(self, "rollout", self.rollout.model_copy(  # derived values, as
+            update={"engine_kwargs": kwargs}))                         # learner.total_steps
+        object.__setattr__(self, "learner", self.learner.model_copy(
+            update={"trust_remote_code": trust}))
         check_engine_kwargs(self.policy.engine, self.rollout.engine_kwargs)
         need, have = gpus_per_engine(self.rollout.engine_kwargs), self.cluster.rollout.num_gpus
         fraction = need == 1 and 0 < have < 1
@@ -244,6 +265,17 @@ class TrainConfig(_Section):
                 f"cluster.rollout.num_gpus is {have:g} but each vLLM engine shards over {need} "
                 f"GPUs (rollout.engine_kwargs tensor_parallel_size x pipeline_parallel_size); "
                 f"fix: set cluster.rollout.num_gpus={need} or change tensor_parallel_size")
+        return self
+
+    @model_validator(mode="after")
+    def _engine_runs_in_the_learner_dtype(self) -> "TrainConfig":
+        """The engine samples in the learner's dtype (``engine_args.same_dtype_kwargs``)."""
+        from actors.rollout.engine_args import same_dtype_kwargs
+
+        dtype = self.learner.torch_dtype_name(self.learner.num_gpus_per_rank > 0)
+        kwargs = same_dtype_kwargs(self.policy.engine, self.rollout.engine_kwargs, dtype)
+        object.__setattr__(self, "rollout",   # derived, as learner.total_steps
+                           self.rollout.model_copy(update={"engine_kwargs": kwargs}))
         return self
 
     @model_validator(mode="after")
@@ -262,6 +294,16 @@ class TrainConfig(_Section):
         return self
 
     @model_validator(mode="after")
+    def _learner_scores_the_sampler(self) -> "TrainConfig":
+        """``learner.loss`` takes the sampler's settings and the sequence limit from ``rollout``
+        (``GRPOConfig.follow``: one source each)."""
+        r = self.rollout
+        loss = self.learner.loss.follow(temperature=r.temperature, top_k=r.top_k, top_p=r.top_p,
+                                        max_sequence_tokens=r.max_tokens_per_sequence)
+        object.__setattr__(self, "learner", self.learner.model_copy(update={"loss": loss}))
+        return self
+
+    @model_validator(mode="after")
     def _executors_can_run(self) -> "TrainConfig":
         """With no executor no episode can start: the run would wait forever, not fail."""
         num = self.executors.num_executors
@@ -272,84 +314,11 @@ class TrainConfig(_Section):
         return self
 
 
-def _suggest(key: str, known: Sequence[str]) -> str:
-    close = difflib.get_close_matches(key, list(known), n=1)
-    return f"did you mean '{close[0]}'?" if close else f"known keys: {', '.join(sorted(known))}"
-
-
-def _known_keys(model: type[BaseModel], path: Sequence[Any]) -> list[str]:
-    """Field names at a dotted path of the config tree (for 'did you mean')."""
-    for part in path:
-        info = model.model_fields.get(str(part))
-        ann = info.annotation if info is not None else None
-        if not (isinstance(ann, type) and issubclass(ann, BaseModel)):
-            return []
-        model = ann
-    return list(model.model_fields)
-
-
-# Run-level settings a user may put under scheduler.params by habit, and where they belong.
-RUN_LEVEL = {"batch_size": "run.batch_size", "seed": "run.seed", "k": "rollout.k",
-             "rollouts": "rollout.k"}
-
-
-def _scheduler_param_keys(tree: Optional[dict[str, Any]]) -> list[str]:
-    from scheduling.registry import params_model
-
-    name = ((tree or {}).get("scheduler") or {}).get("name") or SchedulerConfig().name
-    return list(params_model(name).model_fields)
-
-
-def _explain(err: ValidationError, source: str, tree: Optional[dict[str, Any]] = None
-             ) -> ConfigError:
-    lines = []
-    for e in err.errors():
-        loc = list(e["loc"])
-        field = ".".join(str(p) for p in loc)
-        if not loc:  # a check across sections: its message names the keys and the fix
-            lines.append(f"{source}: {e['msg'].removeprefix('Value error, ')}")
-        elif e["type"] == "extra_forbidden":
-            known = (_scheduler_param_keys(tree) if loc[:2] == ["scheduler", "params"]
-                     else _known_keys(TrainConfig, loc[:-1]))
-            hint = (f"set {RUN_LEVEL[loc[-1]]} instead (B, K and the seed are the run's)"
-                    if loc[:2] == ["scheduler", "params"] and loc[-1] in RUN_LEVEL
-                    else _suggest(str(loc[-1]), known))
-            lines.append(f"unknown key '{field}' in {source}: {hint}")
-        elif e["type"] == "value_error" and "fix:" in e["msg"]:   # says what and the fix
-            lines.append(f"bad value for '{field}' in {source}: "
-                         f"{e['msg'].removeprefix('Value error, ')}")
-        else:
-            lines.append(f"bad value for '{field}' in {source}: got {e.get('input')!r}; "
-                         f"{e['msg']} (fix: set {field} to a valid value or remove it)")
-    return ConfigError("; ".join(lines))
-
-
-def set_dotted(tree: dict[str, Any], override: str) -> None:
-    """Apply one ``key.sub=value`` override in place (the value parsed as YAML)."""
-    if "=" not in override:
-        raise ConfigError(f"override {override!r} must look like key.sub=value")
-    key, raw = override.split("=", 1)
-    parts = key.strip().split(".")
-    if not all(parts):
-        raise ConfigError(f"override {override!r} has an empty key part")
-    try:
-        value = yaml.safe_load(raw) if raw.strip() else None
-    except yaml.YAMLError as e:
-        raise ConfigError(f"override {override!r}: value is not valid YAML ({e})") from None
-    node = tree
-    for part in parts[:-1]:
-        child = node.setdefault(part, {})
-        if not isinstance(child, dict):
-            raise ConfigError(f"override {override!r}: '{part}' is a value, not a section")
-        node = child
-    node[parts[-1]] = value
-
-
 def build_config(tree: dict[str, Any], source: str = "config") -> TrainConfig:
     try:
         return TrainConfig.model_validate(tree)
     except ValidationError as e:
-        raise _explain(e, source, tree) from None
+        raise explain(e, source, TrainConfig, tree, SchedulerConfig().name) from None
 
 
 def config_path(path: Optional[str | Path]) -> Path:

@@ -104,7 +104,7 @@ class Roles:
         """The user-simulator actors, or None when no task of the pool is conversational."""
         from actors.user_sim_actor import start_user_sims
 
-        if not any(t.user is not None for t in pool.tasks):
+        if not any(t.needs_user_sim for t in pool.tasks):   # none, or all scripted (UserSpec.script)
             return None
         res = cfg.cluster.user_sim
         if res.num < 1:
