@@ -108,7 +108,9 @@ class UserSpec(_Strict):
     agent's plain replies go to the user until its answer contains ``stop_marker``. ``reply_tool``:
     the environment tool that records each reply in the state (tau-bench's ``respond``); hidden from
     the agent, called by the loop with ``{"content": reply}``, so the trace replays to the same
-    state."""
+    state. ``script``: a scripted user whose lines come with the task (no simulator);
+    ``max_steps_per_turn``: a per-user-turn bound on the agent's model turns; ``hidden_tools``:
+    tools the agent's prompt leaves out (still callable)."""
 
     reply_tool: Optional[str] = Field(
         default=None, description="environment tool recording each agent reply, called as "
@@ -119,6 +121,16 @@ class UserSpec(_Strict):
     opening: str = Field(default="Hi! How can I help you today?", min_length=1,
                          description="the agent's greeting the simulator answers first (it is "
                          "not part of the agent's sequence)")
+    script: Optional[list[str]] = Field(
+        default=None, min_length=1, description="a scripted user (BFCL's multi-turn questions): "
+        "the user's messages in order, the first one opening the conversation, each next one "
+        "answering an agent reply, then the stop marker; no user simulator is asked")
+    hidden_tools: Optional[list[str]] = Field(
+        default=None, description="tools left out of the agent's prompt (a script line may "
+        "introduce them later, as BFCL's missed functions); the agent may still call them")
+    max_steps_per_turn: Optional[int] = Field(
+        default=None, ge=1, description="the most model turns (calls or malformed) between two "
+        "user messages; one more ends the episode, truncated (BFCL's force-quit)")
 
 
 class TaskSpec(_Strict):
@@ -141,6 +153,11 @@ class TaskSpec(_Strict):
     @property
     def conversational(self) -> bool:
         return self.user is not None
+
+    @property
+    def needs_user_sim(self) -> bool:
+        """Conversational with a simulated user (not a ``UserSpec.script``)."""
+        return self.user is not None and self.user.script is None
 
     @model_validator(mode="after")
     def _one_state_source(self) -> "TaskSpec":

@@ -17,7 +17,9 @@ Ends: a plain reply ``ok``; the call, token or malformed-streak limits ``truncat
 state still verified); a sandbox failure ``env_error`` / ``timeout``, reward 0, fault ``task`` or
 ``infra`` (``envs.trajectory.FAULTS``; the caller retries ``infra``). Conversational tasks
 (``envs.spec.UserSpec``) send plain replies to the simulated user
-(``actors.rollout.conversation``). ``run`` takes a session (``actors.executors.protocol.Session``) or an
+(``actors.rollout.conversation``); more model turns between two user messages than
+``UserSpec.max_steps_per_turn`` end the episode ``truncated`` (``ended_by: step_cap``). ``run``
+takes a session (``actors.executors.protocol.Session``) or an
 awaitable of one still opening, awaited only when a tool call or the verifier needs it. Details:
 docs/rollout.md, "The agent loop" and "Conversational episodes".
 
@@ -75,6 +77,7 @@ class _Episode:
     session: Any = None     # the Session, once open
     opening: Any = None     # an awaitable of it while it opens
     turns: int = 0
+    turn_steps: int = 0         # model turns since the last user message (max_steps_per_turn)
     prompt_len: int = 0
     malformed_streak: int = 0   # malformed turns in a row, up to the last one
     ended_by: str = ""          # set when a limit other than the turn/sequence limits ended it
@@ -127,7 +130,8 @@ class AgentLoop:
         ep = _Episode([])
         if task.user is not None:
             ep.conversation = Conversation(task, self.users, self.config.user_timeout_s, seed,
-                                           turn_seed)
+                                           turn_seed, self.config.max_user_tokens,
+                                           self._count_tokens)
         if hasattr(session, "astep"):
             ep.session = session
         else:
@@ -179,9 +183,16 @@ class AgentLoop:
         else:
             opening = await conv.opening()
             ep.extend(self.chat.prompt(env.system_prompt(), opening, agent_tools(env, task)))
+            if len(ep.token_ids) >= self.config.max_tokens_per_sequence:
+                raise UserSimError(f"task {task.task_id}: the prompt with the user's opening has "
+                                   f"{len(ep.token_ids)} tokens, over rollout."
+                                   "max_tokens_per_sequence")
             if conv.ended(opening):
                 ep.ended_by = "user"
         ep.prompt_len = len(ep.token_ids)
+
+    def _count_tokens(self, text: str) -> int:
+        return len(self.tokenizer.encode(text, add_special_tokens=False))
 
     async def _sandbox(self, ep: _Episode) -> Session:
         """The episode's session, waiting for it to open (its own opener holds the deadline)."""
@@ -212,7 +223,7 @@ class AgentLoop:
     async def _turns(self, ep: _Episode, env: Environment, task: TaskSpec,
                      seed: Optional[int]) -> None:
         cfg = self.config
-        params = tool_parameters(agent_tools(env, task))
+        params = tool_parameters(agent_tools(env, task, callable_only=True))
         user_turns = cfg.max_user_turns if ep.conversation is not None else 0
         for turn in range(cfg.max_turns + user_turns + 1):
             if ep.session is None and ep.opening.done():
@@ -236,6 +247,9 @@ class AgentLoop:
                       version=asked_at if gen.version is None else gen.version)
             observation = await self._act(ep, gen, budget, params)
             if observation is None:
+                return
+            if self._step_cap(ep):
+                ep.status, ep.ended_by = "truncated", "step_cap"
                 return
             cut = gen.finish_reason == "length"
             if isinstance(observation, _UserSays):
@@ -268,6 +282,7 @@ class AgentLoop:
             ep.status = "truncated"
             return None
         ep.turns += 1
+        ep.turn_steps += 1
         if parsed.kind == "malformed":
             ep.malformed[parsed.error_kind] = ep.malformed.get(parsed.error_kind, 0) + 1
             n = len(ep.token_ids)      # the turn's tokens are the last ones appended
@@ -290,6 +305,14 @@ class AgentLoop:
         # A tool that failed (bad binding, raised) already reports {"success": False, "error"}.
         return step.observation
 
+    @staticmethod
+    def _step_cap(ep: _Episode) -> bool:
+        """More model turns since the last user message than ``UserSpec.max_steps_per_turn``
+        (BFCL force-quits the whole conversation after the step that passes its cap)."""
+        conv = ep.conversation
+        cap = conv.spec.max_steps_per_turn if conv is not None else None
+        return cap is not None and ep.turn_steps > cap
+
     async def _to_user(self, ep: _Episode, reply: str) -> Optional[_UserSays]:
         """A conversational reply: recorded with the task's reply tool, then answered by the
         user (None: the conversation is over)."""
@@ -305,6 +328,7 @@ class AgentLoop:
             ep.status, ep.ended_by = "truncated", "max_user_turns"
             return None
         answer = await conv.answer(reply)
+        ep.turn_steps = 0
         if conv.ended(answer):
             ep.ended_by = "user"
             return None
