@@ -16,7 +16,8 @@
   executor, and the ticket.
 - The driver and the plain side of its roles (``launch/run/controller.py``, the ticket
   ``actors/ticket.py``, the ledger ``launch/run/ledger.py``, the contract
-  ``launch/run/roles_contract.py``, the decisions of ``Roles`` in ``launch/run/roles_core.py``) import no
+  ``launch/run/roles_contract.py``, the decisions and metrics of ``Roles`` in ``launch/run/restarts.py`` and
+  ``launch/run/role_metrics.py``) import no
   Ray: only ``launch/run/roles.py`` does.
 - Nothing below ``launch/`` (``actors``, ``envs``, ``sandbox``, ``scheduling``) imports ``launch``.
 - No import cycle among the project's modules, counting imports inside functions
@@ -61,7 +62,8 @@ PLAIN_ACTOR_FILES = ("actors/rollout/agent_loop.py", "actors/rollout/runner.py",
 SOURCE_PACKAGES = ("actors", "launch", "scheduling", "envs", "sandbox")
 MAX_LINES = 400
 PLAIN_DRIVER_FILES = ("launch/run/controller.py", "actors/ticket.py", "launch/run/ledger.py",
-                      "launch/run/roles_contract.py", "launch/run/roles_core.py")
+                      "launch/run/roles_contract.py", "launch/run/restarts.py",
+                      "launch/run/role_metrics.py")
 
 
 class Import(NamedTuple):

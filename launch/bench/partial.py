@@ -20,7 +20,7 @@ A/B on a loaded machine); each run in its own directory under --out.
 Reported per run, over the steps after the first (the first includes actor start-up):
 ``rollout_slot_idle_share`` (the share of the workers' episode slots left unused: without
 partial rollouts, the slots held back while a weight update waits for the episodes in flight),
-``rollout_engine_idle_share`` (no generation in flight; ``launch.run.roles_core``; near 1 with the
+``rollout_engine_idle_share`` (no generation in flight; ``launch.run.role_metrics``; near 1 with the
 scripted engine, whose generations take no time), ``rollout_idle_share`` (no group in flight;
 ``launch.run.controller.Occupancy``: groups held at a worker's episode gate count as in flight),
 ``learner_idle_share``, steps/min, the mean wait of a weight publish (``time_sync_s``: without

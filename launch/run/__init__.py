@@ -5,7 +5,8 @@
   over ``ledger.py`` (a group's whole life: tickets, placement, deadlines, retries, staleness)
   and ``control.py`` (the run's control file: pause, stop, resize);
 - ``roles.py``: the Ray handles of every role (scheduler, rollout workers, learner, executors),
-  with ``roles_core.py`` (its Ray-free restart decisions and step metrics) and
+  with ``restarts.py`` (its Ray-free restart decisions), ``role_metrics.py`` (the step's role
+  metrics) and
   ``roles_contract.py`` (what the controller needs of it);
 - ``recovery.py``: rebuilding a lost learner group; ``checkpoint.py`` and ``resume.py``: run
   checkpoints and continuing from one; ``scheduler_journal.py``: the scheduler's per-step journal;

@@ -11,8 +11,8 @@ conversational tasks, the user simulators (``actors.user_sim_actor``).
 It makes the Ray calls (every ``ray.get`` with a timeout) and the restarts: a replaced rollout
 worker gets the published weights before it serves anything; a dead scheduler actor is rebuilt
 from the ``SchedulerJournal``; ``rebuild_learner`` serves ``launch/run/recovery.py``. When to restart
-and when to give up are ``launch/run/roles_core.py:RolesCore``'s, re-issue and deadlines the
-ledger's (docs/architecture.md, "Faults"). It holds no run state but the actors' handles.
+and when to give up are ``launch/run/restarts.py:Restarts``'s, the step's role metrics
+``launch/run/role_metrics.py:RoleMetrics``'s, re-issue and deadlines the ledger's (docs/architecture.md, "Faults"). It holds no run state but the actors' handles.
 
 May import: ray, actors.*, launch.*, envs.*, the standard library.
 """
@@ -27,7 +27,8 @@ import ray
 
 from actors.ticket import Ticket
 from launch.cluster import role_options
-from launch.run.roles_core import PUBLISHES, RoleError, RolesCore
+from launch.run.restarts import PUBLISHES, RoleError, Restarts
+from launch.run.role_metrics import RoleMetrics
 from launch.run.scheduler_journal import SchedulerJournal
 
 if TYPE_CHECKING:
@@ -50,7 +51,7 @@ class GroupCall:
 
 
 class Roles:
-    """``RolesContract`` on Ray: the calls here, the decisions in ``self.core``."""
+    """``RolesContract`` on Ray: the calls here, the restart decisions in ``self.liveness``, the step metrics in ``self.role_metrics``."""
 
     def __init__(self, cfg: TrainConfig, pool: Pool, pool_dir: Path, run_dir: Path,
                  model_path: str, eval_pools: Sequence[EvalPool] = ()):
@@ -65,7 +66,8 @@ class Roles:
         self.eval_pools = worker_pools(list(eval_pools))   # {name: directory}
         self.executors_per_worker = cfg.executors.num_executors
         self.timeout = cfg.controller.call_timeout_s
-        self.core = RolesCore()
+        self.liveness = Restarts()
+        self.role_metrics = RoleMetrics()
         scheduler = build_scheduler(cfg, pool, run_dir)
         builder = identifier_check_builder(self.pool_dir, cfg.scheduler.name,
                                            cfg.scheduler.typed_params())
@@ -75,7 +77,7 @@ class Roles:
         self.scheduler = self._start_scheduler()
         self.journal = SchedulerJournal()
         self.users = self._start_user_sims(cfg, pool)
-        self.core.workers.extend(self._new_worker(i) for i in range(cfg.cluster.rollout.num))
+        self.liveness.workers.extend(self._new_worker(i) for i in range(cfg.cluster.rollout.num))
         self.scheduler.set_replay_port.remote(self._replay_port())
         self._start_learner = lambda: LearnerGroup(  # noqa: E731
             cfg.learner.model_copy(update={"model_path": model_path}))
@@ -92,11 +94,11 @@ class Roles:
     @property
     def workers(self) -> list:
         """The rollout workers' current actor handles (a replaced one has a new handle)."""
-        return self.core.workers
+        return self.liveness.workers
 
     @property
     def restarts(self) -> int:
-        return self.core.restarts
+        return self.liveness.restarts
 
     # ---- rollout -----------------------------------------------------------------------------
     @staticmethod
@@ -185,7 +187,7 @@ class Roles:
     def _restart(self, w: int, actor: Any) -> None:
         """Replace worker ``w`` if it is still ``actor``, the one that died (so once, however
         many of its groups report the death), and give it the latest weights."""
-        if not self.core.first_report(w, actor):
+        if not self.liveness.first_report(w, actor):
             return
         self._replace(w)
         if self.learner.step:   # the published version whenever a group can find a death
@@ -193,7 +195,7 @@ class Roles:
 
     def _replace(self, w: int) -> None:
         ray.kill(self.workers[w], no_restart=True)
-        self.core.replaced(w, self._new_worker(w))
+        self.liveness.replaced(w, self._new_worker(w))
         self.sync = self._new_sync()   # new membership: the collective group is rebuilt
         self.scheduler.set_replay_port.remote(self._replay_port())
         print(f"[envsched] rollout worker {w} died; replaced ({self.restarts} so far)", flush=True)
@@ -231,7 +233,7 @@ class Roles:
                         return None
                 return ray.get(call(), timeout=self.timeout)
             except ray.exceptions.RayActorError as e:
-                self.core.check_rebuild(what, rebuilds, e)
+                self.liveness.check_rebuild(what, rebuilds, e)
                 rebuilds += 1
                 print(f"[envsched] scheduler actor died during {what} ({type(e).__name__}); "
                       f"rebuilding it from its last snapshot and {len(self.journal.events)} "
@@ -242,7 +244,7 @@ class Roles:
     def _rebuild_scheduler(self) -> None:
         ray.kill(self.scheduler, no_restart=True)
         self.scheduler = self._start_scheduler()
-        self.core.scheduler_restarts += 1
+        self.liveness.scheduler_restarts += 1
         actor = self.scheduler
         diffs = self.journal.replay(actor.load_state_dict.remote, actor.next_tasks.remote,
                                     actor.absorb.remote,
@@ -297,7 +299,7 @@ class Roles:
                 break
             except (ray.exceptions.RayActorError, TimeoutError) as e:
                 dead = self._unresponsive()
-                self.core.check_publish(version, attempt, dead, e)
+                self.liveness.check_publish(version, attempt, dead, e)
                 for w in dead:
                     self._replace(w)
                 self.sync = self._new_sync()
@@ -325,7 +327,7 @@ class Roles:
         self.sync = self._new_sync()
         ray.kill(self.scheduler, no_restart=True)
         self.scheduler = self._start_scheduler()
-        self.core.learner_rebuilt(lost_at)
+        self.liveness.learner_rebuilt(lost_at)
 
     # ---- start, metrics and shutdown ---------------------------------------------------------
     def wait_ready(self, timeout_s: float) -> Optional[str]:
@@ -343,9 +345,11 @@ class Roles:
 
     def step_extras(self) -> dict[str, float]:
         scheduler = self._sched(lambda: self.scheduler.metrics.remote(), "metrics")
-        out = self.core.step_extras(scheduler, self._each_worker(lambda w: w.metrics.remote()))
+        out = self.role_metrics.step_extras(scheduler,
+                                            self._each_worker(lambda w: w.metrics.remote()))
+        out.update(self.liveness.step_counts())
         if self.users:
-            out.update(self.core.user_sim_extras(self._user_sim_stats()))
+            out.update(RoleMetrics.user_sim_extras(self._user_sim_stats()))
         return out
 
     def _user_sim_stats(self) -> list[dict[str, float]]:

@@ -1,11 +1,13 @@
-"""``launch.run.roles_core.RolesCore``: the decisions of ``Roles`` without Ray (opaque worker handles,
-a hand-driven clock); placement and deadlines are the ledger's (tests/launch/test_ledger.py)."""
+"""``launch.run.restarts.Restarts`` and ``launch.run.role_metrics.RoleMetrics``: the decisions and
+step metrics of ``Roles`` without Ray (opaque worker handles, a hand-driven clock); placement and
+deadlines are the ledger's (tests/launch/test_ledger.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from launch.run.roles_core import PUBLISHES, REBUILDS, RoleError, RolesCore
+from launch.run.restarts import PUBLISHES, REBUILDS, RoleError, Restarts
+from launch.run.role_metrics import RoleMetrics
 
 
 class Clock:
@@ -16,11 +18,18 @@ class Clock:
         return self.t
 
 
-def _core(workers: int = 3) -> tuple[RolesCore, Clock]:
+def _core(workers: int = 3) -> tuple[Restarts, Clock]:
     clock = Clock()
-    core = RolesCore(clock)
+    core = Restarts(clock)
     core.workers.extend(f"w{i}" for i in range(workers))
     return core, clock
+
+
+def _extras(core: Restarts, scheduler, per_worker, metrics=None) -> dict:
+    """What ``Roles.step_extras`` records: the role metrics, then the restart counts."""
+    out = (metrics or RoleMetrics()).step_extras(scheduler, per_worker)
+    out.update(core.step_counts())
+    return out
 
 
 def test_a_dead_worker_is_replaced_once_however_many_groups_report_it():
@@ -64,7 +73,7 @@ def test_step_extras_sum_worker_metrics_and_take_the_worst_p95():
           "executors": 2, "worker": "rollout-0"}
     w2 = {"time_generate_s": 3.0, "time_episode_s": 2.0, "executor_wait_p95_s": 1.5,
           "executors": 2}
-    out = core.step_extras({"scheduler_observations": 6.0}, [w1, None, w2])
+    out = _extras(core, {"scheduler_observations": 6.0}, [w1, None, w2])
     assert out == {"scheduler_observations": 6.0, "rollout_time_generate_s": 5.0,
                    "rollout_time_executor_s": 4.0, "rollout_time_episode_s": 10.0,
                    "executor_share": pytest.approx(0.4), "executor_wait_s": 1.0,
@@ -79,11 +88,11 @@ def test_conversational_metrics_are_summed_over_workers_and_user_simulators():
     core, _ = _core()
     w1 = {"time_episode_s": 1.0, "time_user_s": 1.5, "user_turns": 3, "user_sim_failovers": 1}
     w2 = {"time_episode_s": 1.0, "time_user_s": 0.5, "user_turns": 4}
-    out = core.step_extras({}, [w1, w2])
+    out = _extras(core, {}, [w1, w2])
     assert (out["rollout_time_user_s"], out["rollout_user_turns"],
             out["rollout_user_sim_failovers"]) == (2.0, 7.0, 1.0)
     sims = [{"calls": 4.0, "seconds": 0.25, "resends": 1.0}, {"calls": 3.0, "seconds": 0.5}]
-    assert RolesCore.user_sim_extras(sims) == {"user_sim_calls": 7.0, "user_sim_seconds": 0.75,
+    assert RoleMetrics.user_sim_extras(sims) == {"user_sim_calls": 7.0, "user_sim_seconds": 0.75,
                                                "user_sim_resends": 1.0}
 
 
@@ -91,20 +100,20 @@ def test_a_learner_rebuild_is_counted_and_its_recovery_time_reported_once():
     """Hand-worked clock: found dead at t=10, rebuilt twice (the second before any step), the
     next step's record at t=25: 15 s from the first loss; the step after has no recovery time."""
     now = [0.0]
-    core = RolesCore(clock=lambda: now[0])
+    core = Restarts(clock=lambda: now[0])
     core.workers.append("w0")
     core.learner_rebuilt(10.0)
     core.learner_rebuilt(12.0)
     now[0] = 25.0
-    out = core.step_extras({}, [])
+    out = _extras(core, {}, [])
     assert out["learner_restarts"] == 2.0 and out["learner_recovery_s"] == 15.0
-    again = core.step_extras({}, [])
+    again = _extras(core, {}, [])
     assert again["learner_restarts"] == 2.0 and "learner_recovery_s" not in again
 
 
 def test_step_extras_without_episodes_has_no_executor_share():
     core, _ = _core()
-    out = core.step_extras({}, [None, {}])
+    out = _extras(core, {}, [None, {}])
     assert "executor_share" not in out and out["executor_wait_p95_s"] == 0.0
 
 
@@ -112,13 +121,13 @@ def test_engine_idle_share_is_per_step_and_survives_a_replaced_worker():
     """Hand-worked: step 1, worker 0 busy 3 of 10 s, worker 1 busy 1 of 10 s: 1 - 4/20 = 0.8.
     Step 2: worker 0 busy 3 more of 5 s; worker 1 was replaced, its new clock at 2 of 4 s:
     1 - (3 + 2) / (5 + 4) = 4/9."""
-    core, _ = _core()
-    first = core.step_extras({}, [{"time_engine_busy_s": 3.0, "time_up_s": 10.0,
+    metrics = RoleMetrics()
+    first = metrics.step_extras({}, [{"time_engine_busy_s": 3.0, "time_up_s": 10.0,
                                    "time_live_episodes_s": 20.0, "episode_capacity": 4},
                                   {"time_engine_busy_s": 1.0, "time_up_s": 10.0}])
     assert first["rollout_engine_idle_share"] == pytest.approx(0.8)
     assert first["rollout_slot_idle_share"] == pytest.approx(0.5)   # 1 - 20 / (4 * 10)
-    second = core.step_extras({}, [{"time_engine_busy_s": 6.0, "time_up_s": 15.0},
+    second = metrics.step_extras({}, [{"time_engine_busy_s": 6.0, "time_up_s": 15.0},
                                    {"time_engine_busy_s": 2.0, "time_up_s": 4.0}])
     assert second["rollout_engine_idle_share"] == pytest.approx(4 / 9)
-    assert "rollout_engine_idle_share" not in core.step_extras({}, [None, None])
+    assert "rollout_engine_idle_share" not in metrics.step_extras({}, [None, None])
