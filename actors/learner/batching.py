@@ -8,15 +8,21 @@ where no sampled token is scored).
 Sharding (decision, the issue is silent): trajectories are dealt longest-first onto the rank with
 the fewest tokens, a group's samples together (``shard``), then every shard is padded with
 all-masked copies to the same length, so every rank runs the same number of micro-batches
-(DeepSpeed's collectives must match) while the padding adds nothing to the loss.
+(DeepSpeed's collectives must match) while the padding adds nothing to the loss. With a ``seed``
+each rank's rows are then shuffled, a group's samples kept adjacent (prefix sharing needs them
+so): micro-batches, and the mini-batches made of them (``learner.mini_batches``), are random
+draws of the step rather than its longest trajectories first. The order is a function of the
+seed alone, so a rerun or a resumed run sees the same mini-batches; sorting by length would pad
+less, but would make each optimiser step of a step a biased sample of it.
 
-May import: torch, numpy, envs.trajectory, the standard library.
+May import: torch, numpy, envs.trajectory, actors.learner.grpo, the standard library.
 """
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass, fields
-from typing import Sequence
+from typing import Optional, Sequence
 
 import torch
 
@@ -63,25 +69,27 @@ def scored_positions(loss_mask: torch.Tensor) -> torch.Tensor:
 
 
 def scored_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                    loss_mask: torch.Tensor) -> torch.Tensor:
-    """[B, L-1] log-probs like ``grpo.token_logprobs(model(...).logits, input_ids)`` at every
-    ``scored_positions`` column and 0 elsewhere, computing logits only there (``logits_to_keep``):
-    the full [B, L, V] logits were most of an agentic step (docs/benchmarks.md)."""
+                    loss_mask: torch.Tensor, scoring=None) -> torch.Tensor:
+    """[B, L-1] log-probs like ``grpo.token_logprobs(model(...).logits, input_ids, scoring)`` at
+    every ``scored_positions`` column and 0 elsewhere, computing logits only there
+    (``logits_to_keep``): the full [B, L, V] logits were most of an agentic step
+    (docs/benchmarks.md)."""
     keep = scored_positions(loss_mask)
     if keep.numel() == 0:
         keep = torch.zeros(1, dtype=torch.long, device=input_ids.device)
     out = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False,
                 logits_to_keep=keep)
-    return place_logprobs(out.logits, input_ids, keep, loss_mask)
+    return place_logprobs(out.logits, input_ids, keep, loss_mask, scoring)
 
 
 def place_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, keep: torch.Tensor,
-                   loss_mask: torch.Tensor) -> torch.Tensor:
+                   loss_mask: torch.Tensor, scoring=None) -> torch.Tensor:
     """Log-probs of the next tokens from ``logits`` [B, len(keep), V] computed at positions
-    ``keep``, placed into a zero [B, L-1] tensor shaped like ``loss_mask``."""
-    logits = logits.float()
-    picked = logits.gather(-1, input_ids[:, keep + 1].unsqueeze(-1)).squeeze(-1)
-    scored = picked - torch.logsumexp(logits, dim=-1)
+    ``keep``, under ``scoring``'s distribution (``grpo.target_logprobs``), placed into a zero
+    [B, L-1] tensor shaped like ``loss_mask``."""
+    from actors.learner.grpo import target_logprobs
+
+    scored = target_logprobs(logits, input_ids[:, keep + 1], scoring)
     return scored.new_zeros(loss_mask.shape).index_copy(1, keep, scored)
 
 
@@ -149,36 +157,45 @@ def _units(trajectories: Sequence[Trajectory]) -> list[list[int]]:
 
 
 def shard(trajectories: Sequence[Trajectory], advantages: Sequence[float], world: int,
-          micro_batch_size: int, pad_id: int = 0) -> list[PackedBatch]:
+          micro_batch_size: int, pad_id: int = 0, seed: Optional[int] = None) -> list[PackedBatch]:
     """Split a step over ``world`` ranks with equal row counts (a multiple of the micro-batch).
 
     Units of samples sharing a prompt (``_units``), longest first, go whole to the rank with the
     fewest tokens among those with room for them under ceil(rows / world); a unit that fits
-    nowhere whole is dealt row by row (longest first) to the least-loaded ranks with room."""
+    nowhere whole is dealt row by row (longest first) to the least-loaded ranks with room. With
+    ``seed``, each rank's units are then shuffled (``random.Random(seed)``), rows of a unit kept
+    together; without, they stay in the dealing order."""
     if not trajectories:
         raise BatchError("a learner step needs at least one trajectory")
     size = [len(t.token_ids) for t in trajectories]
     cap = -(-len(trajectories) // world)
-    buckets: list[list[int]] = [[] for _ in range(world)]
+    buckets: list[list[list[int]]] = [[] for _ in range(world)]   # per rank: its units
+    rows_of = [0] * world
     load = [0] * world
 
     def put(rows: list[int], ranks: list[int]) -> None:
-        r = min(ranks, key=lambda k: (load[k], len(buckets[k]), k))
-        buckets[r].extend(rows)
+        r = min(ranks, key=lambda k: (load[k], rows_of[k], k))
+        buckets[r].append(rows)
+        rows_of[r] += len(rows)
         load[r] += sum(size[i] for i in rows)
 
     for unit in sorted(_units(trajectories), key=lambda u: -sum(size[i] for i in u)):
-        whole = [r for r in range(world) if len(buckets[r]) + len(unit) <= cap]
+        whole = [r for r in range(world) if rows_of[r] + len(unit) <= cap]
         if whole:
             put(unit, whole)
             continue
         for i in sorted(unit, key=lambda i: -size[i]):
-            put([i], [r for r in range(world) if len(buckets[r]) < cap])
-    rows = max(len(b) for b in buckets)
+            put([i], [r for r in range(world) if rows_of[r] < cap])
+    if seed is not None:
+        rng = random.Random(seed)
+        for units in buckets:
+            rng.shuffle(units)
+    rows = max(rows_of)
     rows = -(-rows // micro_batch_size) * micro_batch_size if rows > micro_batch_size else rows
     filler = min(range(len(trajectories)), key=lambda i: size[i])
     out = []
-    for bucket in buckets:
+    for units in buckets:
+        bucket = [i for unit in units for i in unit]
         idx = bucket + [filler] * (rows - len(bucket))
         act = [True] * len(bucket) + [False] * (rows - len(bucket))
         out.append(pack([trajectories[i] for i in idx], [advantages[i] for i in idx], act, pad_id))

@@ -4,6 +4,12 @@ Defaults follow the paper's Section 3.1: Adam, lr 1e-6, cosine schedule with 10 
 policy-ratio clip 0.2, batch-whitened advantages clipped to [-0.2, 0.2], loss only on
 model-generated tokens. Each loss ingredient is a switch in ``GRPOConfig`` (see ``grpo.py``).
 
+Deviations from the paper (docs/learner.md, "Deviations from the paper"): a dual clip
+(``dual_clip``) and a token mask (``token_band``) bound every token's loss; ``dual_clip: null``
+and ``token_band: null`` give the paper's loss back. The sampler's temperature / top-k / top-p
+(``temperature``, ``top_k``, ``top_p``; copied from ``rollout`` by the run config) shape
+the learner's log-probs as they shape the engine's.
+
 Decisions where the paper is silent: no KL term by default (``kl_coef = 0``); the cosine decays to
 ``min_lr_ratio * lr`` (0 by default) at ``total_steps``; gradient clipping at norm 1.0; the token-mean
 loss is taken over every model token of the whole step (all ranks), not per sequence; one optimiser
@@ -53,8 +59,49 @@ class GRPOConfig(BaseModel):
     old_logprobs: Literal["rollout", "recompute"] = "rollout"
     importance_correction: bool = False
     importance_cap: float = Field(2.0, gt=0)
+    dual_clip: Optional[float] = Field(3.0, gt=1, description=(
+        "verl's clip_ratio_c: a token with a negative advantage loses at most dual_clip * |A| "
+        "however far its ratio runs (null: the paper's unbounded -rho A); docs/learner.md, "
+        "'Deviations from the paper'"))
+    token_band: Optional[tuple[float, float]] = Field((0.5, 2.0), description=(
+        "ICEPOP's token mask: a token whose learner/engine probability ratio at the start of the "
+        "step is outside [lo, hi] is dropped from the loss (still counted in its mean); null "
+        "keeps every token (the paper)"))
+    overlong_filter: bool = Field(False, description=(
+        "DAPO's overlong filter: a trajectory with a model turn cut by a token limit (the turn "
+        "limit, or the sequence limit max_sequence_tokens) is left out of the loss; its reward "
+        "still enters its group's baseline. False (the paper): trained with its verified reward"))
+    max_sequence_tokens: Optional[int] = Field(None, ge=2, description=(
+        "rollout.max_tokens_per_sequence, which the run config copies here: a trajectory that "
+        "long was cut by it (overlong_filter)"))
+    # a learner used alone scores the raw distribution; in a run, these are rollout's
+    temperature: float = Field(1.0, ge=0, description=(
+        "the sampler's temperature, applied to the learner's logits so both sides of the ratio "
+        "score the distribution the tokens were drawn from; the run config copies "
+        "rollout.temperature here (0: greedy, scored at 1)"))
+    top_k: int = Field(0, ge=-1, description="the sampler's top-k (rollout.top_k; <= 0: none)")
+    top_p: float = Field(1.0, gt=0, le=1, description="the sampler's top-p (rollout.top_p)")
     loss_agg: Literal["token_mean", "seq_mean"] = "token_mean"
     eps: float = Field(1e-6, gt=0)
+
+    def follow(self, **rollout) -> "GRPOConfig":
+        """A copy with ``rollout``'s values of the fields it copies (temperature, top_k, top_p,
+        max_sequence_tokens; ``launch.config.TrainConfig``); a value set here that differs is an
+        error naming it (the learner must score the distribution the rollout samples from)."""
+        for key in sorted(k for k in self.model_fields_set & set(rollout)
+                          if getattr(self, k) != rollout[k]):
+            raise ValueError(f"learner.loss.{key} is {getattr(self, key)} but rollout's is "
+                             f"{rollout[key]}: the learner scores what the rollout samples; "
+                             f"fix: drop learner.loss.{key}")
+        return self.model_copy(update=rollout)
+
+    @model_validator(mode="after")
+    def _band_brackets_one(self) -> "GRPOConfig":
+        if self.token_band is not None and not 0 < self.token_band[0] < 1 < self.token_band[1]:
+            raise ValueError(f"the token_band parameter of GRPOConfig must be [lo, hi] with "
+                             f"0 < lo < 1 < hi (got {list(self.token_band)}); e.g. [0.5, 2.0], "
+                             "or null to keep every token")
+        return self
 
     @model_validator(mode="after")
     def _importance_needs_recompute(self) -> "GRPOConfig":
@@ -97,9 +144,16 @@ class LearnerConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     model_path: Optional[str] = None
+    trust_remote_code: bool = Field(False, description="load the model folder's own code; set "
+                                    "from policy.trust_remote_code (actors.checkpoints)")
     ranks: int = Field(1, ge=1)
-    zero_stage: int = Field(2, ge=0, le=3)
-    dtype: Dtype = "auto"
+    zero_stage: int = Field(2, ge=0, le=3, description=(
+        "DeepSpeed ZeRO stage; bf16 needs 1-3 (stage 0 keeps no fp32 master weights)"))
+    dtype: Dtype = Field("auto", description=(
+        "the policy's compute dtype; auto: bf16 on GPU ranks, fp32 on CPU ranks. bf16 keeps "
+        "fp32 master weights and accumulates and reduces gradients in fp32; on CPU ranks it "
+        "needs avx512_bf16 or amx_bf16 (refused elsewhere). The rollout engine runs in the same "
+        "dtype (docs/learner.md, 'Precision')"))
     lr: float = Field(1e-6, gt=0)
     warmup_steps: int = Field(10, ge=0)
     total_steps: int = Field(200, ge=1)
@@ -151,9 +205,11 @@ class LearnerConfig(BaseModel):
                 f"the warmup_steps parameter of LearnerConfig must be below total_steps "
                 f"(got warmup_steps={self.warmup_steps}, total_steps={self.total_steps}); "
                 "raise total_steps or lower warmup_steps")
-        if self.num_gpus_per_rank == 0 and self.dtype == "bf16":
-            raise ValueError("the dtype parameter of LearnerConfig is 'bf16' but num_gpus_per_rank "
-                             "is 0: CPU ranks train in fp32; use dtype: auto or fp32")
+        if self.zero_stage == 0 and self.torch_dtype_name(self.num_gpus_per_rank > 0) == "bfloat16":
+            raise ValueError("the learner would train in bf16 at zero_stage 0, which keeps no fp32 "
+                             "master weights and accumulates gradients in bf16 "
+                             "(actors/learner/precision.py); fix: set learner.zero_stage to 1, 2 "
+                             "or 3, or learner.dtype: fp32")
         if self.lora is not None and self.frozen_parameters:
             raise ValueError("the frozen_parameters parameter of LearnerConfig must be empty "
                              f"with lora (got {self.frozen_parameters}): a LoRA learner "
@@ -166,7 +222,8 @@ class LearnerConfig(BaseModel):
         return ds_accelerator(self.num_gpus_per_rank)
 
     def torch_dtype_name(self, cuda: bool) -> str:
-        """'bfloat16' on GPUs and 'float32' on CPUs unless ``dtype`` forces one."""
+        """'bfloat16' on GPUs and 'float32' on CPUs unless ``dtype`` forces one (bf16 on CPU
+        ranks needs a CPU with native bf16: ``actors.learner.precision.cpu_bf16_refusal``)."""
         if self.dtype == "auto":
             return "bfloat16" if cuda else "float32"
         return {"bf16": "bfloat16", "fp32": "float32"}[self.dtype]

@@ -1,7 +1,8 @@
 """The DeepSpeed learner of one rank: GRPO steps, log-prob recomputation, checkpoints, HF export.
 
-A plain class (no Ray) in each learner Ray actor. CPU: gloo, fp32; GPUs: NCCL, bf16
-(``LearnerConfig.dtype``); ``torch.optim.Adam`` (cpu_adam would need a JIT build) under ZeRO.
+A plain class (no Ray) in each learner Ray actor. CPU: gloo, fp32 (bf16 on CPUs with native bf16);
+GPUs: NCCL, bf16 (``LearnerConfig.dtype``; bf16 keeps fp32 masters and fp32 gradient sums:
+``precision.py``); ``torch.optim.Adam`` (cpu_adam would need a JIT build) under ZeRO.
 
 One ``train_step`` is one pass over this rank's shard in ``mini_batches`` optimiser steps
 (``mini_batch_runs``). The token-mean normaliser is the run's model-token count over all ranks
@@ -15,11 +16,13 @@ per learner step (a resumed run recomputes it from the step counter):
     f(s) = m + (1 - m) * (1 + cos(pi * (s - W) / (T - W))) / 2   after; m = min_lr_ratio, T = total.
 
 May import: torch, deepspeed, transformers (all inside functions: the module must import cheaply),
-and the learner's plain modules.
+the learner's plain modules, and actors.checkpoints (``remote_code``: the model loads with an
+explicit ``trust_remote_code``).
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import re
@@ -33,6 +36,7 @@ from actors.learner.safe_load import weights_only_loads
 from actors.learner import grpo
 from actors.learner.batching import PackedBatch, scored_logprobs
 from actors.learner.prefix import prefix_shared_logprobs
+from actors.learner.precision import deepspeed_precision, fp32_masters, precision_refusal
 from actors.learner.config import LearnerConfig
 from actors.learner.export import record_source, save_hf
 
@@ -81,6 +85,8 @@ def freeze_parameters(model, patterns: list[str], where: str) -> list:
 
 
 def deepspeed_config(cfg: LearnerConfig, bf16: bool) -> dict:
+    """DeepSpeed's config for these ranks; under bf16, fp32 master weights and fp32 gradient
+    accumulation and reduction (``precision.deepspeed_precision``)."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     return {
         "train_micro_batch_size_per_gpu": cfg.micro_batch_size,
@@ -88,7 +94,7 @@ def deepspeed_config(cfg: LearnerConfig, bf16: bool) -> dict:
         "train_batch_size": cfg.micro_batch_size * world,
         "gradient_clipping": cfg.grad_clip,
         "zero_optimization": {"stage": cfg.zero_stage, "overlap_comm": False},
-        "bf16": {"enabled": bf16},
+        **deepspeed_precision(bf16),
         "zero_allow_untested_optimizer": True,
         "steps_per_print": 10 ** 9,
         "wall_clock_breakdown": False,
@@ -108,6 +114,9 @@ class LearnerEngine:
                              "model directory, got None")
         self.cfg = cfg
         self.cuda = torch.cuda.is_available() and cfg.num_gpus_per_rank > 0
+        refusal = None if self.cuda else precision_refusal(cfg)
+        if refusal:
+            raise ValueError(refusal)
         deepspeed.init_distributed(dist_backend="nccl" if self.cuda else "gloo",
                                    auto_mpi_discovery=False,
                                    timeout=timedelta(seconds=cfg.timeout_s))
@@ -116,7 +125,11 @@ class LearnerEngine:
         self.device = torch.device("cuda", torch.cuda.current_device()) if self.cuda else "cpu"
         torch.manual_seed(cfg.seed)
         dtype = getattr(torch, cfg.torch_dtype_name(self.cuda))
-        model = AutoModelForCausalLM.from_pretrained(cfg.model_path, dtype=dtype)
+        from actors.checkpoints import remote_code
+
+        trust = remote_code(cfg.model_path, cfg.trust_remote_code)   # explicit: no stdin prompt
+        model = AutoModelForCausalLM.from_pretrained(cfg.model_path, dtype=dtype,
+                                                     trust_remote_code=trust)
         if cfg.gradient_checkpointing:
             model.gradient_checkpointing_enable()
         if cfg.lora is not None:
@@ -137,7 +150,8 @@ class LearnerEngine:
             config=deepspeed_config(cfg, dtype == torch.bfloat16))
         self.ref = None
         if cfg.loss.kl_coef > 0:
-            self.ref = AutoModelForCausalLM.from_pretrained(cfg.model_path, dtype=dtype)
+            self.ref = AutoModelForCausalLM.from_pretrained(cfg.model_path, dtype=dtype,
+                                                            trust_remote_code=trust)
             self.ref.to(self.device).eval().requires_grad_(False)
         self.step = 0
 
@@ -145,13 +159,14 @@ class LearnerEngine:
 
     def _forward_logprobs(self, model, mb: PackedBatch):
         out = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False)
-        return grpo.token_logprobs(out.logits, mb.input_ids)
+        return grpo.token_logprobs(out.logits, mb.input_ids, self.cfg.loss)
 
     def _scored_forward(self, model, mb: PackedBatch):
         """Log-probs at the positions the loss reads (0 elsewhere): the training forward, which
         runs a group's shared prompt once when ``prefix_sharing`` is on (prefix.py)."""
         forward = prefix_shared_logprobs if self.cfg.prefix_sharing else scored_logprobs
-        return forward(model, mb.input_ids, mb.attention_mask, mb.loss_mask)
+        return forward(model, mb.input_ids, mb.attention_mask, mb.loss_mask,
+                       scoring=self.cfg.loss)   # the sampler's temperature / top-k / top-p
 
     def logprobs(self, batch: PackedBatch, reference: bool = False, scored_only: bool = False):
         """[B, L-1] log-probs of every next token under the current (or reference) weights.
@@ -215,7 +230,8 @@ class LearnerEngine:
             group["lr"] = lr
         self.engine.train()
         micro = self.cfg.micro_batch_size
-        totals = {"loss": 0.0, "tokens": 0.0, "clip_frac_sum": 0.0, "ratio_sum": 0.0, "kl_sum": 0.0}
+        totals = {"loss": 0.0, "tokens": 0.0, "clip_frac_sum": 0.0, "ratio_sum": 0.0, "kl_sum": 0.0,
+                  "masked_sum": 0.0}
         grad_norms = []
         mismatch = {k: 0.0 for k in grpo.MISMATCH_SUMS}
         extremes = {k: float("-inf") for k in grpo.MISMATCH_EXTREMES}
@@ -240,7 +256,8 @@ class LearnerEngine:
                                 ext[key] = max(ext[key], v)
                 loss, st = grpo.policy_loss(
                     logp, old[rows, :width].to(self.device), mb.advantages, mb.loss_mask,
-                    ratio_clip=lc.ratio_clip,
+                    ratio_clip=lc.ratio_clip, dual_clip=lc.dual_clip, token_band=lc.token_band,
+                    engine_logp=mb.rollout_logprobs if lc.old_logprobs == "recompute" else None,
                     behav_logp=mb.rollout_logprobs if lc.importance_correction else None,
                     importance_cap=lc.importance_cap,
                     ref_logp=None if ref is None else ref[rows, :width].to(self.device),
@@ -281,6 +298,7 @@ class LearnerEngine:
             "clip_frac": g["clip_frac_sum"] / tokens,
             "ratio_mean": g["ratio_sum"] / tokens,
             "kl": g["kl_sum"] / tokens,
+            "masked_frac": g["masked_sum"] / tokens,
             "grad_norm": sum(norms) / len(norms) if norms else float("nan"),
             "lr": lr,
             "rank": self.rank,
@@ -314,14 +332,15 @@ class LearnerEngine:
 
     def full_state_dict(self) -> Optional[dict]:
         """Rank 0: {name: CPU tensor} of every parameter (with LoRA: the base architecture's,
-        merged, ``lora.merged_state_dict``); other ranks: None (after taking part)."""
-        sd = {}
-        for name, t in self.iter_full_params():
+        merged from the fp32 masters of A and B, ``precision.fp32_masters``); other ranks: None
+        (after taking part)."""
+        sd, c = {}, self.cfg.lora
+        masters = () if c is None else fp32_masters(self.engine.module, lora.is_adapter_param)
+        for name, t in itertools.chain(self.iter_full_params(), masters):
             if self.rank == 0:
                 sd[name] = t.detach().to("cpu", copy=True)
         if self.rank != 0:
             return None
-        c = self.cfg.lora
         return sd if c is None else lora.merged_state_dict(sd, c.rank, c.alpha)
 
     def adapter(self) -> Optional[lora.LoraAdapter]:
@@ -361,7 +380,7 @@ class LearnerEngine:
             return None
         out = Path(directory)
         out.mkdir(parents=True, exist_ok=True)
-        save_hf(self.engine.module, sd, self.cfg.model_path, out)
+        save_hf(self.engine.module, sd, self.cfg.model_path, out, self.cfg.trust_remote_code)
         return str(out)
 
     def export_adapter(self, directory: str) -> Optional[str]:

@@ -15,7 +15,8 @@ A LoRA checkpoint holds only the adapter: ``lora="merged"`` (default) folds it i
 weights (``actors.lora.merge_into``); ``lora="adapter"`` writes the PEFT adapter directory.
 
 May import: torch, deepspeed, transformers (inside functions), ``actors.policy``,
-``actors.lora``, ``actors.checkpoints`` (every load passes ``trust_remote_code`` explicitly). Not ``actors.learner.engine``, which imports this module.
+``actors.lora``, ``actors.checkpoints`` (every load passes ``trust_remote_code`` explicitly).
+Not ``actors.learner.engine``, which imports this module.
 """
 
 from __future__ import annotations

@@ -13,10 +13,22 @@ identical rewards, has advantage exactly 0.
 
 Token loss for a token t of trajectory i with loss_mask m_t = 1 (model-generated tokens only):
 
-    rho_t = exp(logp_t - old_t)                                    ratio to the "old" policy
+    d_t   = m_t (logp_t - old_t), clamped to +-20             masked BEFORE exp: no exp(inf) at pads
+    rho_t = exp(d_t)                                               ratio to the "old" policy
     L_t   = -min(rho_t * A_i, clamp(rho_t, 1 - eps, 1 + eps) * A_i)     eps = ratio_clip (0.2)
+    L_t   = min(L_t, -c * A_i)  where A_i < 0        c = dual_clip (3; verl's clip_ratio_c)
     L_t  *= w_t,  w_t = min(exp(old_t - behav_t), cap)   [importance_correction; detached]
-    L_t  += beta * (exp(ref_t - logp_t) - (ref_t - logp_t) - 1)   [kl_coef = beta > 0; k3 estimator]
+    L_t   = 0  where exp(q_t - behav_t) is outside [lo, hi]   [token_band; ICEPOP's mask]
+    L_t  += beta * min(exp(k) - k - 1, 10),  k = clamp(m_t (ref_t - logp_t), +-20)   [kl_coef > 0]
+
+So |L_t| <= max(1 + eps, c) |A_i| (times cap with the correction): a token the engine and the
+learner score far apart cannot dominate the step. In the band ``behav_t`` is the engine's log-prob
+and ``q_t`` the learner's at the start of the step: the recomputed ``old`` with
+``old_logprobs='recompute'``, else the current one (detached), which is the step-start one in
+the step's first mini-batch. A token whose learner
+log-prob is -inf (sampled outside the learner's truncated distribution, ``target_logprobs``) never
+reaches the loss. Masked tokens still count in the token-mean normaliser N (a mask does not
+re-weight the others).
 
 ``old`` is the rollout log-prob (``old_logprobs='rollout'``) or the log-prob recomputed under the
 learner's weights at the start of the step (``'recompute'``); with importance correction the
@@ -29,11 +41,13 @@ lags (learner version - v_t) and the mismatch over lag-0 tokens alone (``fresh_m
 Aggregation: ``token_mean`` = sum_t m_t L_t / N, N the model tokens (the caller may pass N for the
 whole distributed step); ``seq_mean`` = mean over trajectories of each one's token mean.
 
-May import: torch, numpy, the standard library.
+May import: torch, numpy, the standard library; actors.rollout.engines (base, hf_batch: the
+sampler's truncation rule) inside ``_kept``.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Optional, Sequence
 
 import numpy as np
@@ -80,52 +94,123 @@ def compute_advantages(groups: Sequence[Sequence[float]], *, group_std_norm: boo
     return np.split(flat, np.cumsum(sizes)[:-1]) if per_group else []
 
 
-def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
-    """log p(x_{t+1} | x_<=t) for every position: logits [B, L, V], ids [B, L] -> [B, L-1] fp32."""
+LOG_RATIO_MAX = 20.0   # |log ratio| before exp: e^20 is finite in fp32, and far past any clip
+KL_MAX = 10.0          # the k3 term's ceiling (verl's low_var_kl clamp)
+
+
+def target_logprobs(logits: torch.Tensor, targets: torch.Tensor, scoring=None) -> torch.Tensor:
+    """log p(target) under the sampler's distribution: logits [..., V], targets [...] -> fp32.
+
+    ``scoring`` (anything with ``temperature``, ``top_k``, ``top_p``: ``GRPOConfig``, the engines'
+    ``SamplingParams``) is the distribution the rollout sampled from: logits / T, then the top-k
+    and top-p truncation renormalised over the tokens it keeps, the set chosen by the HF engine's
+    own warper (``hf_batch._warp``, vLLM's rule) on these logits; a target outside it scores
+    -inf. ``None``, T = 0 (greedy) or T = 1 without truncation: the raw log-softmax. Gradients
+    flow through the logits; the kept set is a choice, not differentiated."""
+    z = logits.float()
+    t = 1.0 if scoring is None or scoring.temperature <= 0 else float(scoring.temperature)
+    k, p = (0, 1.0) if scoring is None or scoring.temperature <= 0 else (scoring.top_k,
+                                                                           scoring.top_p)
+    if t != 1.0:
+        z = z / t
     # gather - logsumexp instead of log_softmax: one fewer [B, L, V] fp32 tensor (V ~ 152k)
-    logits = logits[:, :-1].float()
-    picked = logits.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
-    return picked - torch.logsumexp(logits, dim=-1)
+    picked = z.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    if not 0 < k < z.shape[-1] and p >= 1.0:
+        return picked - torch.logsumexp(z, dim=-1)
+    kept = _kept(z.detach(), k, p)
+    inside = kept.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    norm = torch.logsumexp(z.masked_fill(~kept, float("-inf")), dim=-1)
+    return torch.where(inside, picked - norm, torch.full_like(picked, float("-inf")))
+
+
+def _kept(z: torch.Tensor, top_k: int, top_p: float, rows: int = 1024) -> torch.Tensor:
+    """Which tokens the sampler's top-k / top-p keep, from temperature-scaled logits [..., V];
+    in chunks of ``rows`` positions (the warper's [N, V] temporaries stay bounded)."""
+    from actors.rollout.engines.base import SamplingParams
+    from actors.rollout.engines.hf_batch import _warp   # the one definition of the rule
+
+    s = SamplingParams(max_tokens=1, temperature=1.0, top_k=top_k, top_p=top_p)
+    flat = z.reshape(-1, z.shape[-1])
+    out = torch.cat([torch.isfinite(_warp(flat[i:i + rows], s))
+                     for i in range(0, flat.shape[0], rows)]) if flat.shape[0] else \
+        torch.zeros_like(flat, dtype=torch.bool)
+    return out.reshape(z.shape)
+
+
+def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor,
+                   scoring=None) -> torch.Tensor:
+    """log p(x_{t+1} | x_<=t) for every position: logits [B, L, V], ids [B, L] -> [B, L-1] fp32,
+    under ``scoring``'s distribution (``target_logprobs``)."""
+    return target_logprobs(logits[:, :-1], input_ids[:, 1:], scoring)
 
 
 def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
                 mask: torch.Tensor, *, ratio_clip: Optional[float] = 0.2,
+                dual_clip: Optional[float] = None,
                 behav_logp: Optional[torch.Tensor] = None, importance_cap: float = 2.0,
+                token_band: Optional[tuple[float, float]] = None,
+                engine_logp: Optional[torch.Tensor] = None,
                 ref_logp: Optional[torch.Tensor] = None, kl_coef: float = 0.0,
                 agg: str = "token_mean", normaliser: Optional[float] = None,
                 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The masked GRPO loss above. Shapes: logp/old/behav/ref/mask [B, T], advantages [B].
 
-    ``normaliser`` replaces the local count (model tokens for token_mean, trajectories for
-    seq_mean) so that micro-batches and ranks sum to the mean of the whole step.
+    ``behav_logp`` turns the importance correction on (``old_logp`` is then the proximal policy).
+    ``token_band`` compares the engine's log-probs with the learner's step-start ones:
+    ``engine_logp`` with ``old_logp`` when ``old_logp`` is the learner's recompute, else
+    ``old_logp`` (the engine's) with the current ``logp``. ``normaliser`` replaces the local count (model tokens for token_mean,
+    trajectories for seq_mean) so that micro-batches and ranks sum to the mean of the whole step.
     Returns (scalar loss, statistics summed over masked tokens for logging).
     """
-    mask = mask.to(logp.dtype)
+    live = mask.bool() & torch.isfinite(logp.detach()) & torch.isfinite(old_logp)
     adv = advantages.to(logp.dtype).unsqueeze(-1)
-    ratio = torch.exp(logp - old_logp)
+    ratio = torch.exp(_masked_log(logp - old_logp, live))
     surr = ratio * adv
     if ratio_clip is not None:
         clipped = torch.clamp(ratio, 1.0 - ratio_clip, 1.0 + ratio_clip) * adv
         tok = -torch.minimum(surr, clipped)
-        was_clipped = (clipped < surr).to(logp.dtype)
+        was_clipped = clipped < surr
     else:
         tok = -surr
-        was_clipped = torch.zeros_like(tok)
+        was_clipped = torch.zeros_like(live)
+    if dual_clip is not None:
+        floor = -dual_clip * adv
+        dual = (adv < 0) & (tok > floor)
+        tok = torch.where(dual, floor.expand_as(tok), tok)
+        was_clipped = was_clipped | dual
     if behav_logp is not None:
-        tok = tok * torch.clamp(torch.exp(old_logp - behav_logp), max=importance_cap).detach()
+        live = live & torch.isfinite(behav_logp)
+        w = torch.exp(_masked_log(old_logp - behav_logp, live))
+        tok = tok * torch.clamp(w, max=importance_cap).detach()
+    banned = torch.zeros_like(live)
+    if token_band is not None:
+        q, b = (old_logp, engine_logp) if engine_logp is not None else (logp.detach(), old_logp)
+        live = live & torch.isfinite(b)
+        lo, hi = token_band
+        gap = _masked_log(q - b, live)
+        banned = live & ((gap < math.log(lo)) | (gap > math.log(hi)))
     kl = torch.zeros_like(tok)
     if ref_logp is not None and kl_coef > 0:
-        d = ref_logp - logp
-        kl = torch.exp(d) - d - 1.0
+        d = _masked_log(ref_logp - logp, live & torch.isfinite(ref_logp))
+        kl = torch.clamp(torch.exp(d) - d - 1.0, max=KL_MAX)
         tok = tok + kl_coef * kl
-    loss = _aggregate(tok, mask, agg, normaliser)
+    keep = (live & ~banned).to(logp.dtype)
+    loss = _aggregate(tok, keep, agg, normaliser, counted=mask.to(logp.dtype))
     stats = {
         "tokens": float(mask.sum()),
-        "clip_frac_sum": float((was_clipped * mask).sum()),
-        "ratio_sum": float((ratio.detach() * mask).sum()),
-        "kl_sum": float((kl.detach() * mask).sum()),
+        "clip_frac_sum": float((was_clipped & live).sum()),
+        "ratio_sum": float((ratio.detach() * live).sum()),
+        "kl_sum": float((kl.detach() * live).sum()),
+        "masked_sum": float((mask.bool() & ~(live & ~banned)).sum()),
     }
     return loss, stats
+
+
+def _masked_log(d: torch.Tensor, live: torch.Tensor) -> torch.Tensor:
+    """A log-ratio where it is read, 0 elsewhere, clamped to +-``LOG_RATIO_MAX``: what goes into
+    exp, so a pad or a -inf log-prob never makes an inf (0 * inf = NaN in the loss or its
+    gradient: ``torch.where`` passes no gradient to the branch it does not take)."""
+    return torch.where(live, d, torch.zeros_like(d)).clamp(-LOG_RATIO_MAX, LOG_RATIO_MAX)
 
 
 MISMATCH_SUMS = ("mismatch_tokens", "mismatch_abs_sum", "iw_sum", "iw_dev_sq_sum")
@@ -139,8 +224,8 @@ def mismatch_stats(logp: torch.Tensor, behav_logp: torch.Tensor,
     (``|logp - behav|``) and the importance weight ``w = exp(logp - behav)`` that would correct
     it. Sums (``MISMATCH_SUMS``) add over micro-batches and ranks; extremes
     (``MISMATCH_EXTREMES``, the minimum as ``neg_iw_min``) take the maximum. Both inputs [B, T]."""
-    m = mask.bool()
-    if not bool(m.any()):
+    m = mask.bool() & torch.isfinite(logp.detach()) & torch.isfinite(behav_logp)  # -inf: outside
+    if not bool(m.any()):                                           # the learner's top-k / top-p
         return {**{k: 0.0 for k in MISMATCH_SUMS}, **{k: float("-inf") for k in MISMATCH_EXTREMES}}
     d = (logp.detach().double() - behav_logp.double())[m]
     w = torch.exp(d)
@@ -192,13 +277,16 @@ def mismatch_metrics(sums: dict[str, float], extremes: dict[str, float]) -> dict
 
 
 def _aggregate(tok: torch.Tensor, mask: torch.Tensor, agg: str,
-               normaliser: Optional[float]) -> torch.Tensor:
+               normaliser: Optional[float], counted: torch.Tensor) -> torch.Tensor:
+    """Sum of ``tok`` where ``mask`` (the tokens that reach the loss) over the count of
+    ``counted`` (every model token: a token the band drops still counts)."""
+    tok = torch.where(mask.bool(), tok, torch.zeros_like(tok))   # no 0 * inf at pads
     if agg == "token_mean":
-        n = normaliser if normaliser is not None else mask.sum().clamp(min=1.0)
-        return (tok * mask).sum() / n
+        n = normaliser if normaliser is not None else counted.sum().clamp(min=1.0)
+        return tok.sum() / n
     if agg == "seq_mean":
-        per_seq = (tok * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)
-        has_tokens = (mask.sum(-1) > 0).to(tok.dtype)
+        per_seq = tok.sum(-1) / counted.sum(-1).clamp(min=1.0)
+        has_tokens = (counted.sum(-1) > 0).to(tok.dtype)
         n = normaliser if normaliser is not None else has_tokens.sum().clamp(min=1.0)
         return (per_seq * has_tokens).sum() / n
     raise ValueError(f"agg must be 'token_mean' or 'seq_mean', got {agg!r}")

@@ -81,7 +81,7 @@ def supports_prefix_sharing(model: Any) -> bool:
 
 
 def _shared(model, ids: torch.Tensor, attn: torch.Tensor, lmask: torch.Tensor,
-            p: int) -> torch.Tensor:
+            p: int, scoring=None) -> torch.Tensor:
     from transformers.cache_utils import DynamicCache
 
     from actors.policy import cache_kwargs
@@ -100,20 +100,21 @@ def _shared(model, ids: torch.Tensor, attn: torch.Tensor, lmask: torch.Tensor,
     positions = torch.arange(p, width, device=ids.device).expand(rows, -1)
     out = model(input_ids=ids[:, p:], attention_mask=attn, position_ids=positions,
                 **cache_kwargs(model, cache), use_cache=True, logits_to_keep=keep - p)
-    return place_logprobs(out.logits, ids, keep, lmask)
+    return place_logprobs(out.logits, ids, keep, lmask, scoring)
 
 
 def prefix_shared_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                           loss_mask: torch.Tensor, min_prefix: int = MIN_PREFIX) -> torch.Tensor:
-    """[B, L-1] log-probs equal to ``batching.scored_logprobs`` (scored positions; 0 elsewhere),
-    running each segment's shared prefix once."""
+                           loss_mask: torch.Tensor, min_prefix: int = MIN_PREFIX,
+                           scoring=None) -> torch.Tensor:
+    """[B, L-1] log-probs equal to ``batching.scored_logprobs`` (scored positions; 0 elsewhere;
+    under ``scoring``'s distribution), running each segment's shared prefix once."""
     if not supports_prefix_sharing(model):
-        return scored_logprobs(model, input_ids, attention_mask, loss_mask)
+        return scored_logprobs(model, input_ids, attention_mask, loss_mask, scoring)
     parts = []
     for start, stop, p in segments(input_ids, attention_mask, loss_mask, min_prefix):
         ids, attn, lmask = input_ids[start:stop], attention_mask[start:stop], loss_mask[start:stop]
         if p == 0:
-            parts.append(scored_logprobs(model, ids, attn, lmask))
+            parts.append(scored_logprobs(model, ids, attn, lmask, scoring))
         else:
-            parts.append(_shared(model, ids, attn, lmask, p))
+            parts.append(_shared(model, ids, attn, lmask, p, scoring))
     return torch.cat(parts) if len(parts) > 1 else parts[0]

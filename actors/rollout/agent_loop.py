@@ -130,7 +130,7 @@ class AgentLoop:
         ep = _Episode([])
         if task.user is not None:
             ep.conversation = Conversation(task, self.users, self.config.user_timeout_s, seed,
-                                           turn_seed, self.config.max_user_tokens,
+                                           turn_seed, self.config.user_token_limit,
                                            self._count_tokens)
         if hasattr(session, "astep"):
             ep.session = session

@@ -12,6 +12,10 @@ Decisions where the paper is silent (each field's description says what it does)
   with broken calls that earn nothing and lengthen the step (docs/benchmarks.md).
 - ``tool_parser``: ``auto`` on a template that names no known call format is ``hermes`` (the
   format most instruction-tuned models have seen).
+- ``max_user_tokens``: a simulated user's message is untrusted input; one over the limit ends the
+  episode as an infrastructure fault (dropped, never trained), never as a trajectory past
+  ``max_tokens_per_sequence``. Default 4,096 (the paper's per-turn bound; the simulator is asked
+  for ``user_sim.max_tokens``, 256).
 - ``max_user_turns``: user messages have their own bound (tau-bench bounds a whole conversation
   by 30 steps), so a chatty user cannot starve the agent of tool calls or the reverse.
 - ``episode_retries`` re-runs only infrastructure failures (``envs.trajectory``).
@@ -61,6 +65,9 @@ class RolloutConfig(BaseModel):
     max_user_turns: int = Field(30, ge=1, description=(
         "conversational tasks: user messages per episode (the opening included); the agent "
         "replying once more ends the episode truncated"))
+    max_user_tokens: Optional[int] = Field(None, ge=1, description=(
+        "conversational tasks: tokens of one user message (null: max_tokens_per_sequence / 4); "
+        "a longer one ends the episode as an infrastructure fault (dropped, never trained)"))
     user_timeout_s: float = Field(300.0, gt=0, description=(
         "conversational tasks: deadline of one user message, the simulator's retries included"))
     partial_rollouts: bool = Field(False, description=(
@@ -73,11 +80,23 @@ class RolloutConfig(BaseModel):
         "tensor_parallel_size, gpu_memory_utilization, max_model_len, dtype, enforce_eager, "
         "enable_prefix_caching, ...); checked against policy.engine when the config loads")
 
+    @property
+    def user_token_limit(self) -> int:
+        """``max_user_tokens``, or a quarter of the sequence when unset: a user message never
+        takes more of an episode than that."""
+        return self.max_user_tokens or max(1, self.max_tokens_per_sequence // 4)
+
     @model_validator(mode="after")
     def _turn_fits_sequence(self) -> "RolloutConfig":
         if self.max_tokens_per_turn > self.max_tokens_per_sequence:
             raise ValueError(
                 f"max_tokens_per_turn ({self.max_tokens_per_turn}) must not exceed "
+                f"max_tokens_per_sequence ({self.max_tokens_per_sequence}); lower the first or "
+                "raise the second")
+        if self.max_user_tokens is not None and \
+                self.max_user_tokens > self.max_tokens_per_sequence:
+            raise ValueError(
+                f"max_user_tokens ({self.max_user_tokens}) must not exceed "
                 f"max_tokens_per_sequence ({self.max_tokens_per_sequence}); lower the first or "
                 "raise the second")
         return self

@@ -13,7 +13,15 @@ step is mostly prompt and tool output, ``--prompt-len 2900`` is the demo's shape
 trajectories rose and that of negative-advantage ones fell. The learning rate defaults to 1e-3 (not
 the paper's 1e-6) so that a few steps on a tiny random model move measurably.
 
-    envsched bench learner [--ranks 2] [--zero 2] [--steps N] [--prompt-len P] [--json]
+``--dtypes fp32,bf16`` runs the same measurement once per learner dtype, each with its engine in
+that dtype (its own samples, the same shapes), one group after the other; bf16 is the learner's
+real bf16 path (DeepSpeed bf16 with fp32 master weights and fp32 gradient accumulation and
+reduction, ``actors/learner/precision.py``), refused in one line on a CPU without native bf16.
+The printed figures are the first dtype's, ``runs`` has each, and ``bf16_speedup`` is the fp32
+median step time over the bf16 one. Default ``auto``: fp32 on CPU ranks, bf16 on GPUs.
+
+    envsched bench learner [--ranks 2] [--zero 2] [--steps N] [--prompt-len P]
+                           [--dtypes auto|fp32|bf16[,...]] [--json]
 """
 
 from __future__ import annotations
@@ -24,6 +32,8 @@ import json
 import random
 import statistics
 import time
+
+DTYPES = ("auto", "fp32", "bf16")   # LearnerConfig.dtype
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -41,6 +51,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="run every sample's prompt (learner.prefix_sharing: false)")
     parser.add_argument("--model", default=None, help="HF model dir (default: the tiny policy)")
     parser.add_argument("--gpus-per-rank", type=float, default=0.0, help="0 = CPU ranks")
+    parser.add_argument("--dtypes", default="auto",
+                        help="comma-separated learner dtypes, each measured in turn: auto, fp32, "
+                             "bf16 (e.g. fp32,bf16 gives bf16_speedup)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--address", default="local",
                         help="Ray address: 'local' starts a private instance (default), 'auto' "
@@ -115,42 +128,67 @@ def _measure(args, learner, engine, groups) -> dict:
     }
 
 
-def run(args: argparse.Namespace) -> int:
-    from launch.cluster import connect
-    from launch.config import ClusterConfig
+def _one_dtype(args, path: str, dtype: str) -> dict:
+    """The measurement with the learner, and its engine, in ``dtype`` (``LearnerConfig.dtype``)."""
     from actors.learner.config import LearnerConfig
     from actors.learner.learner_actor import LearnerGroup
-    from actors.policy import build_tiny_policy
+    from actors.learner.precision import precision_refusal
     from actors.rollout.engines.hf_engine import HFEngine
     from launch.errors import UserError
 
+    cfg = LearnerConfig(model_path=path, ranks=args.ranks, zero_stage=args.zero, lr=args.lr,
+                        warmup_steps=0, total_steps=max(args.steps, 2), seed=args.seed,
+                        micro_batch_size=args.micro_batch, num_gpus_per_rank=args.gpus_per_rank,
+                        prefix_sharing=not args.no_prefix_sharing, dtype=dtype,
+                        num_cpus_per_rank=0.5 if args.gpus_per_rank == 0 else 1.0)
+    refusal = precision_refusal(cfg)   # this machine's CPU: a local group's ranks run here
+    if refusal:
+        raise UserError(refusal)
+    name = cfg.torch_dtype_name(cuda=args.gpus_per_rank > 0)
+    engine = HFEngine(path, dtype=name)
+    try:
+        groups = _rollouts(engine, args.groups, args.k, args.gen_len, args.seed, args.prompt_len)
+        t0 = time.perf_counter()
+        learner = LearnerGroup(cfg)
+        init_s = time.perf_counter() - t0
+        try:
+            return {"dtype": name, "ranks": args.ranks, "zero": args.zero, "steps": args.steps,
+                    "trajectories": args.groups * args.k,
+                    "params": sum(p.numel() for p in engine.model.parameters()),
+                    "init_s": round(init_s, 2), **_measure(args, learner, engine, groups)}
+        finally:
+            learner.shutdown()
+    finally:
+        engine.close()
+
+
+def run(args: argparse.Namespace) -> int:
+    from launch.cluster import connect
+    from launch.config import ClusterConfig
+    from actors.policy import build_tiny_policy
+    from launch.errors import UserError
+
+    dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
     if args.steps < 1 or args.ranks < 1 or args.k < 2:
         raise UserError(f"--steps and --ranks must be >= 1 and --k >= 2 "
                         f"(got {args.steps}, {args.ranks}, {args.k})")
+    if not dtypes or len(set(dtypes)) != len(dtypes) or any(d not in DTYPES for d in dtypes):
+        raise UserError(f"--dtypes must list distinct values of {', '.join(DTYPES)} "
+                        f"(got {args.dtypes!r})")
     path = str(args.model or build_tiny_policy(seed=args.seed))
     local = args.address == "local"
     connect(ClusterConfig(num_cpus=max(4, args.ranks + 1) if local else None),
             None if local else args.address)
-    engine = HFEngine(path)
-    groups = _rollouts(engine, args.groups, args.k, args.gen_len, args.seed, args.prompt_len)
-    cfg = LearnerConfig(model_path=path, ranks=args.ranks, zero_stage=args.zero, lr=args.lr,
-                        warmup_steps=0, total_steps=max(args.steps, 2), seed=args.seed,
-                        micro_batch_size=args.micro_batch, num_gpus_per_rank=args.gpus_per_rank,
-                        prefix_sharing=not args.no_prefix_sharing,
-                        num_cpus_per_rank=0.5 if args.gpus_per_rank == 0 else 1.0)
-    t0 = time.perf_counter()
-    learner = LearnerGroup(cfg)
-    init_s = time.perf_counter() - t0
-    try:
-        result = {"ranks": args.ranks, "zero": args.zero, "steps": args.steps,
-                  "trajectories": args.groups * args.k,
-                  "params": sum(p.numel() for p in engine.model.parameters()),
-                  "init_s": round(init_s, 2), **_measure(args, learner, engine, groups)}
-    finally:
-        learner.shutdown()
+    runs = [_one_dtype(args, path, d) for d in dtypes]
+    result = dict(runs[0])
+    if len(runs) > 1:
+        result["runs"] = runs
+        step = {r["dtype"]: r["step_time_s"] for r in runs}
+        if {"float32", "bfloat16"} <= set(step):
+            result["bf16_speedup"] = round(step["float32"] / step["bfloat16"], 3)
     if args.json:
         print(json.dumps(result))
     else:
         for key, value in result.items():
             print(f"{key:>24}: {value}")
-    return 0 if result["learned"] else 1
+    return 0 if all(r["learned"] for r in runs) else 1

@@ -87,6 +87,5 @@ def test_auto_weight_sync_leaves_nccl_when_a_gpu_may_hold_two_group_members(
         learner_gpus, rollout_gpus, num, method, want):
     cfg = load_config(GPU, [f"learner.num_gpus_per_rank={learner_gpus}",
                             f"cluster.rollout.num_gpus={rollout_gpus}",
-                            f"cluster.rollout.num={num}", f"learner.weight_sync={method}"]
-                      + (["learner.dtype=fp32"] if learner_gpus == 0 else []))
+                            f"cluster.rollout.num={num}", f"learner.weight_sync={method}"])
     assert cfg.weight_sync == want

@@ -187,8 +187,8 @@ def test_config_defaults_follow_the_paper_and_errors_say_the_fix():
     assert cfg.torch_dtype_name(cuda=False) == "float32" and cfg.torch_dtype_name(True) == "bfloat16"
     with pytest.raises(ValidationError, match="set old_logprobs: recompute"):
         GRPOConfig(importance_correction=True)
-    with pytest.raises(ValidationError, match="CPU ranks train in fp32"):
-        LearnerConfig(dtype="bf16")
+    with pytest.raises(ValidationError, match="fix: set learner.zero_stage to 1, 2 or 3"):
+        LearnerConfig(dtype="bf16", zero_stage=0)
     with pytest.raises(ValidationError, match="warmup_steps"):
         LearnerConfig(warmup_steps=5, total_steps=5)
 
@@ -222,3 +222,85 @@ def test_mismatch_stats_measure_the_engine_against_the_learner_on_masked_tokens_
     spread = grpo.mismatch_metrics({k: st[k] for k in grpo.MISMATCH_SUMS},
                                    {k: st[k] for k in grpo.MISMATCH_EXTREMES})["mismatch_iw_std"]
     assert spread == pytest.approx(float(np.std(np.exp(tiny.double().numpy()))), rel=0.05)
+
+
+# -- bounded token loss: dual clip, token band, masking before exp, k3 clamp ---------------------
+
+def test_dual_clip_bounds_a_negative_advantage_token_with_a_runaway_ratio():
+    # logp 0 against old -5: rho = e^5 = 148.4; A = -0.2 -> the plain loss is 29.7 per token
+    logp = torch.zeros(1, 2, dtype=torch.float64, requires_grad=True)
+    old = torch.tensor([[-5.0, 0.0]], dtype=torch.float64)
+    adv, mask = torch.tensor([-0.2], dtype=torch.float64), torch.tensor([[1.0, 0.0]])
+    plain, _ = grpo.policy_loss(logp, old, adv, mask)
+    assert plain.item() == pytest.approx(0.2 * math.exp(5))
+    loss, st = grpo.policy_loss(logp, old, adv, mask, dual_clip=3.0)
+    assert loss.item() == pytest.approx(3.0 * 0.2)      # c |A|, constant: no gradient
+    loss.backward()
+    assert logp.grad.abs().max() == 0 and st["clip_frac_sum"] == 1
+    # inside the dual clip the loss is the ordinary clipped one; A > 0 is untouched
+    for a, r in ((-1.0, 2.5), (1.0, 148.0), (1.0, 0.3)):
+        lp = torch.log(torch.tensor([[r]], dtype=torch.float64))
+        both = [grpo.policy_loss(lp, torch.zeros_like(lp), torch.tensor([a], dtype=torch.float64),
+                                 torch.ones(1, 1), dual_clip=c)[0].item() for c in (3.0, None)]
+        assert both[0] == pytest.approx(both[1])
+
+
+def test_default_token_loss_is_bounded_with_engine_logprobs_as_old():
+    # the defaults: old = the engine's log-probs, no importance correction
+    lc = GRPOConfig()
+    assert (lc.old_logprobs, lc.importance_correction, lc.dual_clip) == ("rollout", False, 3.0)
+    gen = torch.Generator().manual_seed(0)
+    logp = (torch.randn(64, 50, generator=gen, dtype=torch.float64) * 8).requires_grad_(True)
+    old = torch.randn(64, 50, generator=gen, dtype=torch.float64) * 8
+    adv = torch.linspace(-0.2, 0.2, 64, dtype=torch.float64)
+    mask = torch.ones(64, 50)
+    _, st = grpo.policy_loss(logp, old, adv, mask, ratio_clip=lc.ratio_clip,
+                             dual_clip=lc.dual_clip, token_band=lc.token_band)
+    for row in range(64):   # each token alone: |L_t| <= max(1 + eps, c) |A|
+        one, _ = grpo.policy_loss(logp[row:row + 1], old[row:row + 1], adv[row:row + 1],
+                                  mask[row:row + 1], ratio_clip=lc.ratio_clip,
+                                  dual_clip=lc.dual_clip, token_band=lc.token_band, normaliser=1)
+        assert abs(one.item()) <= 50 * 3.0 * abs(adv[row].item()) + 1e-9
+    assert 0 < st["masked_sum"] < 64 * 50
+
+
+def test_token_band_drops_tokens_the_engine_and_learner_disagree_on_but_counts_them():
+    logp = torch.log(torch.tensor([[1.0, 0.3, 3.0, 1.5]], dtype=torch.float64))
+    old = torch.zeros_like(logp)                      # the rollout's: ratios 1, 0.3, 3, 1.5
+    adv, mask = torch.tensor([1.0], dtype=torch.float64), torch.ones(1, 4)
+    loss, st = grpo.policy_loss(logp, old, adv, mask, token_band=(0.5, 2.0))
+    # 0.3 and 3 are outside [0.5, 2]: only -1 and -min(1.5, 1.2) remain, over all 4 tokens
+    assert loss.item() == pytest.approx(-(1.0 + 1.2) / 4) and st["masked_sum"] == 2
+    # with a recomputed old, the band reads it (the proximal policy) against the engine's
+    behav = torch.log(torch.tensor([[1.0, 1.0, 0.1, 1.0]], dtype=torch.float64))
+    for corrected in (behav, None):
+        loss, st = grpo.policy_loss(logp, old, adv, mask, behav_logp=corrected,
+                                    engine_logp=behav, token_band=(0.5, 2.0))
+        assert st["masked_sum"] == 1        # exp(0 - log 0.1) = 10 is out; the others are in
+    # without the correction the kept tokens are the plain clipped loss: -(1 + 0.3 + 1.2) / 4
+    assert loss.item() == pytest.approx(-2.5 / 4)
+    with pytest.raises(ValidationError, match="0 < lo < 1 < hi"):
+        GRPOConfig(token_band=(1.5, 2.0))
+
+
+def test_ratio_and_k3_are_masked_before_exp_so_pads_cannot_make_nan():
+    # pad positions carry junk: a -inf learner log-prob, an old log-prob of -1e4
+    logp = torch.tensor([[-1.0, float("-inf"), 0.0]], dtype=torch.float64, requires_grad=True)
+    old = torch.tensor([[-1.0, 0.0, -1e4]], dtype=torch.float64)
+    ref = torch.tensor([[-1.0, 1e4, 0.0]], dtype=torch.float64)
+    mask = torch.tensor([[1.0, 0.0, 0.0]])
+    for adv in (-1.0, 1.0):
+        loss, st = grpo.policy_loss(logp, old, torch.tensor([adv], dtype=torch.float64), mask,
+                                    ref_logp=ref, kl_coef=0.1)
+        assert loss.item() == pytest.approx(-adv)
+        (g,) = torch.autograd.grad(loss, logp)
+        assert torch.isfinite(g).all() and g[0, 0].item() == pytest.approx(-adv)
+        assert math.isfinite(st["ratio_sum"]) and st["kl_sum"] == 0
+
+
+def test_k3_is_clamped():
+    logp = torch.zeros(1, 1, dtype=torch.float64, requires_grad=True)
+    ref = torch.full((1, 1), 30.0, dtype=torch.float64)     # exp(30) - 31: 1e13 unclamped
+    loss, st = grpo.policy_loss(logp, logp.detach(), torch.zeros(1, dtype=torch.float64),
+                                torch.ones(1, 1), ref_logp=ref, kl_coef=1.0)
+    assert loss.item() == pytest.approx(grpo.KL_MAX) and st["kl_sum"] == grpo.KL_MAX

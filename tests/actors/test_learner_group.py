@@ -220,3 +220,40 @@ def test_one_rank_and_two_zero3_ranks_take_the_same_step(ray_local, groups, poli
     # Adam's first update is ~lr * sign(g): near-zero gradients that differ only by summation
     # order may move a weight differently by up to lr, hence lr / 10 (a wrong gather is off by O(1))
     assert max(float((s1[k] - s2[k]).abs().max()) for k in s1) < 2e-4
+
+
+def test_sgd_step_is_the_same_on_one_rank_of_eight_and_two_ranks_of_micro_batch_one(
+        ray_local, groups, policy_path):
+    """Plain SGD moves each weight by lr x its gradient, so unlike Adam's first step (about lr in
+    every coordinate whatever the gradient's size) the comparison sees the gradient's scale: a
+    normaliser counted per micro-batch or per rank, or gradients summed instead of averaged
+    over ranks, would change it by a factor of 2 to 8."""
+    import copy
+
+    import ray
+    import torch
+
+    from actors.learner.config import LearnerConfig
+    from actors.learner.learner_actor import LearnerGroup
+
+    fixed = copy.deepcopy(groups)
+    states = []
+    for ranks, micro in ((1, 8), (2, 1)):
+        cfg = LearnerConfig(model_path=policy_path, ranks=ranks, zero_stage=2, optimizer="sgd",
+                            lr=1.0, grad_clip=0.0, warmup_steps=0, total_steps=100,
+                            min_lr_ratio=1.0, micro_batch_size=micro, num_cpus_per_rank=0.25)
+        group = LearnerGroup(cfg)
+        try:
+            before = ray.get(group.state_dict_ref(), timeout=120)
+            group.train_step(fixed)
+            after = ray.get(group.state_dict_ref(), timeout=120)
+        finally:
+            group.shutdown()
+        states.append({k: (after[k] - before[k]).double() for k in before})
+    one, two = states
+    moved = max(float(d.abs().max()) for d in one.values())
+    assert moved > 1e-3, f"the step moved the weights by only {moved}"
+    gap = max(float((one[k] - two[k]).abs().max()) for k in one)
+    assert gap < 1e-5, f"(1 rank, micro 8) and (2 ranks, micro 1) differ by {gap}"
+    total = torch.cat([d.flatten() for d in one.values()])
+    assert float(total.norm()) > 0

@@ -4,7 +4,7 @@ its micro-batches (local Ray, DeepSpeed ZeRO-2 on CPU).
 The check that can fail: with a constant learning rate, per-group advantages (no batch
 whitening) and the rollout log-probs as the ratio's "old", one step of two groups in two
 mini-batches must leave exactly the weights of two one-update steps, one group each, in the
-order the shard runs them (longest first). One step in one mini-batch must not.
+order the shard runs them (drawn by the step's seed). One step in one mini-batch must not.
 """
 
 from __future__ import annotations
@@ -26,15 +26,20 @@ def test_mini_batch_runs_split_consecutively_and_never_exceed_the_micro_batches(
     assert mini_batch_runs(1, 3) == [range(0, 1)]
 
 
-def _learner(path: str, mini_batches: int, warmup_steps: int = 0):
+def _config(path: str, mini_batches: int, warmup_steps: int = 0):
     from actors.learner.config import LearnerConfig
+
+    return LearnerConfig(model_path=path, ranks=1, zero_stage=2, lr=3e-3,
+                         warmup_steps=warmup_steps, total_steps=100, min_lr_ratio=1.0,
+                         micro_batch_size=4, mini_batches=mini_batches, num_cpus_per_rank=0.25,
+                         loss={"whiten": False, "adv_clip": None,
+                               "token_band": None})   # the fake rollout log-probs are 0
+
+
+def _learner(path: str, mini_batches: int, warmup_steps: int = 0):
     from actors.learner.learner_actor import LearnerGroup
 
-    cfg = LearnerConfig(model_path=path, ranks=1, zero_stage=2, lr=3e-3,
-                        warmup_steps=warmup_steps, total_steps=100, min_lr_ratio=1.0,
-                        micro_batch_size=4, mini_batches=mini_batches, num_cpus_per_rank=0.25,
-                        loss={"whiten": False, "adv_clip": None})
-    return LearnerGroup(cfg)
+    return LearnerGroup(_config(path, mini_batches, warmup_steps))
 
 
 @pytest.fixture(scope="module")
@@ -55,8 +60,15 @@ def groups():
 
 
 def test_two_mini_batches_equal_two_single_group_steps(ray_local, groups):
+    from actors.learner.step import step_shards
+
     path, gs = groups
-    longest_first = sorted(gs, key=lambda g: -sum(len(t.token_ids) for t in g.trajectories))
+    # the split's mini-batches are its shuffled rows in two runs: one group each, in the order
+    # the step's seed drew (batching.shard)
+    [batch] = step_shards(gs, _config(path, 2))
+    row = batch.input_ids[0, :int(batch.attention_mask[0].sum())].tolist()
+    first = [g for g in gs if row in [t.token_ids for t in g.trajectories]]
+    drawn = first + [g for g in gs if g not in first]
     split = _learner(path, 2)
     try:
         m = split.train_step(gs)
@@ -67,7 +79,7 @@ def test_two_mini_batches_equal_two_single_group_steps(ray_local, groups):
         split.shutdown()
     single = _learner(path, 1)
     try:
-        for g in longest_first:
+        for g in drawn:
             m = single.train_step([g])
             assert m["optimizer_steps"] == 1.0
         assert m["checksum_per_rank"][0] == pytest.approx(split_sum, rel=1e-6)

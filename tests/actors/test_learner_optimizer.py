@@ -27,7 +27,9 @@ def _learner(path: str, **kw):
 
     cfg = LearnerConfig(model_path=path, ranks=1, zero_stage=2, warmup_steps=0, total_steps=100,
                         min_lr_ratio=1.0, micro_batch_size=4, num_cpus_per_rank=0.25,
-                        loss={"whiten": False, "adv_clip": None, "group_std_norm": False}, **kw)
+                        loss={"whiten": False, "adv_clip": None, "group_std_norm": False,
+                              "token_band": None},   # the fake rollout log-probs are 0
+                        **kw)
     return LearnerGroup(cfg)
 
 

@@ -1,5 +1,5 @@
 """The transformers engine and the loop with the tiny random policy: log-probs equal a forward
-pass over the final sequence, masks line up, limits hold, seeds reproduce, weights update in
+pass over the final sequence scored under the sampling distribution (the learner's scoring), masks line up, limits hold, seeds reproduce, weights update in
 place with a version."""
 
 from __future__ import annotations
@@ -28,11 +28,14 @@ def pool(tmp_path_factory):
     return make_notes_pool(tmp_path_factory.mktemp("notes"))
 
 
-def forward_logprobs(model, token_ids):
+def forward_logprobs(model, token_ids, sampling=SamplingParams(max_tokens=1)):
+    """Log-probs of the tokens under the distribution ``sampling`` draws from (the engine's
+    temperature / top-k / top-p), as the learner scores them."""
+    from actors.learner.grpo import token_logprobs
+
     with torch.no_grad():
-        logits = model(torch.tensor([token_ids])).logits[0, :-1].float()
-    targets = torch.tensor(token_ids[1:])
-    return torch.log_softmax(logits, -1)[torch.arange(len(targets)), targets]
+        logits = model(torch.tensor([token_ids])).logits.float()
+    return token_logprobs(logits, torch.tensor([token_ids]), sampling)[0]
 
 
 def episode(engine, pool, seed, **cfg):
@@ -107,13 +110,14 @@ def reference_generate(model, prompt, sampling, stops):
         max_new_tokens=sampling.max_tokens, do_sample=sample, eos_token_id=list(stops),
         pad_token_id=0, temperature=sampling.temperature if sample else None,
         top_k=sampling.top_k if sample else None, top_p=sampling.top_p if sample else None,
-        output_logits=True, return_dict_in_generate=True)
+        output_scores=True, return_dict_in_generate=True)
     torch.manual_seed(sampling.seed)
     out = model.generate(torch.tensor([prompt]), generation_config=config,
                          attention_mask=torch.ones(1, len(prompt), dtype=torch.long))
     tokens = out.sequences[0, len(prompt):].tolist()
-    logits = torch.stack([step[0] for step in out.logits[:len(tokens)]]).float()
-    return tokens, torch.log_softmax(logits, -1)[torch.arange(len(tokens)), tokens]
+    # the warped scores: the distribution each token was drawn from (raw when greedy)
+    scores = torch.stack([step[0] for step in out.scores[:len(tokens)]]).float()
+    return tokens, torch.log_softmax(scores, -1)[torch.arange(len(tokens)), tokens]
 
 
 async def _concurrently(engine, requests):

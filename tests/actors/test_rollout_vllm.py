@@ -17,6 +17,7 @@ import time
 import pytest
 import torch
 
+from actors.learner.grpo import token_logprobs
 from actors.policy import build_tiny_policy, load_policy
 from actors.rollout.agent_loop import AgentLoop
 from actors.rollout.config import RolloutConfig
@@ -65,8 +66,11 @@ def check_vllm_engine(tmp_path, **engine_kwargs):
         assert len(t.token_ids) == len(t.logprobs) == len(t.loss_mask) <= 2048
         pos = [i for i, m in enumerate(t.loss_mask) if m]
         with torch.no_grad():
-            logits = model(torch.tensor([t.token_ids])).logits[0].float()
-        ref = torch.log_softmax(logits, -1)[[i - 1 for i in pos], [t.token_ids[i] for i in pos]]
+            logits = model(torch.tensor([t.token_ids])).logits.float()
+        # the distribution the tokens were sampled from (RolloutConfig's T, top-k, top-p), as the
+        # learner scores it: vLLM reports processed_logprobs
+        scored = token_logprobs(logits, torch.tensor([t.token_ids]), RolloutConfig())[0]
+        ref = scored[[i - 1 for i in pos]]
         assert torch.allclose(torch.tensor([t.logprobs[i] for i in pos]), ref, atol=5e-2)
     assert after.logprobs != pytest.approx(before.logprobs, abs=1e-4)
     assert engine.version == 3 and all(t.policy_version == 3 for t in later)

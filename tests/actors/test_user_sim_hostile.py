@@ -81,7 +81,8 @@ def test_a_4_mib_reply_ends_the_episode_as_infrastructure_not_as_a_long_trajecto
     with serve(chat("word " * (800 << 10))) as base:
         traj = run(pool, tokenizer, openai_user(base))
     assert (traj.status, traj.fault) == ("env_error", "infra")
-    assert "over the 4096-token limit (rollout.max_user_tokens)" in traj.info["error"]
+    limit = RolloutConfig().user_token_limit   # unset: a quarter of the sequence
+    assert f"over the {limit}-token limit (rollout.max_user_tokens)" in traj.info["error"]
     assert len(traj.token_ids) <= RolloutConfig().max_tokens_per_sequence
 
 

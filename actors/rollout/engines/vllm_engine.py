@@ -1,8 +1,10 @@
 """The vLLM engine for GPUs: ``AsyncLLM`` (vLLM V1) with token-id prompts, continuous batching of
 every concurrent episode, the sampled tokens' log-probs, and in-place weight updates.
 
-- ``generate`` submits ``TokensPrompt(prompt_token_ids)`` with ``logprobs=0`` (raw temperature-1
-  log-probs) and ``detokenize=False``; prefix caching is on.
+- ``generate`` submits ``TokensPrompt(prompt_token_ids)`` with ``logprobs=0`` and
+  ``detokenize=False``; prefix caching is on. ``logprobs_mode="processed_logprobs"``: each
+  token's log-prob is under the distribution it was sampled from (temperature, top-k, top-p
+  applied), what the learner scores (``actors.learner.grpo.target_logprobs``).
 - Weights never change under a running generation: an update closes the gate for new requests,
   waits for in-flight ones, loads, resets the prefix cache, publishes the version, reopens. Two
   paths: ``update_weights`` (object store, through ``collective_rpc("load_named_tensors")``) and
@@ -13,9 +15,13 @@ every concurrent episode, the sampled tokens' log-probs, and in-place weight upd
 - The synchronous ``update_weights`` hands the work to the engine's loop
   (``run_coroutine_threadsafe``), so it must be called from another thread while the loop runs.
 
+- ``trust_remote_code`` is always passed to vLLM explicitly: False unless the engine kwarg is
+  set, which only ``policy.trust_remote_code`` does (``launch.config``); a folder with
+  ``auto_map`` is refused otherwise (``actors.checkpoints.remote_code``).
+
 Importable without vllm: vllm is imported in ``__init__`` only. Tested by ``-m gpu``.
 
-May import: vllm, torch (inside methods), actors.rollout.engines.base,
+May import: vllm, torch (inside methods), actors.rollout.engines.base, actors.checkpoints,
 actors.learner.weight_sync (the worker extension), the standard library.
 """
 
@@ -64,19 +70,24 @@ class VLLMEngine(Engine):
     def __init__(self, model_path: str, gpu_memory_utilization: float = 0.85,
                  max_model_len: int = 32768, tensor_parallel_size: int = 1, dtype: str = "auto",
                  enforce_eager: bool = False, seed: int = 0, update_timeout_s: float = 600.0,
-                 enable_prefix_caching: bool = True, **engine_args: Any):
+                 enable_prefix_caching: bool = True, trust_remote_code: bool = False,
+                 **engine_args: Any):
         super().__init__()
         from vllm import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
+        from actors.checkpoints import remote_code
+
         if not model_path:
             raise ValueError("VLLMEngine needs a model path")
+        trust = remote_code(model_path, trust_remote_code)   # explicit: never asked on stdin
         args = AsyncEngineArgs(model=str(model_path), tokenizer=str(model_path),
                                gpu_memory_utilization=gpu_memory_utilization,
                                max_model_len=max_model_len,
                                tensor_parallel_size=tensor_parallel_size, dtype=dtype,
                                enforce_eager=enforce_eager, seed=seed,
                                enable_prefix_caching=enable_prefix_caching,
+                               trust_remote_code=trust, logprobs_mode="processed_logprobs",
                                worker_extension_cls=WORKER_EXTENSION, **engine_args)
         self.llm = AsyncLLM.from_engine_args(args)
         self.model_path = str(model_path)
