@@ -18,7 +18,8 @@ Decisions where the paper is silent: GROUP_RELATIONS adds ``independent`` (a par
 label for singletons); argument values keep a type category (VALUE_CATEGORIES) so the abstraction
 (``scheduling.abstraction``) can replace literals by placeholders without re-parsing.
 
-May import: pydantic, the standard library, envs.spec, envs.untrusted (reading op_descriptions.jsonl).
+May import: pydantic, the standard library, envs.pysource, envs.spec, envs.untrusted (reading
+op_descriptions.jsonl).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from typing import Any, Callable, Literal, Optional, get_args
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from envs import strict_json
+from envs.pysource import parse_python
 from envs.spec import Check, Environment, TaskSpec
 from envs.untrusted import (UntrustedFileError, atomic_writer, beneath, is_file_beneath, iter_lines,
                             parse_json)
@@ -176,10 +178,11 @@ def _first_error(e: ValidationError) -> str:
 def parse_check(task_id: str, check: Check) -> ast.Module:
     """Parse a check's source; a syntax error names the task, check and line."""
     try:
-        return ast.parse(check.code)
-    except SyntaxError as e:
-        raise OpDescriptionError(f"task {task_id}: check {check.check_id}: syntax error at line "
-                                 f"{e.lineno}: {e.msg}") from None
+        return parse_python(check.code)
+    except SyntaxError as e:   # parse_python: also what the parser cannot hold
+        at = f" at line {e.lineno}" if e.lineno else ""
+        raise OpDescriptionError(f"task {task_id}: check {check.check_id}: syntax error{at}: "
+                                 f"{e.msg}") from None
 
 
 @dataclass(frozen=True)
@@ -327,7 +330,13 @@ def read_descriptions(path: "str | Path", root: "str | Path | None" = None
             continue
         try:
             rec = parse_json(raw.decode("utf-8"), str(path), line=lineno)
-            out[rec["task_id"]] = rec["description"]
-        except (UntrustedFileError, UnicodeDecodeError, KeyError, TypeError) as e:
+        except UntrustedFileError as e:
+            raise ValueError(f"{path}:{lineno}: bad description line ({e.message})") from None
+        except UnicodeDecodeError as e:
             raise ValueError(f"{path}:{lineno}: bad description line ({e})") from None
+        if not isinstance(rec, dict) or not isinstance(rec.get("task_id"), str) \
+                or not isinstance(rec.get("description"), dict):
+            raise ValueError(f"{path}:{lineno}: bad description line (needs an object "
+                             f'{{"task_id": "...", "description": {{...}}}})')
+        out[rec["task_id"]] = rec["description"]
     return out

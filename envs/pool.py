@@ -15,15 +15,21 @@ by every task that references it (``Pool.initial_state``), never copied per task
 Static loading only: nothing here executes environment or check code (that is ``envs.validate``,
 in the sandbox). Every malformed input raises ``PoolError`` naming file, line (for JSONL) and task
 id; with ``strict=False`` bad tasks (and the tasks of a bad environment) are skipped and listed in
-``Pool.problems``. Pool files are read through ``envs.untrusted``, and ``PoolProblem`` prints its
-parts through ``envs.text.printable``: they come from the pool.
+``Pool.problems``. Pool files are read through ``envs.untrusted``; ``PoolProblem`` and
+``PoolError`` are defined in ``envs.pool_problems`` and re-exported here.
 
-May import: envs.spec, envs.text, envs.untrusted, pydantic, yaml, the standard library.
+Ids are names (``envs.names``): an environment folder, a task id or an ``initial_state_ref`` that
+breaks the safe-name rule is a problem at its line when loading, and ``write_pool`` (with
+``write_environment``, ``write_state``) refuses it before writing anything. Every file written
+goes through ``envs.untrusted.write_bytes_atomic``: resolved under the pool directory, never
+through a symlink.
+
+May import: envs.names, envs.pool_problems, envs.spec, envs.text, envs.untrusted, pydantic, yaml,
+the standard library.
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Optional
@@ -32,65 +38,17 @@ import yaml
 from pydantic import ValidationError
 
 from envs import strict_json
+from envs.names import name_problem, ref_problem
+from envs.pool_problems import PoolError, PoolProblem, read_pool_text, untrusted_problem
 from envs.spec import Environment, PoolMeta, TaskSpec
-from envs.text import NotUtf8Error, decode_utf8, lone_surrogate, printable
-from envs.untrusted import (MAX_LINE_BYTES, UntrustedFileError, iter_lines, parse_json, parse_yaml, read_bytes,
-                            resolve_beneath, yaml_line)
+from envs.text import NotUtf8Error, decode_utf8, lone_surrogate
+from envs.untrusted import (MAX_LINE_BYTES, UntrustedFileError, iter_lines, parse_json, parse_yaml,
+                            resolve_beneath, write_bytes_atomic, yaml_line)
 
 POOL_FILE = "pool.yaml"
 TASKS_FILE = "tasks.jsonl"
 ENVS_DIR = "environments"
 STATES_DIR = "states"
-
-
-@dataclass(frozen=True)
-class PoolProblem:
-    """Where and what: one malformed item."""
-
-    file: str
-    message: str
-    line: Optional[int] = None
-    task_id: Optional[str] = None
-    env_id: Optional[str] = None
-
-    def __str__(self) -> str:
-        where = self.file + (f":{self.line}" if self.line is not None else "")
-        who = ", ".join(
-            x for x in (f"task {self.task_id}" if self.task_id else "",
-                        f"env {self.env_id}" if self.env_id else "") if x
-        )
-        return printable(f"{where}{' (' + who + ')' if who else ''}: {self.message}")
-
-
-def untrusted_problem(e: UntrustedFileError, **who: Any) -> "PoolError":
-    """The ``PoolError`` of a refused file (``envs.untrusted``), naming file, line and ``who``."""
-    return PoolError([PoolProblem(e.name, e.message, line=e.line, **who)])
-
-
-def read_pool_text(root: str | Path, rel: str, what: str = "the pool", **who: Any) -> str:
-    """The UTF-8 text of ``rel`` under the untrusted tree ``root`` (read with
-    ``envs.untrusted.read_bytes``), or ``PoolError`` naming ``rel`` (and the bad byte offset, or
-    the link that leaves the tree); ``FileNotFoundError`` when it does not exist."""
-    try:
-        return decode_utf8(read_bytes(root, rel, what), rel)
-    except NotUtf8Error as e:
-        raise PoolError([PoolProblem(rel, str(e).removeprefix(f"{rel}: "), line=e.line,
-                                     **who)]) from None
-    except UntrustedFileError as e:
-        raise untrusted_problem(e, **who) from None
-
-
-class PoolError(Exception):
-    """A malformed pool; ``problems`` says what and where."""
-
-    def __init__(self, problems: list[PoolProblem]):
-        self.problems = problems
-        head = "; ".join(str(p) for p in problems[:5])
-        more = f" (+{len(problems) - 5} more)" if len(problems) > 5 else ""
-        super().__init__(f"invalid pool: {head}{more}")
-
-    def __reduce__(self):   # pickles whole (a warm start in a child process raises it here)
-        return (type(self), (self.problems,))
 
 
 def _validation_message(err: ValidationError) -> str:
@@ -148,19 +106,21 @@ class Pool:
             return task.initial_state or {}
         ref = task.initial_state_ref
         if ref not in self._states:
-            self._states[ref] = _read_state_file(self.root, ref, task.task_id)
+            self._states[ref] = _read_state_file(self.root, ref, task.task_id,
+                                                 self.lines.get(task.task_id))
         return self._states[ref]
 
 
-def _read_state_file(root: Path, ref: str, task_id: str) -> dict[str, Any]:
-    norm = os.path.normpath(ref)
-    if os.path.isabs(norm) or norm.split(os.sep)[0] == "..":
-        raise PoolError([PoolProblem(TASKS_FILE, f"initial_state_ref {ref!r} escapes the pool "
-                                                 "directory", task_id=task_id)])
+def _read_state_file(root: Path, ref: str, task_id: str, line: Optional[int]) -> dict[str, Any]:
+    """The shared state ``ref``; a bad reference is reported at the task's ``tasks.jsonl`` line."""
+    if (why := ref_problem(ref)) is not None:
+        raise PoolError([PoolProblem(TASKS_FILE, f"initial_state_ref {why}", line=line,
+                                     task_id=task_id)])
     try:
         state = parse_json(read_pool_text(root, ref, task_id=task_id), ref)
     except FileNotFoundError:
-        raise PoolError([PoolProblem(ref, "state file not found", task_id=task_id)]) from None
+        raise PoolError([PoolProblem(TASKS_FILE, f"initial_state_ref {ref!r}: state file not "
+                                                 "found", line=line, task_id=task_id)]) from None
     except UntrustedFileError as e:
         raise untrusted_problem(e, task_id=task_id) from None
     if not isinstance(state, dict):
@@ -191,6 +151,8 @@ def _first_error_line(text: str, err: ValidationError) -> Optional[int]:
 
 def _load_environment(root: Path, env_dir: Path) -> Environment:
     rel = f"{ENVS_DIR}/{env_dir.name}"
+    if (why := name_problem(env_dir.name)) is not None:
+        raise PoolError([PoolProblem(rel, f"the folder name (the env_id) {why}")])
     texts = {}
     for name in ("environment.yaml", "environment.py", "tools.json"):
         try:
@@ -199,11 +161,17 @@ def _load_environment(root: Path, env_dir: Path) -> Environment:
             raise PoolError([PoolProblem(f"{rel}/{name}", "missing", env_id=env_dir.name)]) \
                 from None
     try:
-        meta = parse_yaml(texts["environment.yaml"], f"{rel}/environment.yaml") or {}
+        meta = parse_yaml(texts["environment.yaml"], f"{rel}/environment.yaml")
         tools = parse_json(texts["tools.json"], f"{rel}/tools.json")
     except UntrustedFileError as e:
         raise untrusted_problem(e, env_id=env_dir.name) from None
-    for name, value in (("environment.yaml", meta), ("tools.json", tools)):
+    meta = {} if meta is None else meta
+    for name, value, kind in (("environment.yaml", meta, dict), ("tools.json", tools, list)):
+        what = "a mapping of env_id, class_name, ..." if kind is dict else \
+            "a JSON list of tool schemas"
+        if not isinstance(value, kind):
+            raise PoolError([PoolProblem(f"{rel}/{name}", f"must hold {what}, got "
+                                         f"{type(value).__name__}", env_id=env_dir.name)])
         if (where := lone_surrogate(value)) is not None:
             raise PoolError([PoolProblem(f"{rel}/{name}", f"{where} holds a lone surrogate: not "
                                          f"Unicode text; fix: remove or pair it",
@@ -212,8 +180,11 @@ def _load_environment(root: Path, env_dir: Path) -> Environment:
         env = Environment.model_validate({**meta, "source": texts["environment.py"],
                                           "tools": tools})
     except ValidationError as e:
-        raise PoolError([PoolProblem(f"{rel}/environment.yaml", _validation_message(e),
-                                     line=_first_error_line(texts["environment.yaml"], e),
+        first = e.errors()[0]["loc"][:1] if e.errors() else ()
+        name = {("tools",): "tools.json", ("source",): "environment.py"}.get(
+            tuple(first), "environment.yaml")
+        line = _first_error_line(texts[name], e) if name == "environment.yaml" else None
+        raise PoolError([PoolProblem(f"{rel}/{name}", _validation_message(e), line=line,
                                      env_id=env_dir.name)]) from None
     if env.env_id != env_dir.name:
         raise PoolError([PoolProblem(f"{rel}/environment.yaml",
@@ -294,6 +265,7 @@ def _parse_task_line(line: str, lineno: int, seen: dict[str, int],
     except UntrustedFileError as e:
         return PoolProblem(TASKS_FILE, e.message, line=lineno), None
     task_id = raw.get("task_id") if isinstance(raw, dict) else None
+    task_id = task_id if isinstance(task_id, str) else None
     if (where := lone_surrogate(raw)) is not None:
         return PoolProblem(TASKS_FILE, f"{where} holds a lone surrogate (a \\ud800-\\udfff "
                                        f"escape without its pair): not Unicode text; fix: remove "
@@ -302,6 +274,13 @@ def _parse_task_line(line: str, lineno: int, seen: dict[str, int],
         task = TaskSpec.model_validate(raw)
     except ValidationError as e:
         return PoolProblem(TASKS_FILE, _validation_message(e), line=lineno, task_id=task_id), None
+    for what, why in (("task_id", name_problem(task.task_id)),
+                      ("env_id", name_problem(task.env_id)),
+                      ("initial_state_ref", None if task.initial_state_ref is None
+                       else ref_problem(task.initial_state_ref))):
+        if why is not None:
+            return PoolProblem(TASKS_FILE, f"{what} {why}", line=lineno,
+                               task_id=None if what == "task_id" else task.task_id), None
     if task.task_id in seen:
         return PoolProblem(TASKS_FILE, f"duplicate task_id (first on line {seen[task.task_id]})",
                            line=lineno, task_id=task.task_id), None
@@ -317,29 +296,62 @@ def _parse_task_line(line: str, lineno: int, seen: dict[str, int],
                                        f"environment {task.env_id!r}; fix: name one of its tools "
                                        "or drop reply_tool", line=lineno, task_id=task.task_id,
                            env_id=task.env_id), None
+    unknown = sorted(set(task.user.hidden_tools or ()) - set(environments[task.env_id].tool_names)
+                     ) if task.user is not None else []
+    if unknown:
+        return PoolProblem(TASKS_FILE, f"user.hidden_tools {unknown} are not tools of "
+                                       f"environment {task.env_id!r}", line=lineno,
+                           task_id=task.task_id, env_id=task.env_id), None
     return None, task
+
+
+def check_names(environments: Iterable[Environment], tasks: Iterable[TaskSpec],
+                states: Iterable[str] = ()) -> None:
+    """``PoolError`` when an id or state reference a writer would turn into a path breaks the
+    safe-name rule (``envs.names``); nothing is written before every one is checked."""
+    problems = [PoolProblem(f"{ENVS_DIR}/", f"env_id {why}")
+                for e in environments if (why := name_problem(e.env_id)) is not None]
+    for t in tasks:
+        for what, why in (("task_id", name_problem(t.task_id)), ("env_id", name_problem(t.env_id)),
+                          ("initial_state_ref", t.initial_state_ref and ref_problem(
+                              t.initial_state_ref))):
+            if why:
+                problems.append(PoolProblem(TASKS_FILE, f"{what} {why}", task_id=t.task_id
+                                            if what != "task_id" else None))
+    problems += [PoolProblem(STATES_DIR, f"state reference {why}")
+                 for ref in states if (why := ref_problem(ref)) is not None]
+    if problems:
+        raise PoolError(problems)
+
+
+def _write(root: str | Path, rel: str, text: str) -> None:
+    """``rel`` under ``root``, written through ``envs.untrusted.write_bytes_atomic``: the path is
+    resolved under the (real) root, never through a link, never outside it."""
+    try:
+        write_bytes_atomic(root, rel, text.encode("utf-8"), "the output pool")
+    except UntrustedFileError as e:
+        raise PoolError([PoolProblem(str(Path(root) / e.name), e.message)]) from None
 
 
 def write_environment(root: str | Path, env: Environment) -> None:
     """Write ``environments/<env_id>/`` (class source, tool schemas, the rest as YAML)."""
-    d = Path(root) / ENVS_DIR / env.env_id
-    d.mkdir(parents=True, exist_ok=True)
-    (d / "environment.py").write_text(env.source)
-    (d / "tools.json").write_text(strict_json.dumps(env.tools, indent=1))
+    check_names([env], [])
+    d = f"{ENVS_DIR}/{env.env_id}"
+    _write(root, f"{d}/environment.py", env.source)
+    _write(root, f"{d}/tools.json", strict_json.dumps(env.tools, indent=1))
     head = env.model_dump(exclude={"source", "tools"})
-    (d / "environment.yaml").write_text(yaml.safe_dump(head, sort_keys=False, width=100))
+    _write(root, f"{d}/environment.yaml", yaml.safe_dump(head, sort_keys=False, width=100))
 
 
 def write_state(root: str | Path, ref: str, content: dict[str, Any]) -> None:
     """Write a shared state file; ``ref`` is relative to the pool directory."""
-    p = Path(root) / ref
-    p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_text(strict_json.dumps(content, separators=(",", ":")))
+    check_names([], [], [ref])
+    _write(root, ref, strict_json.dumps(content, separators=(",", ":")))
 
 
 def write_meta(root: str | Path, meta: PoolMeta, n_envs: int, n_tasks: int) -> None:
     meta = meta.model_copy(update={"counts": {"environments": n_envs, "tasks": n_tasks}})
-    (Path(root) / POOL_FILE).write_text(yaml.safe_dump(meta.model_dump(mode="json"), sort_keys=False))
+    _write(root, POOL_FILE, yaml.safe_dump(meta.model_dump(mode="json"), sort_keys=False))
 
 
 def task_line(task: TaskSpec) -> str:
@@ -349,18 +361,17 @@ def task_line(task: TaskSpec) -> str:
 
 def write_pool(root: str | Path, meta: PoolMeta, environments: Iterable[Environment],
                tasks: Iterable[TaskSpec], states: Optional[dict[str, dict[str, Any]]] = None) -> Path:
-    """Write a pool directory. ``states`` maps a ref (e.g. ``states/db.json``) to its content."""
+    """Write a pool directory. ``states`` maps a ref (e.g. ``states/db.json``) to its content.
+    Every id and reference is checked (``check_names``) before anything is written, and every
+    file lands under ``root`` (``_write``)."""
     root = Path(root)
+    envs, tasks = list(environments), list(tasks)
+    check_names(envs, tasks, states or ())
     root.mkdir(parents=True, exist_ok=True)
-    envs = list(environments)
     for env in envs:
         write_environment(root, env)
     for ref, content in (states or {}).items():
         write_state(root, ref, content)
-    n_tasks = 0
-    with open(root / TASKS_FILE, "w") as f:
-        for task in tasks:
-            f.write(task_line(task))
-            n_tasks += 1
-    write_meta(root, meta, len(envs), n_tasks)
+    _write(root, TASKS_FILE, "".join(task_line(t) for t in tasks))
+    write_meta(root, meta, len(envs), len(tasks))
     return root

@@ -1,29 +1,43 @@
 """The training pool together with the evaluation pools, as one ``Pool`` for the rollout side.
 
 ``with_eval_pools(train, {name: pool})``: the training pool unchanged, followed by each evaluation
-pool's tasks, environments and shared state files under ``NAME/`` (``eval_task_id``), so two pools
-may use the same ids without one's code or state serving the other's task (the sandbox caches by
-env id and state ref). Nothing here runs pool code.
+pool's tasks and environments under ``NAME/`` (``eval_task_id``) and its shared state files under
+``NAME:`` (``eval_state_ref``), so two pools may use the same ids without one's code or state
+serving the other's task (the sandbox caches by env id and state ref). Nothing here runs pool code.
+
+The namespaces cannot collide by construction: a training pool's task and environment ids are
+safe names and its state references paths of safe names (``envs.names``, checked when it is
+loaded), which never hold ``/`` or ``:``; so ``bench/x`` is never a training id, and a training
+task whose state file is ``bench/states/x.json`` keeps it while the evaluation pool ``bench``'s
+database is ``bench:states/x.json``. Defence in depth: an id or reference of the union claimed
+twice (a pool built by hand) is a ``PoolError`` naming it, and so is an evaluation pool whose name
+is not a safe name.
 
 Evaluation pools' shared states are read here, once, and carried in the union; the union's
-``meta`` adds their declared packages, so the executors check those too. An evaluation task id
-that is also a training task id is a ``PoolError``.
+``meta`` adds their declared packages, so the executors check those too.
 
-May import: envs.pool, envs.spec, the standard library.
+May import: envs.names, envs.pool, envs.spec, the standard library.
 """
 
 from __future__ import annotations
 
 from typing import Mapping
 
-from envs.pool import Pool, PoolError, PoolProblem, TASKS_FILE
+from envs.names import name_problem
+from envs.pool import STATES_DIR, Pool, PoolError, PoolProblem, TASKS_FILE
 
 SEP = "/"
+STATE_SEP = ":"
 
 
 def eval_task_id(name: str, task_id: str) -> str:
     """The id of evaluation pool ``name``'s task ``task_id`` on the rollout workers."""
     return f"{name}{SEP}{task_id}"
+
+
+def eval_state_ref(name: str, ref: str) -> str:
+    """The key of evaluation pool ``name``'s shared state ``ref`` in the union."""
+    return f"{name}{STATE_SEP}{ref}"
 
 
 def namespaced(pool: Pool, name: str) -> Pool:
@@ -35,7 +49,7 @@ def namespaced(pool: Pool, name: str) -> Pool:
         update = {"task_id": eval_task_id(name, t.task_id),
                   "env_id": eval_task_id(name, t.env_id)}
         if ref is not None:
-            update["initial_state_ref"] = eval_task_id(name, ref)
+            update["initial_state_ref"] = eval_state_ref(name, ref)
             states[update["initial_state_ref"]] = pool.initial_state(t)
         tasks.append(t.model_copy(update=update))
     envs = {eval_task_id(name, k): e.model_copy(update={"env_id": eval_task_id(name, k)})
@@ -50,15 +64,22 @@ def with_eval_pools(train: Pool, evals: Mapping[str, Pool]) -> Pool:
         return train
     tasks, envs, states = list(train.tasks), dict(train.environments), dict(train._states)
     lines, packages = dict(train.lines), list(train.meta.packages)
-    known = {t.task_id for t in tasks}
+    claimed = {"task id": {t.task_id for t in tasks}, "environment id": set(envs),
+               "state file": {t.initial_state_ref for t in tasks if t.initial_state_ref}}
     for name, pool in evals.items():
+        if (why := name_problem(name)) is not None:
+            raise PoolError([PoolProblem(TASKS_FILE, f"evaluation pool name {why}")])
         part = namespaced(pool, name)
-        clash = sorted(known & {t.task_id for t in part.tasks})
-        if clash:
-            raise PoolError([PoolProblem(TASKS_FILE, f"evaluation pool {name!r}: task id "
-                                         f"{clash[0]!r} is also a training task id; fix: rename "
-                                         f"the evaluation pool", task_id=clash[0])])
-        known |= {t.task_id for t in part.tasks}
+        for kind, ids in (("task id", {t.task_id for t in part.tasks}),
+                          ("environment id", set(part.environments)),
+                          ("state file", set(part._states))):
+            clash = sorted(claimed[kind] & ids)
+            if clash:
+                raise PoolError([PoolProblem(STATES_DIR if kind == "state file" else TASKS_FILE,
+                                             f"evaluation pool {name!r}: {kind} {clash[0]!r} is "
+                                             f"also a training {kind}; fix: rename the "
+                                             f"evaluation pool")])
+            claimed[kind] |= ids
         tasks += part.tasks
         envs.update(part.environments)
         states.update(part._states)

@@ -7,7 +7,7 @@ in ``properties``, every parameter without a default declared in the schema (dec
 ``required``: a warning only; published pools often under-declare it). A class built dynamically
 cannot be checked statically: the sandbox load reports it.
 
-May import: envs.spec and the standard library.
+May import: envs.pysource, envs.spec and the standard library.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import ast
 from dataclasses import dataclass
 from typing import Optional
 
+from envs.pysource import parse_python
 from envs.spec import Environment
 
 
@@ -68,7 +69,7 @@ def _signature(fn: ast.FunctionDef) -> tuple[set[str], set[str], bool]:
 def check_tool_schemas(env: Environment) -> list[SchemaIssue]:
     """Issues between ``env.tools`` and the methods of ``env.class_name`` (see module doc)."""
     try:
-        tree = ast.parse(env.source)
+        tree = parse_python(env.source)
     except SyntaxError:
         return []  # reported by the sandbox load, with its line
     methods, complete = _class_methods(tree, env.class_name)

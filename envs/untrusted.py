@@ -8,7 +8,7 @@ host (threat model: docs/pools.md, "Pools are untrusted code"):
 - **Sizes are bounded**: a file ``MAX_FILE_BYTES``, a JSONL line ``MAX_LINE_BYTES``.
 - **Parsing is bounded**: ``parse_yaml`` refuses aliases (alias bombs) and nesting deeper than
   ``MAX_DEPTH``; ``parse_json`` refuses deep nesting before parsing (``json`` recurses),
-  ``NaN``/``Infinity`` and numbers that overflow.
+  ``NaN``/``Infinity`` and numbers that overflow; ``json_lines`` reads a user's JSONL file so.
 - **Writes into the tree never go through a link** (``atomic_writer``, ``write_bytes_atomic``,
   ``open_for_append``): every symlink on the path under the root, and any non-regular file, is
   refused naming it; whole files go through an ``O_EXCL | O_NOFOLLOW`` temporary and
@@ -305,6 +305,30 @@ def parse_json(text: str, name: str, line: Optional[int] = None) -> Any:
                                  line=at) from None
     except (ValueError, RecursionError) as e:  # a refused constant, a 5,000-digit integer
         raise UntrustedFileError(name, f"invalid JSON: {e}", line=line) from None
+
+
+def json_lines(path: str | Path, limit: int = MAX_LINE_BYTES) -> Iterator[tuple[int, Any]]:
+    """``(line, value)`` per non-blank line of the JSONL file ``path`` (named by the user, may be
+    a link): bounded and UTF-8, else ``UntrustedFileError`` naming ``path`` and the line."""
+    real, name = os.path.realpath(path), str(path)
+    try:
+        for lineno, start, raw in iter_lines(os.path.dirname(real), os.path.basename(real),
+                                             "its folder", limit):
+            if raw is None:
+                raise UntrustedFileError(name, f"line longer than {limit} bytes; refused",
+                                         line=lineno)
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise UntrustedFileError(name, f"not valid UTF-8: byte 0x{raw[e.start]:02x} at "
+                                         f"byte offset {start + e.start}; fix: re-encode the "
+                                         f"file as UTF-8", line=lineno) from None
+            if text.strip():
+                yield lineno, parse_json(text, name, line=lineno)
+    except UntrustedFileError as e:
+        if e.name == name:
+            raise
+        raise UntrustedFileError(name, e.message, e.line) from None
 
 
 class _BoundedLoader(yaml.SafeLoader):

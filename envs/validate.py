@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Protocol
 
 from envs.pool import ENVS_DIR, POOL_FILE, TASKS_FILE, Pool, PoolError, PoolProblem, load_pool
+from envs.pysource import compile_python, parse_python
 from envs.schema_check import check_tool_schemas
 from envs.spec import Check, Environment, TaskSpec
 from envs.text import printable
@@ -168,10 +169,11 @@ def _static_checks(task: TaskSpec) -> list[str]:
     msgs = []
     for c in task.checks:
         try:
-            tree = ast.parse(c.code)
-            compile(tree, f"<check {c.check_id}>", "exec")
+            tree = parse_python(c.code)
+            compile_python(tree, f"<check {c.check_id}>")
         except SyntaxError as e:
-            msgs.append(f"check {c.check_id}: SyntaxError at line {e.lineno} of its code: {e.msg}")
+            at = f" at line {e.lineno} of its code" if e.lineno else ""
+            msgs.append(f"check {c.check_id}: SyntaxError{at}: {e.msg}")
             continue
         fns = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "check_func"]
         if not fns or not (fns[0].args.args or fns[0].args.vararg):

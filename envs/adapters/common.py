@@ -2,8 +2,8 @@
 
 An adapter's ``--src`` is as untrusted as a pool: its files are read through ``envs.untrusted``
 (``read_source_text``, ``records_in``), so a symlink in the source tree that points outside it is
-refused (naming the link and its target) and never followed into the output pool, and sizes and
-JSON nesting are bounded.
+refused (naming the link and its target) and never followed into the output pool, a symlinked
+folder is refused naming it, and sizes and JSON nesting are bounded.
 
 May import: envs.pool, envs.untrusted, the standard library.
 """
@@ -59,14 +59,20 @@ def _renamed(problem: PoolProblem, root: Path) -> PoolProblem:
 
 
 def _files(src: Path) -> tuple[Path, list[Path]]:
-    """The source tree's root and its JSON/JSONL files; directories are walked without
-    following symlinks (a linked file is checked when it is read)."""
+    """The source tree's root and its JSON/JSONL files. A symlinked folder inside the tree is
+    refused (never skipped silently); a linked file is checked when it is read."""
     if src.is_file():
         real = Path(os.path.realpath(src))  # named by the user: may itself be a link
         return real.parent, [real]
     if src.is_dir():
         found = []
         for top, dirs, names in os.walk(src, followlinks=False):
+            linked = sorted(d for d in dirs if os.path.islink(os.path.join(top, d)))
+            if linked:
+                link = os.path.join(top, linked[0])
+                raise PoolError([PoolProblem(link, f"a symlinked folder (-> {os.readlink(link)}) "
+                                             "in the source tree; refused: copy the folder in "
+                                             "or point --src at it")])
             dirs.sort()
             found += [Path(top) / n for n in names if n.endswith((".json", ".jsonl"))]
         return src, sorted(found)

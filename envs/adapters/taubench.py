@@ -3,7 +3,9 @@
 Reads, without importing or copying tau-bench: ``tau_bench/envs/<domain>/data/*.json`` (the
 database), ``tools/*.py`` (tool classes with static ``invoke(data, **kwargs) -> str`` and a literal
 ``get_info()`` schema), ``wiki.md``, ``rules.py`` (``RULES``) and ``tasks_<split>.py``; task files
-and schemas are read with ``ast`` (literals only, no code runs here).
+and ``RULES`` are read as a token stream (``envs.adapters.pyliteral``: no syntax tree, memory
+proportional to the file, every field of a task type-checked with its line), tool files with
+``ast`` after a token-count bound (``MAX_SOURCE_TOKENS``); literals only, no code runs here.
 
 The pool (docs/adapters.md, "tau-bench"): one environment per domain holding the tool classes
 verbatim behind a wrapper class, plus ``respond(content)``, the agent's channel to the user
@@ -34,8 +36,10 @@ from pathlib import Path
 from typing import Any, Optional
 
 from envs.adapters.common import ImportSummary, read_source_text
+from envs.adapters.pyliteral import LiteralError, count_tokens, literal_assignment, literal_calls
 from envs.pool import PoolError, PoolProblem, write_pool
 from envs.spec import Check, Environment, PoolMeta, TaskSpec, ToolCall, UserSpec
+from envs.pysource import parse_python
 from envs.untrusted import UntrustedFileError, parse_json
 
 RESPOND_SCHEMA = {
@@ -72,15 +76,24 @@ def _domain_dir(src: Path, domain: str) -> Path:
                                            f"tau_bench/envs/{domain})")])
 
 
+MAX_SOURCE_TOKENS = 200_000   # a tool file parsed with ast: ~0.5 KiB of syntax tree per token
+
+
 def _parse(src: Path, path: Path, text: Optional[str] = None) -> ast.Module:
+    """A tool file's syntax tree; files over ``MAX_SOURCE_TOKENS`` tokens are refused before
+    ``ast.parse`` (whose memory grows by hundreds of bytes per token)."""
+    text = read_source_text(src, path) if text is None else text
     try:
-        return ast.parse(read_source_text(src, path) if text is None else text,
-                         filename=str(path))
+        tokens = count_tokens(text)
+    except LiteralError as e:
+        raise PoolError([PoolProblem(str(path), e.message, line=e.line)]) from None
+    if tokens > MAX_SOURCE_TOKENS:
+        raise PoolError([PoolProblem(str(path), f"{tokens} tokens: more than the "
+                                     f"{MAX_SOURCE_TOKENS} a tool file may have; refused")])
+    try:
+        return parse_python(text, str(path))
     except SyntaxError as e:
         raise PoolError([PoolProblem(str(path), f"syntax error: {e.msg}", line=e.lineno)]) from None
-    except (ValueError, RecursionError, MemoryError) as e:  # null bytes, nesting past the parser
-        raise PoolError([PoolProblem(str(path), f"cannot be parsed: {type(e).__name__}: "
-                                                f"{str(e)[:200]}")]) from None
 
 
 def _read_tools(src: Path, tools_dir: Path) -> tuple[list[str], list[tuple[str, dict]]]:
@@ -133,23 +146,42 @@ def _env_source(class_name: str, sources: list[str], tools: list[tuple[str, dict
 
 
 def _read_tasks(src: Path, path: Path) -> list[tuple[int, dict[str, Any]]]:
-    tasks = []
-    for node in ast.walk(_parse(src, path)):
-        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "Task":
-            try:
-                tasks.append((node.lineno, _call_to_dict(node)))
-            except (ValueError, TypeError, SyntaxError, RecursionError) as e:
-                raise PoolError([PoolProblem(str(path), f"Task is not a literal: {e}",
-                                             line=node.lineno)]) from None
-    return tasks
+    """``(line, fields)`` of every ``Task(...)`` in the tasks file, read as a token stream
+    (``envs.adapters.pyliteral``: memory proportional to the file, no syntax tree)."""
+    try:
+        return list(literal_calls(read_source_text(src, path), "Task"))
+    except LiteralError as e:
+        what = "" if e.message.startswith("syntax error") else "Task is not a literal: "
+        raise PoolError([PoolProblem(str(path), what + e.message, line=e.line)]) from None
 
 
-def _call_to_dict(node: ast.AST) -> Any:
-    if isinstance(node, ast.Call):
-        return {kw.arg: _call_to_dict(kw.value) for kw in node.keywords}
-    if isinstance(node, ast.List):
-        return [_call_to_dict(x) for x in node.elts]
-    return ast.literal_eval(node)
+def _task_fields(raw: dict[str, Any]) -> tuple[str, list[ToolCall], list[str]]:
+    """``(instruction, gold actions, outputs)`` of one ``Task``, every field's type checked;
+    a wrong one is a ``ValueError`` naming it."""
+    def typed(value: Any, kinds: tuple[type, ...], what: str, kind: str) -> Any:
+        if not isinstance(value, kinds) or isinstance(value, bool):
+            raise ValueError(f"{what}: must be {kind}, got {type(value).__name__} "
+                             f"{str(value)[:40]}")
+        return value
+
+    if "instruction" not in raw:
+        raise ValueError("missing field 'instruction'")
+    instruction = typed(raw["instruction"], (str,), "instruction", "a string")
+    for key in ("user_id", "annotator"):
+        if raw.get(key) is not None:
+            typed(raw[key], (str, int), key, "a string")
+    gold = []
+    for k, a in enumerate(typed(raw.get("actions") or [], (list, tuple), "actions", "a list")):
+        typed(a, (dict,), f"actions[{k}]", "Action(name=..., kwargs={...})")
+        name = typed(a.get("name"), (str,), f"actions[{k}].name", "a string")
+        kwargs = typed(a.get("kwargs") or {}, (dict,), f"actions[{k}].kwargs", "a dict")
+        if not all(isinstance(key, str) for key in kwargs):
+            raise ValueError(f"actions[{k}].kwargs: every key must be a string")
+        gold.append(ToolCall(name=name, arguments=kwargs))
+    outputs = [str(typed(o, (str, int, float), f"outputs[{k}]", "a string")).lower()
+               for k, o in enumerate(typed(raw.get("outputs") or [], (list, tuple), "outputs",
+                                           "a list"))]
+    return instruction, gold, outputs
 
 
 def _read_database(src: Path, data_dir: Path) -> dict[str, Any]:
@@ -170,14 +202,16 @@ def _rules(src: Path, dom: Path) -> list[str]:
     path = dom / "rules.py"
     if not path.is_file() and not path.is_symlink():
         return []
-    for node in ast.walk(_parse(src, path)):
-        if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "RULES" for t in node.targets):
-            try:
-                return [str(r) for r in ast.literal_eval(node.value)]
-            except (ValueError, TypeError, SyntaxError, RecursionError) as e:
-                raise PoolError([PoolProblem(str(path), f"RULES is not a literal list: {e}",
-                                             line=node.lineno)]) from None
-    return []
+    try:
+        line, rules = literal_assignment(read_source_text(src, path), "RULES")
+    except LiteralError as e:
+        raise PoolError([PoolProblem(str(path), f"RULES is not a literal list: {e.message}",
+                                     line=e.line)]) from None
+    if line is None:
+        return []
+    if not isinstance(rules, (list, tuple)) or not all(isinstance(r, str) for r in rules):
+        raise PoolError([PoolProblem(str(path), "RULES must be a list of strings", line=line)])
+    return list(rules)
 
 
 MODES = ("instruction", "conversational")
@@ -239,15 +273,13 @@ def _convert_tasks(src: Path, task_file: Path, env: Environment, state: dict[str
     for k, (lineno, raw) in enumerate(_read_tasks(src, task_file)):
         task_id = f"taubench_{domain}_{split}_{k}"
         try:
-            gold = [ToolCall(name=a["name"], arguments=a.get("kwargs") or {})
-                    for a in raw.get("actions") or []]
-            outputs = [str(o).lower() for o in raw.get("outputs") or []]
+            instruction, gold, outputs = _task_fields(raw)
             final = replay(env, state, gold)
             code = CHECK_TEMPLATE.format(expected=database_digest(final["data"]), outputs=outputs)
             solution = gold + ([ToolCall(name="respond", arguments={"content": ", ".join(outputs)})]
                                if outputs else [])
             specs.append(TaskSpec(
-                task_id=task_id, env_id=env.env_id, instruction=str(raw["instruction"]),
+                task_id=task_id, env_id=env.env_id, instruction=instruction,
                 initial_state_ref=state_ref, reference_solution=solution,
                 checks=[Check(check_id="db_and_outputs", code=code,
                               description="final database equals the gold one; outputs replied")],

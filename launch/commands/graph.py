@@ -53,8 +53,14 @@ def run_build(args: argparse.Namespace) -> int:
     overrides = {k: v for k, v in (("within_candidates", args.within_candidates),
                                    ("cross_candidates", args.cross_candidates)) if v is not None}
     try:
+        descriptions = pool_descriptions(pool)
+    except UntrustedFileError as e:  # op_descriptions.jsonl linked out of the pool
+        raise UserError(f"{args.pool}: {e}") from None
+    except ValueError as e:  # a bad op_descriptions.jsonl line, named with its line
+        raise UserError(str(e)) from None
+    try:
         config = GraphConfig(**overrides)
-        graph = DualGraph.build(pool.tasks, pool.environments, config, pool_descriptions(pool),
+        graph = DualGraph.build(pool.tasks, pool.environments, config, descriptions,
                                 state_of=pool.initial_state)
     except (GraphError, OpDescriptionError) as e:
         raise UserError(str(e)) from None

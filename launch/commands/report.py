@@ -18,7 +18,7 @@ from pathlib import Path
 
 PANELS = {
     "reward.png": [("reward", ["reward_mean", "eval_reward"]), ("within-group variance", ["reward_var_mean"]),
-                   ("zero-variance groups", ["zero_var_share"])],
+                   ("zero-variance groups", ["zero_var_share", "generated_zero_var_share"])],
     "scheduler.png": [("diversity", ["envs_per_batch", "tools_per_batch"]),
                       ("phase split", ["phase_cold-start", "phase_coverage",
                                        "phase_exploitation"]),
@@ -38,6 +38,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default=None, help="output directory (default RUN_DIR/report)")
 
 
+def panel_points(run_dir: Path) -> dict[str, dict[str, dict[str, list[tuple[int, float]]]]]:
+    """What each panel of ``PANELS`` draws: file -> title -> key -> [(step, value)] (evaluation
+    points come from eval.jsonl, which also holds step 0, before any training)."""
+    from launch.run.evaluation import read_eval
+    from launch.run.metrics import read_metrics
+
+    rows = read_metrics(run_dir)
+    series = {"eval_reward": [(r["step"], r["eval_reward"]) for r in read_eval(run_dir)
+                              if r.get("eval_reward") is not None]}
+    return {name: {title: {key: series.get(key) or [(r["step"], r[key]) for r in rows
+                                                    if r.get(key) is not None]
+                           for key in keys}
+                   for title, keys in panels}
+            for name, panels in PANELS.items()}
+
+
 def render(run_dir: Path, out: Path) -> list[Path]:
     import matplotlib
 
@@ -45,21 +61,14 @@ def render(run_dir: Path, out: Path) -> list[Path]:
     import matplotlib.pyplot as plt
 
     from launch.run.evaluation import eval_curves, read_eval
-    from launch.run.metrics import read_metrics
 
-    rows = read_metrics(run_dir)
     curves = eval_curves(read_eval(run_dir))
-    # evaluation points come from eval.jsonl: it also holds step 0 (before any training)
-    series = {"eval_reward": [(r["step"], r["eval_reward"]) for r in read_eval(run_dir)
-                              if r.get("eval_reward") is not None]}
     out.mkdir(parents=True, exist_ok=True)
     written = []
-    for name, panels in PANELS.items():
+    for name, panels in panel_points(run_dir).items():
         fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.2))
-        for ax, (title, keys) in zip(axes, panels):
-            for key in keys:
-                pts = series.get(key) or [(r["step"], r[key]) for r in rows
-                                          if r.get(key) is not None]
+        for ax, (title, lines) in zip(axes, panels.items()):
+            for key, pts in lines.items():
                 if pts:
                     ax.plot(*zip(*pts), marker=".", label=key)
             ax.set_title(title, fontsize=9)
@@ -89,6 +98,26 @@ def _eval_plot(plt, curves: dict, path: Path) -> Path:
     return path
 
 
+def check_lines(run_dir: Path) -> None:
+    """Every line of ``metrics.jsonl`` and ``eval.jsonl`` (when present) is a bounded JSON object
+    (``envs.untrusted.json_lines``: depth, size, UTF-8), else a one-line ``UserError`` naming the
+    file and line; run before the readers, which trust the run's own files."""
+    from envs.untrusted import UntrustedFileError, json_lines
+    from launch.errors import UserError
+
+    for name in ("metrics.jsonl", "eval.jsonl"):
+        path = run_dir / name
+        if not path.is_file():
+            continue
+        try:
+            for lineno, value in json_lines(path):
+                if not isinstance(value, dict):
+                    raise UserError(f"{path}:{lineno}: not a JSON object "
+                                    f"({type(value).__name__}); is {run_dir} a run directory?")
+        except UntrustedFileError as e:
+            raise UserError(str(e)) from None
+
+
 def run(args: argparse.Namespace) -> int:
     from launch.errors import UserError
     from launch.run.evaluation import read_eval
@@ -96,6 +125,7 @@ def run(args: argparse.Namespace) -> int:
 
     run_dir = Path(args.run_dir)
     out = Path(args.out) if args.out else run_dir / "report"
+    check_lines(run_dir)
     try:
         summary = summarize(read_metrics(run_dir), read_eval(run_dir))
     except (FileNotFoundError, ValueError) as e:

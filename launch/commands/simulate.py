@@ -100,6 +100,8 @@ def _settings(args: argparse.Namespace):
     if rollouts is not None and not rollouts.is_file():
         raise UserError(f"--rollouts: {rollouts} is not a file (give a groups.jsonl or an "
                         "`envsched rollout --out` file)")
+    if rollouts is not None:
+        _check_rollouts(rollouts)
     extra = {"lag": lag, "infer": getattr(args, "infer", False),
              "rollouts": str(rollouts) if rollouts else None,
              "variants": sensitivity.variants(names) if getattr(args, "sensitivity", False)
@@ -111,6 +113,19 @@ def _settings(args: argparse.Namespace):
     return Settings(schedulers=names, steps=args.steps, seeds=args.seeds,
                     batch_size=args.batch_size, ablations=args.ablations, t4_runs=args.t4_runs,
                     **extra)
+
+
+def _check_rollouts(path: Path) -> None:
+    """Every line of the ``--rollouts`` file is bounded, UTF-8 JSON (``envs.untrusted.json_lines``),
+    else a one-line ``UserError`` naming the line; what a line must hold is checked by
+    ``scheduling.simulate.infer.read_recorded``."""
+    from envs.untrusted import UntrustedFileError, json_lines
+
+    try:
+        for _ in json_lines(path):
+            pass
+    except UntrustedFileError as e:
+        raise UserError(f"--rollouts: {e}") from None
 
 
 def _pool(args: argparse.Namespace):
@@ -149,7 +164,9 @@ def _render(out: Path) -> int:
 def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
+    from envs.opdesc import OpDescriptionError
     from scheduling.base import SchedulerError
+    from scheduling.graph import GraphError
     from scheduling.simulate.experiment import run_all
     from scheduling.simulate.report import findings, write_report
     from scheduling.simulate.world import WorldError
@@ -163,6 +180,9 @@ def run(args: argparse.Namespace) -> int:
     settings = _settings(args)
     args.out.mkdir(parents=True, exist_ok=True)
     pool = _pool(args)
+    from launch.commands.simulate_check import check_descriptions
+
+    check_descriptions(pool)
     if len(pool.tasks) < 2 * settings.batch_size:
         raise UserError(f"pool {pool.root} has {len(pool.tasks)} tasks; the simulator needs at "
                         f"least 2 x batch size = {2 * settings.batch_size}")
@@ -172,8 +192,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         res = run_all(pool, settings, graph_cache=args.out / "graph.npz", progress=bar,
                       workers=args.workers)
-    except (WorldError, SchedulerError) as e:
-        raise UserError(str(e)) from None
+    except (WorldError, SchedulerError, OpDescriptionError, GraphError) as e:
+        raise UserError(str(e)) from None   # a check the parser cannot hold: one line
     elapsed = time.time() - t0
     dump({"results": res, "elapsed_s": elapsed}, args.out / "results.json")
     m = write_report(res, args.out, elapsed)

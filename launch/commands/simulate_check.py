@@ -17,8 +17,22 @@ from pathlib import Path
 from launch.errors import UserError
 
 
+def check_descriptions(pool) -> None:
+    """A bad ``op_descriptions.jsonl`` line of the pool is one line naming it, before the graph
+    build (which reads it again) would raise it (``envsched simulate``, with or without
+    ``--check-against``)."""
+    from envs.opdesc import pool_descriptions
+
+    try:
+        pool_descriptions(pool)
+    except ValueError as e:   # envs.opdesc.read_descriptions; a link out of the pool too
+        raise UserError(str(e)) from None
+
+
 def run_check(args: argparse.Namespace) -> int:
+    from envs.opdesc import OpDescriptionError
     from envs.pool import PoolError, load_pool
+    from scheduling.graph import GraphError
     from scheduling.simulate import check
     from scheduling.simulate.experiment import Settings, load_graph, pool_world
     from scheduling.simulate.world import WorldError, has_latent
@@ -29,6 +43,7 @@ def run_check(args: argparse.Namespace) -> int:
         raise UserError(f"--check-against: no pool at {pool_dir}; give the run's pool with --pool")
     try:
         pool = load_pool(pool_dir)
+        check_descriptions(pool)
         groups = check.read_groups(run_dir)
         args.out.mkdir(parents=True, exist_ok=True)
         graph = load_graph(pool, args.out / "graph.npz")
@@ -39,7 +54,7 @@ def run_check(args: argparse.Namespace) -> int:
         if has_latent(pool.tasks) and not args.infer:
             worlds["inferred from the pool"] = pool_world(pool, Settings(infer=True), graph)[0]
         scores = check.check(groups, worlds, seeds=max(args.seeds, 10))
-    except (PoolError, WorldError) as e:
+    except (PoolError, WorldError, OpDescriptionError, GraphError) as e:
         raise UserError(str(e)) from None
     steps = sorted({g["step"] for g in groups})
     lines = [f"# Simulator vs real run: {run_dir}", "",

@@ -38,15 +38,15 @@ def read_groups(run_dir: str | Path) -> list[dict[str, Any]]:
         raise WorldError(f"--check-against: {path} not found (a run directory of `envsched "
                          "train` or `envsched compare` holds one)")
     out = []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    for n, line in enumerate(path.read_bytes().splitlines(), 1):
         if not line.strip():
             continue
         try:
-            rec = json.loads(line)
+            rec = json.loads(line.decode("utf-8"))
             out.append({"step": int(rec["step"]), "task_id": str(rec["task_id"]),
                         "rewards": np.asarray([float(r) for r in rec["rewards"]])})
-        except (ValueError, KeyError, TypeError) as e:
-            raise WorldError(f"{path}:{n}: not a trained group ({e})") from None
+        except (ValueError, KeyError, TypeError, RecursionError) as e:  # ValueError: not UTF-8
+            raise WorldError(f"{path}:{n}: not a trained group ({str(e)[:200]})") from None
     if not out:
         raise WorldError(f"{path} holds no groups")
     return sorted(out, key=lambda g: g["step"])

@@ -227,22 +227,22 @@ def read_recorded(path: str | Path, earliest: bool = True) -> dict[str, list[np.
     path = Path(path)
     by: dict[str, list[tuple[int, np.ndarray]]] = defaultdict(list)
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        lines = path.read_bytes().splitlines()
     except OSError as e:
         raise WorldError(f"{path}: cannot read recorded rollouts ({e.strerror})") from None
     for n, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
-            rec = json.loads(line)
+            rec = json.loads(line.decode("utf-8"))
             if "rewards" in rec:
                 rewards = [float(x) for x in rec["rewards"]]
             else:
                 rewards = [float(t["reward"]) for t in rec["trajectories"]]
             task, step = str(rec["task_id"]), int(rec.get("step", 0))
-        except (ValueError, KeyError, TypeError) as e:
+        except (ValueError, KeyError, TypeError, RecursionError) as e:   # ValueError: not UTF-8
             raise WorldError(f"{path}:{n}: not a recorded group (needs task_id and rewards or "
-                             f"trajectories with a reward): {e}") from None
+                             f"trajectories with a reward): {str(e)[:200]}") from None
         if rewards:
             by[task].append((step, np.asarray(rewards, dtype=float)))
     out = {}

@@ -130,7 +130,8 @@ def test_a_missing_shared_state_file_is_named_and_skipped(tmp_path):
     append_lines(root, task_json(set_task("t4", "I1", "pen", 5,
                                           initial_state_ref="states/gone.json")))
     report = validate_pool(root)
-    assert [str(p) for p in report.problems] == ["states/gone.json (task t4): state file not found"]
+    assert [str(p) for p in report.problems] == [
+        "tasks.jsonl:4 (task t4): initial_state_ref 'states/gone.json': state file not found"]
     assert report.to_dict()["valid_tasks"] == 3
 
 

@@ -51,7 +51,7 @@ def test_the_union_namespaces_tasks_environments_and_states(pools):
     assert t.env_id == "tau_test/taubench_retail" and t.checks == tau.tasks[0].checks
     assert union.environment(t.env_id).source == tau.environment("taubench_retail").source
     # the shared database travels in the union (executors on any node need no filesystem)
-    assert t.initial_state_ref == "tau_test/states/retail_db.json"
+    assert t.initial_state_ref == "tau_test:states/retail_db.json"
     assert union.initial_state(t) == tau.initial_state(tau.tasks[0])
     assert union.task("again/taubench_retail_test_0").env_id == "again/taubench_retail"
     # a training task id that looks like an evaluation one is refused, naming both
