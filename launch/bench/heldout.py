@@ -38,11 +38,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING
 
+from launch.bench.fixedset import ci_text as _ci, cpu_s as _cpu_s
 from launch.run.split import SPLITS
 
 if TYPE_CHECKING:
@@ -105,57 +105,13 @@ def run(args: argparse.Namespace) -> int:
 
 
 def bounds(cfg: TrainConfig, cmp_dir: Path) -> dict[str, dict[str, float]]:
-    """Per evaluated part: ``floor`` (no call) and ``ceiling`` (the reference solution) at the
-    config's episode limits, one episode per evaluated task (the scripted engine and the
-    verifiers are deterministic), on the pool and the tokenizer of the comparison in
-    ``cmp_dir`` (its warm start's, else ``policy.path``'s). Cached in ``cmp_dir/bounds.json``
-    under the limits and task ids it was measured on; a change of either measures again."""
-    from actors.rollout.engines.scripted_engine import SCRIPTS
-    from envs.pool import load_pool
-    from launch.cluster import connect, shutdown
-    from launch.rollout import check_users, run_groups
-    from launch.run.split import eval_sets, pool_split
+    """Per evaluated part: ``floor`` (no call) and ``ceiling`` (the reference solution) of the
+    comparison in ``cmp_dir`` (``launch.bench.fixedset.bounds``, cached in
+    ``cmp_dir/bounds.json``)."""
+    from launch.bench.fixedset import bounds as part_bounds
+    from launch.run.trainer import prepare_pool
 
-    pool = load_pool(cmp_dir / "pool")
-    sets = eval_sets(pool, pool_split(pool, cfg.pool), cfg.eval)
-    limits = {k: getattr(cfg.rollout, k) for k in
-              ("max_turns", "max_tokens_per_turn", "max_tokens_per_sequence")}
-    key = {"limits": limits, "sets": sets}
-    path = cmp_dir / "bounds.json"
-    if path.is_file():
-        cached = json.loads(path.read_text())
-        if cached.get("key") == key:
-            return cached["bounds"]
-    sft = cmp_dir / "sft"
-    model = str(sft) if (sft / "config.json").is_file() else _policy_path(cfg)
-    ids = [t for part in sets.values() for t in part]
-    print(f"[heldout] floor and ceiling of {len(ids)} tasks at max_turns "
-          f"{limits['max_turns']} (scripted engine, sandboxed)", flush=True)
-    info = connect(cfg.cluster)
-    try:
-        reward = {}
-        for script in SCRIPTS:
-            rollout = cfg.rollout.model_copy(update={"k": 1, "engine_kwargs": {"script": script}})
-            groups, _, _ = run_groups(str(pool.root), ids, "scripted", model, rollout, 1,
-                                      seed=0, timeout=1800, executor_cfg=cfg.executors,
-                                      users=check_users(cfg.user_sim, pool))
-            reward[script] = {g.task_id: float(g.rewards[0]) for g in groups}
-    finally:
-        if info["embedded"]:
-            shutdown(info)
-    out = {part: {"floor": sum(reward["none"][t] for t in part_ids) / len(part_ids),
-                  "ceiling": sum(reward["reference"][t] for t in part_ids) / len(part_ids)}
-           for part, part_ids in sets.items()}
-    path.write_text(json.dumps({"key": key, "bounds": out, "per_task": reward}, indent=1))
-    return out
-
-
-def _policy_path(cfg: TrainConfig) -> Optional[str]:
-    if not cfg.policy.path:
-        return None
-    from actors.policy import resolve_model
-
-    return resolve_model(cfg.policy.path)
+    return part_bounds(cfg, cmp_dir, prepare_pool(cfg.pool, cmp_dir))
 
 
 def summarize(runs: list[dict]) -> dict:
@@ -187,17 +143,3 @@ def table(result: dict) -> str:
                          f"{row['finished']}/{row['runs']} | {row['wall_s']} | {row['cpu_s']} |")
     lines += ["", "\\* this invocation's: a rerun that skips finished runs reports only what it ran."]
     return "\n".join(lines) + "\n"
-
-
-def _ci(c: dict, signed: bool = False) -> str:
-    f = "{:+.3f}" if signed else "{:.3f}"
-    if c["n"] < 2:
-        return f.format(c["mean"])
-    return f"{f.format(c['mean'])} [{f.format(c['lo'])}, {f.format(c['hi'])}]"
-
-
-def _cpu_s() -> float:
-    """CPU seconds of this process and its waited-for children (each run trains in its own
-    process; Ray's workers are that process's children)."""
-    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime

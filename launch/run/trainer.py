@@ -56,7 +56,8 @@ def prepare_pool(cfg: PoolConfig, run_dir: Path) -> Path:
         return Path(cfg.path)
     out = run_dir / "pool"
     if not (out / "tasks.jsonl").is_file():
-        generate_pool(out, cfg.generate_envs, cfg.generate_tasks_per_env, cfg.generate_seed)
+        generate_pool(out, cfg.generate_envs, cfg.generate_tasks_per_env, cfg.generate_seed,
+                      difficulty=cfg.generate_difficulty)
     return out
 
 

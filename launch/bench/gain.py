@@ -1,0 +1,259 @@
+"""Does a real model learn through envsched? GRPO's gain in fixed-set success, over seeds.
+
+    envsched bench gain --out DIR --seeds N [--json] [--config PATH] [--steps S]
+                        [--timeout-per-run S] [--no-bounds] [key.sub=value ...]
+
+The config (default ``configs/gain_cpu.yaml``: SmolLM2-135M-Instruct on a generated pool sized to
+it; a missing one is a one-line error) gives the pool, its held-out split (``pool.heldout_*``,
+``launch/run/split.py``), the warm start (``sft.*``), GRPO and the fixed-set evaluation
+(``eval.*``). Once for every seed: the pool (``DIR/pool``, generated unless ``pool.path``), the
+evaluated sets and the floor and ceiling of each part (``launch.bench.fixedset.bounds``, cached in
+``DIR/bounds.json``; ``--no-bounds`` skips them). Then per seed s (``run.seed``):
+
+1. a warm start (``launch.sft.run_sft``, when the config warm-starts: ``sft.enabled``) into
+   ``DIR/warm_start/s<s>`` on the tasks of the training split that the evaluation does not use
+   (``warm_start_tasks``): no evaluated task is ever shown to it. So the training tasks need more
+   than ``eval.tasks`` of them; a config that evaluates every training task is refused in one
+   line. GRPO's scheduler still draws from the whole training split;
+2. ``envsched train`` through the real path (``launch.run.trainer.train``, in its own process as
+   ``envsched compare`` runs it: ``launch.compare.run_config``, in ``DIR/runs/<scheduler>-s<s>``,
+   but on the config's own ``run.episodes``, not compare's episode budget) from that warm start: the step-0 fixed-set evaluation, ``run.steps`` GRPO steps (``--steps``
+   overrides), the final evaluation, on the parts ``train``, ``heldout_tasks``, ``heldout_env``
+   and each pool of ``eval.pools`` (reported beside, under ``eval_pools``);
+3. its figures (``launch.bench.gain_report.seed_result``) cached in the run directory's
+   ``gain.json``.
+
+A rerun skips finished seeds (their cached figures) and warm starts, and resumes an interrupted
+seed from its checkpoint (or starts it over, earlier files kept, when it stopped before its first:
+``launch.compare.start_over``). A seed begun with another run config (other ``--steps``, other
+overrides: the learning-rate schedule spans the steps, so a run cannot be extended) is refused in
+one line naming the changed keys, before anything runs for it. A seed whose training fails is reported and left out of the means.
+
+The result (``DIR/gain.json``, ``DIR/gain.md``; ``--json``: the last line of stdout): per part,
+``step0``, ``final``, ``gain`` and ``ci95`` (the gain's 95 % Student-t interval over seeds) of
+success, the share of episodes with full success, and the same of ``reward`` beside them, the
+episodes per evaluation and each evaluation's standard error (``launch/bench/gain_report.py``),
+the floor and ceiling; ``seconds`` (wall seconds of GRPO steps per seed, warm start, start-up and
+evaluations apart, which are reported beside) and ``steps``. Exit 1 when a seed did not finish.
+
+May import: launch.*, envs.pool, scheduling.simulate.metrics, the standard library.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Optional, Sequence
+
+import yaml
+
+from launch.bench.gain_report import PARTS, Part, aggregate, clean, seed_result, table
+
+if TYPE_CHECKING:
+    from launch.compare import RunSpec
+    from launch.config import TrainConfig
+
+DEFAULT_CONFIG = "configs/gain_cpu.yaml"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", type=Path, required=True, help="benchmark directory (resumable)")
+    parser.add_argument("--seeds", type=int, required=True, help="seeds 0..N-1")
+    parser.add_argument("--config", default=DEFAULT_CONFIG, help=f"YAML config ({DEFAULT_CONFIG})")
+    parser.add_argument("--steps", type=int, default=None, help="GRPO steps (run.steps)")
+    parser.add_argument("--timeout-per-run", type=float, default=None)
+    parser.add_argument("--no-bounds", action="store_true", help="skip the floor and ceiling")
+    parser.add_argument("--json", action="store_true", help="end with the result as one JSON line")
+    parser.add_argument("overrides", nargs="*", metavar="key.sub=value",
+                        help="dotted config overrides")
+
+
+def warm_start_tasks(train: Sequence[str], evaluated: Sequence[str]) -> list[str]:
+    """The training tasks the warm start may show: those the evaluation does not use."""
+    seen = set(evaluated)
+    return [t for t in train if t not in seen]
+
+
+def parts_of(cfg: TrainConfig, sets: dict[str, list[str]], eval_pools: Sequence[Any]
+             ) -> list[Part]:
+    """The training pool's parts (``PARTS``; the keys without a split suffix when the config
+    holds nothing out, as ``eval.jsonl`` then has them) and one per evaluation pool."""
+    out = []
+    for name, split in PARTS.items():
+        if split in sets:
+            sfx = f"_{split}" if len(sets) > 1 else ""
+            out.append(Part(name, f"eval_success{sfx}", f"eval_reward{sfx}",
+                            frozenset(sets[split]), cfg.eval.k))
+    for p in eval_pools:
+        s = p.eval_set
+        out.append(Part(s.name, f"eval_success{s.suffix}", f"eval_reward{s.suffix}",
+                        frozenset(s.task_ids), s.k))
+    return out
+
+
+def warm_start(cfg: TrainConfig, pool_dir: Path, out: Path, task_ids: Sequence[str], seed: int,
+               log) -> tuple[str, float]:
+    """The policy seed ``seed`` starts GRPO from, and the warm start's seconds (0 without one):
+    ``launch.sft.run_sft`` on ``task_ids`` into ``out`` (kept once its ``sft_summary.json``, the
+    last file it writes, exists), else ``policy.path`` or the tiny policy of that seed."""
+    from launch.bench.fixedset import policy_path
+
+    if not cfg.warm_starts():
+        if cfg.policy.path:
+            return str(policy_path(cfg)), 0.0
+        from actors.policy import build_tiny_policy
+
+        return str(build_tiny_policy(seed=seed)), 0.0
+    done = out / "sft_summary.json"
+    if done.is_file():
+        return str(out), float(json.loads(done.read_text()).get("seconds", 0.0))
+    if out.exists():   # interrupted while saving: its files are incomplete
+        shutil.rmtree(out)
+    from launch.sft import run_sft_apart
+
+    s = cfg.sft
+    log(f"[gain] seed {seed}: warm start on {len(task_ids)} training tasks the evaluation "
+        f"never uses ({s.epochs} epochs at most)")
+    r = run_sft_apart(pool_dir, out, s.epochs, s.lr, s.task_fraction, s.max_examples, seed,
+                      batch=s.batch, target_loss=s.target_loss, sandbox=cfg.executors.sandbox,
+                      only=list(task_ids), base=policy_path(cfg),
+                      trust_remote_code=cfg.policy.trust_remote_code)
+    log(f"[gain] seed {seed}: warm start done: {r['tasks']} tasks, loss "
+        f"{r['epoch_loss'][0]:.3f} -> {r['epoch_loss'][-1]:.3f} in {r['seconds']} s")
+    return str(out), float(r["seconds"])
+
+
+def run_seed(cfg: TrainConfig, spec: RunSpec, pool_dir: Path, out: Path, warm_ids: list[str],
+             parts: Sequence[Part], timeout_s: Optional[float], log) -> dict[str, Any]:
+    """One seed end to end (module docstring); its figures, cached in ``spec.dir/gain.json``."""
+    from launch.compare import _train, run_config, start_over, status
+    from launch.run.checkpoint import has_checkpoint
+
+    cache, warm = spec.dir / "gain.json", out / "warm_start" / f"s{spec.seed}"
+    state = status(spec)
+    policy, warm_s = warm_start(cfg, pool_dir, warm, warm_ids, spec.seed, log)
+    config = run_config(cfg, spec, pool_dir, policy)
+    config["run"]["episodes"] = cfg.run.episodes   # steps, not compare's episode budget
+    stored = spec.dir / "compare_config.yaml"
+    if stored.is_file() and (state == "finished" or has_checkpoint(spec.dir)):
+        from launch.errors import UserError
+        from launch.run.resume import config_changes
+
+        changed = config_changes(yaml.safe_load(stored.read_text()),
+                                 yaml.safe_load(yaml.safe_dump(config)))
+        if changed:
+            raise UserError(
+                f"bench gain: seed {spec.seed} ({spec.dir}) was run with another config ("
+                + "; ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in list(changed.items())[:3])
+                + (f"; {len(changed) - 3} more" if len(changed) > 3 else "")
+                + "); rerun with the options it started with, or choose another --out")
+    if state == "finished" and cache.is_file():
+        log(f"[gain] seed {spec.seed}: finished earlier, skipped")
+        return json.loads(cache.read_text())
+    if state != "finished":
+        if state != "new" and not has_checkpoint(spec.dir):
+            kept = start_over(spec)
+            log(f"[gain] seed {spec.seed}: no checkpoint to resume from; its earlier attempt is "
+                f"kept in {kept}, the seed starts over")
+            state = "new"
+        log(f"[gain] seed {spec.seed}: {'training' if state == 'new' else 'resuming'}: step-0 "
+            f"evaluation, {cfg.run.steps} GRPO steps, final evaluation "
+            f"(log: {spec.dir / 'train.log'})")
+        t = time.perf_counter()
+        err = _train(spec, config, timeout_s)
+        if err is not None:
+            (spec.dir / "crashed.txt").write_text(err + "\n")
+            log(f"[gain] seed {spec.seed}: CRASHED ({err[:200]}); see {spec.dir / 'train.log'}")
+            return {"seed": spec.seed, "status": "crashed", "error": err}
+        log(f"[gain] seed {spec.seed}: trained in {time.perf_counter() - t:.0f} s")
+    result = {"seed": spec.seed, "status": "finished", "warm_start_s": warm_s,
+              **seed_result(spec.dir, parts)}
+    cache.write_text(json.dumps(clean(result), indent=1))
+    train = result["parts"].get(parts[0].name) if parts else None
+    if train:
+        log(f"[gain] seed {spec.seed}: {parts[0].name} success {train['step0']['success']:.3f} "
+            f"-> {train['final']['success']:.3f}, reward {train['step0']['reward']:.3f} -> "
+            f"{train['final']['reward']:.3f} ({train['final']['episodes']} episodes); GRPO "
+            f"{result['grpo_s']:.0f} s over {result['steps']} steps")
+    return result
+
+
+def _none_to_nan(r: dict[str, Any]) -> dict[str, Any]:
+    """A cached seed's figures with JSON nulls back as NaN (for ``aggregate``)."""
+    if isinstance(r, dict):
+        return {k: _none_to_nan(v) for k, v in r.items()}
+    return float("nan") if r is None else r
+
+
+def run(args: argparse.Namespace) -> int:
+    from envs.pool import load_pool
+    from launch.compare import plan
+    from launch.config import ConfigError, load_config
+    from launch.errors import UserError
+    from launch.run.eval_pools import load_eval_pools
+    from launch.run.split import eval_sets, pool_split
+    from launch.run.trainer import prepare_pool
+
+    if args.seeds < 1:
+        raise UserError(f"--seeds must be >= 1, got {args.seeds}")
+    if args.steps is not None and args.steps < 1:
+        raise UserError(f"--steps must be >= 1, got {args.steps}")
+    over = [*args.overrides, *([f"run.steps={args.steps}"] if args.steps else [])]
+    try:
+        cfg = load_config(args.config, over)
+    except ConfigError as e:
+        raise UserError(f"bench gain: {e}") from None
+    if not cfg.eval.enabled:
+        raise UserError(f"bench gain: {args.config} has eval.enabled false; the gain is "
+                        "measured by the fixed-set evaluation (fix: eval.enabled=true)")
+    log = lambda line: print(line, flush=True)  # noqa: E731
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    pool_dir = prepare_pool(cfg.pool, out)
+    pool = load_pool(pool_dir)
+    split = pool_split(pool, cfg.pool)
+    sets = eval_sets(pool, split, cfg.eval)
+    parts = parts_of(cfg, sets, load_eval_pools(cfg, pool_dir))
+    warm_ids = warm_start_tasks(split.train, sets.get("train", []))
+    if cfg.warm_starts() and not warm_ids:
+        raise UserError(
+            f"bench gain: eval.tasks={cfg.eval.tasks} evaluates all {len(split.train)} training "
+            "tasks, so the warm start would see evaluated tasks (fix: eval.tasks below "
+            f"{len(split.train)}, or sft.enabled=false)")
+    log(f"[gain] pool {pool_dir}: {len(pool.tasks)} tasks; evaluated "
+        + ", ".join(f"{p.name} {len(p.task_ids)} x {p.k}" for p in parts)
+        + f"; warm start on {len(warm_ids) if cfg.warm_starts() else 0} other training tasks; "
+        f"{args.seeds} seed(s) of {cfg.run.steps} steps x {cfg.run.batch_size * cfg.rollout.k} "
+        "episodes")
+    bounds: dict[str, dict[str, float]] = {}
+    if not args.no_bounds:
+        from launch.bench.fixedset import bounds as part_bounds
+
+        bounds = part_bounds(cfg, out, pool_dir, "[gain]")
+    results = []
+    specs = plan([cfg.scheduler.name], list(range(args.seeds)), out)
+    for spec in specs:
+        results.append(_none_to_nan(run_seed(cfg, spec, pool_dir, out, warm_ids, parts,
+                                             args.timeout_per_run, log)))
+    agg = aggregate(results, parts)
+    pool_parts = [p.name for p in parts if p.name not in PARTS]
+    result: dict[str, Any] = {
+        "config": str(args.config), "overrides": over, "seeds": args.seeds,
+        "finished": agg.pop("finished"), "k": cfg.rollout.k,
+        "episodes_per_step": cfg.run.batch_size * cfg.rollout.k,
+        "warm_start_tasks": len(warm_ids) if cfg.warm_starts() else 0,
+        **{p.name: {**agg.pop(p.name), **bounds.get(PARTS[p.name], {})}
+           for p in parts if p.name in PARTS},
+        "eval_pools": {n: agg.pop(n) for n in pool_parts}, **agg, "per_seed": results}
+    result = clean(result)
+    (out / "gain.json").write_text(json.dumps(result, indent=2))
+    text = table(result, {**{n: result[n] for n in PARTS if n in result},
+                          **result["eval_pools"]})
+    (out / "gain.md").write_text(text)
+    log(text)
+    if args.json:
+        print(json.dumps(result), flush=True)
+    return 0 if result["finished"] == args.seeds else 1
