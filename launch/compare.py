@@ -4,13 +4,16 @@
 system (actors, sandboxed environments, GRPO updates) and writes a report whose table has the
 shape of the simulator's (``scheduling/simulate/report.py``), so the two read side by side.
 
-What is held equal (the only differences between runs are ``scheduler.name`` and ``run.seed``):
+What is held equal (the only differences between runs are ``scheduler.name`` and ``run.seed``;
+``dapo+NAME`` runs NAME with ``controller.dynamic_sampling: true``, the simulator's name for the
+same filter, so the two read side by side):
 
 - one pool (``OUT/pool``, generated once unless ``pool.path`` is set) and one held-out split
   (``pool.heldout_env_frac``, ``pool.heldout_task_frac``, ``pool.split_seed``; ``launch/run/split.py``):
   no scheduler is given a held-out task;
 - one warm start (``OUT/sft``, SFT done once; every run starts from it as ``policy.path``);
-- the budget: ``run.steps`` x ``run.batch_size`` groups x ``rollout.k`` rollouts;
+- the budget, in rollouts consumed (episodes, those of dropped groups counted):
+  ``launch/compare_budget.py`` (``run.episodes``, else ``run.steps`` x B x K);
 - the evaluation: the same fixed task sets and episode seeds (``eval``), at step 0, every
   ``eval.every`` steps and at the end, on training tasks, held-out tasks and held-out environments.
 
@@ -40,13 +43,16 @@ group (Eq. 2, population variance; from ``groups.jsonl`` when the run wrote one,
 group-weighted mean and the median of per-step means from ``metrics.jsonl``), ``zero_var_share``,
 ``envs_per_batch``, ``tools_per_batch``, the last evaluation's reward per split
 (``eval_train``, ``eval_heldout_task``, ``eval_heldout_env``) and its gain over step 0,
-``rollouts`` and ``wall_s``. Across seeds: ``scheduling.simulate.metrics.paired_summary`` (mean,
+``rollouts`` (episodes consumed), ``generated_zero_var_share`` (zero-variance share of every group
+generated, dropped ones included: rows weighted by their episodes), the budget figures
+(``launch.compare_budget.budget_summary``: final success, success and reward areas against
+episodes) and ``wall_s``. Across seeds: ``scheduling.simulate.metrics.paired_summary`` (mean,
 95 % Student-t interval, ratio and seed-paired difference to Random).
 
 The report (``report.md``, ``metrics.json``, the curves) is ``launch/compare_report.py``'s.
 
-May import: numpy, yaml, launch.*, envs.*, scheduling.simulate.metrics, scheduling.variance, the
-standard library.
+May import: numpy, yaml, launch.*, envs.*, scheduling.simulate.metrics, scheduling.variance,
+scheduling.registry, the standard library.
 """
 
 from __future__ import annotations
@@ -65,18 +71,23 @@ import numpy as np
 import yaml
 
 from envs import strict_json
+from launch.compare_budget import (budget_curves, budget_summary, episode_budget, eval_points,
+                                   step_cap)
 from launch.run.checkpoint import has_checkpoint
-from launch.compare_report import COLUMNS, GAINS, report_md, write_report  # noqa: F401
+from launch.compare_report import (BUDGET_COLUMNS, COLUMNS, GAINS, report_md,  # noqa: F401
+                                   write_report)
 from launch.run.evaluation import read_eval
 from launch.run.metrics import read_jsonl
 from launch.run.split import SPLITS
+from scheduling.registry import DAPO_PREFIX
 from scheduling.variance import group_variance
-from scheduling.simulate.metrics import mean_ci, paired_summary
+from scheduling.simulate.metrics import paired_summary
 
 if TYPE_CHECKING:
     from launch.config import TrainConfig
 
-METRICS = tuple(k for k, _, _ in COLUMNS) + GAINS
+METRICS = tuple(k for k, _, _ in COLUMNS) + GAINS + tuple(k for k, _, _ in BUDGET_COLUMNS)
+DS_KEYS = ("dynamic_sampling", "over_issue", "max_draws")   # controller keys dapo+NAME sets
 
 
 @dataclass(frozen=True)
@@ -97,12 +108,18 @@ def plan(schedulers: Sequence[str], seeds: Sequence[int], out: Path) -> list[Run
 
 
 def run_config(cfg: TrainConfig, spec: RunSpec, pool_dir: Path, policy_dir: str) -> dict[str, Any]:
-    """The YAML dict of one run: the shared config with only scheduler and seed changed."""
+    """The YAML dict of one run: the shared config with only scheduler and seed changed (and
+    dynamic sampling on for ``dapo+NAME``), on the comparison's episode budget."""
     d = cfg.to_yaml_dict()
     d["run"]["seed"] = spec.seed
-    if spec.scheduler != d["scheduler"]["name"]:
+    d["run"]["episodes"], d["run"]["steps"] = episode_budget(cfg), step_cap(cfg)
+    name = spec.scheduler
+    if name.startswith(DAPO_PREFIX):
+        name = name[len(DAPO_PREFIX):]
+        d["controller"]["dynamic_sampling"] = True
+    if name != d["scheduler"]["name"]:
         d["scheduler"]["params"] = {}
-    d["scheduler"]["name"] = spec.scheduler
+    d["scheduler"]["name"] = name
     d["pool"]["path"] = str(Path(pool_dir).resolve())
     d["policy"]["path"] = policy_dir
     d["sft"]["enabled"] = False
@@ -157,9 +174,11 @@ STEP0 = "eval_step0.jsonl"
 
 def _inputs_key(config: dict[str, Any]) -> str:
     """What a run's step-0 evaluation can depend on: its whole config but the scheduler and the
-    seed (the warm start's path, the pool, the sampling settings, the evaluation's own)."""
+    seed (the warm start's path, the pool, the sampling settings, the evaluation's own) and the
+    dynamic sampling switches (the step-0 weights are the warm start's either way)."""
     d = {k: v for k, v in config.items() if k != "scheduler"}
     d["run"] = {k: v for k, v in d["run"].items() if k != "seed"}
+    d["controller"] = {k: v for k, v in d.get("controller", {}).items() if k not in DS_KEYS}
     return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -232,7 +251,7 @@ def compare(cfg: TrainConfig, schedulers: Sequence[str], seeds: Sequence[int], o
             log(f"[compare {n}/{len(specs)}] {spec.name}: CRASHED ({err[:200]}); "
                 f"see {spec.dir / 'train.log'}")
             continue
-        s = run_summary(spec.dir)
+        s = run_summary(spec.dir, episode_budget(cfg))
         log(f"[compare {n}/{len(specs)}] {spec.name}: done in {time.perf_counter() - t:.0f} s; "
             f"mean group variance {s['mean_reward_variance']:.4f}, eval train "
             f"{s['eval_train']:.3f}, held-out tasks {s['eval_heldout_task']:.3f}, held-out envs "
@@ -246,7 +265,8 @@ def _nan() -> float:
     return float("nan")
 
 
-def run_summary(run_dir: Path) -> dict[str, float]:
+def run_summary(run_dir: Path, budget: float = float("nan")) -> dict[str, float]:
+    """The per-run figures of the module docstring; ``budget``: the comparison's episodes."""
     run_dir = Path(run_dir)
     rows = [r for r in read_jsonl(run_dir / "metrics.jsonl")] if (
         run_dir / "metrics.jsonl").is_file() else []
@@ -266,8 +286,8 @@ def run_summary(run_dir: Path) -> dict[str, float]:
     k = _rollout_k(run_dir)
     out = {"mean_reward_variance": mean_var, "median_reward_variance": med_var,
            "zero_var_share": col("zero_var_share"), "envs_per_batch": col("envs_per_batch"),
-           "tools_per_batch": col("tools_per_batch"),
-           "rollouts": float(np.nansum([g(r, "groups") for r in rows]) * k) if rows else _nan()}
+           "tools_per_batch": col("tools_per_batch"), **_consumed(rows, k)}
+    out.update(budget_summary(eval_points(run_dir, k), budget))
     evals = read_eval(run_dir)
     for split in SPLITS:
         key = f"eval_reward_{split}"
@@ -280,6 +300,20 @@ def run_summary(run_dir: Path) -> dict[str, float]:
     return out
 
 
+def _consumed(rows: list[dict[str, Any]], k: int) -> dict[str, float]:
+    """``rollouts`` (episodes consumed: the last row's count, else trained groups x K) and
+    ``generated_zero_var_share`` (NaN for a run from before these counts)."""
+    if not rows:
+        return {"rollouts": _nan(), "generated_zero_var_share": _nan()}
+    last = rows[-1].get("episodes_consumed")
+    n = [(r.get("episodes_step"), r.get("generated_zero_var_share")) for r in rows]
+    n = np.array([p for p in n if None not in p], dtype=float).reshape(-1, 2)
+    return {"rollouts": float(last) if last is not None else
+            float(np.nansum([r.get("groups") or np.nan for r in rows]) * k),
+            "generated_zero_var_share": float(np.sum(n[:, 0] * n[:, 1]) / np.sum(n[:, 0]))
+            if n[:, 0].sum() > 0 else _nan()}
+
+
 def _rollout_k(run_dir: Path) -> int:
     path = run_dir / "config.yaml"
     if path.is_file():
@@ -290,9 +324,10 @@ def _rollout_k(run_dir: Path) -> int:
 def build_metrics(specs: Sequence[RunSpec], cfg: TrainConfig) -> dict[str, Any]:
     by: dict[str, dict[int, dict[str, float]]] = {}
     runs = []
+    budget = episode_budget(cfg)
     for spec in specs:
         state = status(spec)
-        s = run_summary(spec.dir) if state == "finished" else {}
+        s = run_summary(spec.dir, budget) if state == "finished" else {}
         runs.append({"scheduler": spec.scheduler, "seed": spec.seed, "status": state,
                      "dir": str(spec.dir), **s})
         if state == "finished":
@@ -300,31 +335,21 @@ def build_metrics(specs: Sequence[RunSpec], cfg: TrainConfig) -> dict[str, Any]:
     summary = paired_summary(by, METRICS, "random") if by else {}
     order = list(dict.fromkeys(s.scheduler for s in specs))
     return {"settings": {"schedulers": order, "seeds": sorted({s.seed for s in specs}),
-                         "steps": cfg.run.steps, "batch_size": cfg.run.batch_size,
+                         "episodes": budget, "batch_size": cfg.run.batch_size,
                          "k": cfg.rollout.k, "eval_every": cfg.eval.every},
             "summary": {n: summary[n] for n in order if n in summary},
-            "curves": curves(specs), "runs": runs}
+            "curves": curves(specs, budget), "runs": runs}
 
 
-def curves(specs: Sequence[RunSpec]) -> dict[str, dict[str, list]]:
-    """Per scheduler, the evaluation reward of each split over steps: the mean over the finished
-    seeds (``SPLIT``) and its 95 % Student-t interval (``SPLIT_ci``: [lo, hi] per step, NaN with
-    one seed), the band the PNG curves draw."""
+def curves(specs: Sequence[RunSpec], budget: float) -> dict[str, dict[str, list]]:
+    """Per scheduler, the evaluation reward and success of each split against episodes
+    consumed: the mean over the finished seeds and its 95 % band
+    (``launch.compare_budget.budget_curves``), what the PNG curves draw."""
     out: dict[str, dict[str, list]] = {}
     for name in dict.fromkeys(s.scheduler for s in specs):
-        evs = [read_eval(s.dir) for s in specs if s.scheduler == name and status(s) == "finished"]
-        evs = [e for e in evs if e]
-        if not evs:
-            continue
-        n = min(len(e) for e in evs)
-        row: dict[str, list] = {"steps": [e["step"] for e in evs[0][:n]]}
-        for split in SPLITS:
-            key = f"eval_reward_{split}"
-            if all(key in e[0] for e in evs):
-                per_seed = np.array([[x.get(key) if x.get(key) is not None else np.nan
-                                      for x in e[:n]] for e in evs], dtype=float)
-                cis = [mean_ci(per_seed[:, i].tolist()) for i in range(n)]
-                row[split] = [c["mean"] for c in cis]
-                row[f"{split}_ci"] = [[c["lo"], c["hi"]] for c in cis]
-        out[name] = row
+        points = [eval_points(s.dir, _rollout_k(s.dir)) for s in specs
+                  if s.scheduler == name and status(s) == "finished"]
+        points = [p for p in points if p]
+        if points:
+            out[name] = budget_curves(points, budget)
     return out

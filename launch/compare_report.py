@@ -1,8 +1,11 @@
 """The report of ``envsched compare`` (``launch/compare.py``): ``OUT/report.md``,
-``OUT/metrics.json`` and ``OUT/curve_eval_<split>.png`` from the metrics ``build_metrics`` gives.
+``OUT/metrics.json``, ``OUT/curve_eval_<split>.png`` and ``OUT/curve_success_<split>.png``
+(against rollouts consumed) from the metrics ``build_metrics`` gives.
 
-``COLUMNS`` (key, header, decimals) and ``GAINS`` name the reported per-run measures; a cell is the
-mean over seeds [95 % interval] (the paired change vs Random [95 % interval]).
+``COLUMNS`` (key, header, decimals), ``GAINS`` and ``BUDGET_COLUMNS`` name the reported per-run
+measures; a cell is the mean over seeds [95 % interval] (the paired change vs Random [95 %
+interval]). ``BUDGET_COLUMNS`` are against rollouts consumed (``launch/compare_budget.py``): final
+fixed-set success and the areas under success and reward over the episode budget, per split.
 
 May import: numpy, launch.run.split, the standard library; matplotlib inside ``_plot``.
 """
@@ -24,9 +27,15 @@ COLUMNS = (("mean_reward_variance", "Mean reward var.", 5),
            ("zero_var_share", "Zero-var share", 3), ("envs_per_batch", "Envs / batch", 2),
            ("tools_per_batch", "Tools / batch", 1), ("eval_train", "Eval train", 3),
            ("eval_heldout_task", "Eval held-out tasks", 3),
-           ("eval_heldout_env", "Eval held-out envs", 3), ("rollouts", "Rollouts", 0),
-           ("wall_s", "Wall s", 0))
+           ("eval_heldout_env", "Eval held-out envs", 3),
+           ("rollouts", "Episodes consumed", 0),
+           ("generated_zero_var_share", "Zero-var share (generated)", 3), ("wall_s", "Wall s", 0))
 GAINS = ("eval_train_gain", "eval_heldout_task_gain", "eval_heldout_env_gain")
+_PARTS = (("train", "train"), ("heldout_task", "held-out tasks"), ("heldout_env", "held-out envs"))
+BUDGET_COLUMNS = tuple((f"{key}_{split}", f"{head} {part}", 3) for split, part in _PARTS
+                       for key, head in (("success", "Success"),
+                                         ("auc_success", "Success area"),
+                                         ("auc_reward", "Reward area")))
 
 
 def _cell(row: dict[str, Any], k: str, nd: int) -> str:
@@ -50,10 +59,12 @@ def report_md(m: dict[str, Any]) -> str:
     st = m["settings"]
     lines = [f"# Scheduler comparison in real training",
              "",
-             f"{', '.join(st['schedulers'])} x seeds {st['seeds']}; {st['steps']} steps x "
-             f"B = {st['batch_size']} x K = {st['k']}; evaluation every {st['eval_every']} steps "
-             "(0 = start and end). Cells: mean over seeds [95 % Student-t interval] (paired "
-             "change vs Random [95 % interval]); n/a where not measured.",
+             f"{', '.join(st['schedulers'])} x seeds {st['seeds']}; a budget of "
+             f"{st['episodes']} episodes per run (rollouts consumed, those of dropped groups "
+             f"counted; B = {st['batch_size']}, K = {st['k']}); evaluation every "
+             f"{st['eval_every']} steps (0 = start and end). Cells: mean over seeds [95 % "
+             "Student-t interval] (paired change vs Random [95 % interval]); n/a where not "
+             "measured.",
              "", "| Scheduler | seeds | " + " | ".join(h for _, h, _ in COLUMNS) + " |",
              "|---|---" + "|---" * len(COLUMNS) + "|"]
     for name, row in m["summary"].items():
@@ -63,6 +74,13 @@ def report_md(m: dict[str, Any]) -> str:
               "| Scheduler | train | held-out tasks | held-out envs |", "|---|---|---|---|"]
     for name, row in m["summary"].items():
         lines.append(f"| {name} | " + " | ".join(_cell(row, k, 3) for k in GAINS) + " |")
+    lines += ["", "Against rollouts consumed (final fixed-set success; areas: the mean over the "
+              "episode budget):", "",
+              "| Scheduler | " + " | ".join(h for _, h, _ in BUDGET_COLUMNS) + " |",
+              "|---" + "|---" * len(BUDGET_COLUMNS) + "|"]
+    for name, row in m["summary"].items():
+        lines.append(f"| {name} | "
+                     + " | ".join(_cell(row, k, nd) for k, _, nd in BUDGET_COLUMNS) + " |")
     bad = [r for r in m["runs"] if r["status"] != "finished"]
     lines += ["", "Runs: " + ", ".join(f"{r['scheduler']}-s{r['seed']} {r['status']}"
                                        for r in m["runs"])]
@@ -94,19 +112,22 @@ def _plot(out: Path, m: dict[str, Any]) -> None:
     import matplotlib.pyplot as plt
 
     for split in SPLITS:
-        fig, ax = plt.subplots(figsize=(6, 4))
-        drawn = False
-        for name, c in m["curves"].items():
-            if split in c:
-                line, = ax.plot(c["steps"], c[split], marker="o", label=name)
-                lo, hi = np.array(c.get(f"{split}_ci", []), dtype=float).reshape(-1, 2).T
-                if lo.size and not np.isnan(lo).all():   # the 95 % interval over seeds
-                    ax.fill_between(c["steps"], lo, hi, color=line.get_color(), alpha=0.2)
-                drawn = True
-        if drawn:
-            ax.set_xlabel("learner step")
-            ax.set_ylabel(f"eval reward ({split})")
-            ax.legend()
-            fig.tight_layout()
-            fig.savefig(out / f"curve_eval_{split}.png", dpi=100)
-        plt.close(fig)
+        for key, file, label in ((split, f"curve_eval_{split}.png", "eval reward"),
+                                 (f"success_{split}", f"curve_success_{split}.png",
+                                  "eval success")):
+            fig, ax = plt.subplots(figsize=(6, 4))
+            drawn = False
+            for name, c in m["curves"].items():
+                if key in c:
+                    line, = ax.plot(c["episodes"], c[key], marker="o", label=name)
+                    lo, hi = np.array(c.get(f"{key}_ci", []), dtype=float).reshape(-1, 2).T
+                    if lo.size and not np.isnan(lo).all():   # the 95 % interval over seeds
+                        ax.fill_between(c["episodes"], lo, hi, color=line.get_color(), alpha=0.2)
+                    drawn = True
+            if drawn:
+                ax.set_xlabel("rollouts consumed (episodes)")
+                ax.set_ylabel(f"{label} ({split})")
+                ax.legend()
+                fig.tight_layout()
+                fig.savefig(out / file, dpi=100)
+            plt.close(fig)

@@ -16,6 +16,9 @@
 - ``state_dict()`` / ``load_state_dict()``: plain arrays and containers; the only randomness is
   the tie-breaking permutation, a function of ``cfg.seed``, so a restored scheduler selects the
   same batches.
+- The predicted group variance of each selected task (``scheduling.base.PRED_VAR``, not the cold
+  start's): the v column of the long half-life's fused prediction
+  (``scheduling.estimator.HalfLifePrediction.yhat``), the v-hat Eq. 12 ranks.
 - ``metrics()``: ``progress_blocked_share`` and the picks that needed each relaxation
   (``relaxed_progress``, ``relaxed_C3``, ``relaxed_C1``, ``relaxed_C_task``).
 
@@ -28,7 +31,7 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from scheduling.base import GroupResult, PoolScheduler, Selection
+from scheduling.base import PRED_VAR, GroupResult, PoolScheduler, Selection
 from scheduling.batch import RELAXATIONS, ExposureState, build_batch, tiebreak_rank
 from scheduling.candidates import one_blas_thread
 from scheduling.cold_start import cold_start_batch
@@ -77,9 +80,12 @@ class EnvSched(PoolScheduler):
             self.blocked = progress_blocked(est, cnt, self.cfg)
         if self._penalty is None:
             self._penalty = BatchPenalty(self.graph, self.cfg.batch_size)
-        return build_batch(step, pred.q, self.history.counts(self.n), self.graph, self.exposure,
-                           eligible, ~self.blocked, self.cfg, self._tiebreak, self._relaxed,
-                           self._penalty)
+        sels, notes = build_batch(step, pred.q, self.history.counts(self.n), self.graph,
+                                  self.exposure, eligible, ~self.blocked, self.cfg, self._tiebreak,
+                                  self._relaxed, self._penalty)
+        for s in sels:   # carried out beside the scores, after every pick: no choice reads it
+            s.scores[PRED_VAR] = float(pred.long.yhat[self.index[s.task_id], 0])
+        return sels, notes
 
     def _record(self, step: int, idx: np.ndarray) -> None:
         self.exposure.record(step, idx, self.graph.env_of)

@@ -46,7 +46,7 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from scheduling.base import GroupResult, PoolScheduler, Selection
+from scheduling.base import PRED_VAR, GroupResult, PoolScheduler, Selection
 from scheduling.batch import (RELAXATIONS, ExposureState, add, pick_one, start_context,
                               tiebreak_rank)
 from scheduling.cold_start import cold_start_batch
@@ -196,6 +196,7 @@ class EnvSchedBayes(PoolScheduler):
                     i, pen = penalised_argmax(order, q, ctx.penalty, self.params.lambda_sim, ok)
                 a, b = post["alpha"][i], post["beta"][i]
                 return i, {"q": float(q[i]), "penalty": pen, "expected_variance": float(V[i]),
+                           PRED_VAR: float(V[i]),
                            "draw": float(draw[i]), "posterior_mean": float(a / (a + b))}
 
             for _ in range(count):

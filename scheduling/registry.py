@@ -211,7 +211,8 @@ def check_trainable(name: str) -> None:
         raise NotTrainableError(
             f"scheduler {name!r} is simulator-only: its draw-until-B loop (DAPOFilter.fill) runs "
             f"in envsched simulate (--schedulers {name}), not in training; for train choose "
-            f"from {', '.join(train_names())}")
+            f"from {', '.join(train_names())} with controller.dynamic_sampling=true (the same "
+            f"filter in training; envsched compare runs {name} that way)")
 
 
 def build(name: str, params: Union[Mapping[str, Any], BaseModel, None] = None, *,

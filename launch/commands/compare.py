@@ -3,8 +3,9 @@
 envsched compare [--config FILE] --schedulers envsched,random,mopps [--seeds 3] --out DIR
                  [--timeout-per-run S] [key.sub=value ...]
 
-Every run shares ``DIR/pool`` and the warm start ``DIR/sft``; only the scheduler and ``run.seed``
-differ. Runs are ``DIR/runs/<scheduler>-s<seed>`` (normal run directories). Rerunning the command
+Every run shares ``DIR/pool``, the warm start ``DIR/sft`` and a budget of rollouts consumed
+(``run.episodes``, else ``run.steps`` x B x K episodes); only the scheduler and ``run.seed``
+differ. ``dapo+NAME`` runs NAME with dynamic sampling (``controller.dynamic_sampling=true``). Runs are ``DIR/runs/<scheduler>-s<seed>`` (normal run directories). Rerunning the command
 skips finished runs and resumes unfinished ones; a crashed run is listed in the report. Writes
 ``DIR/report.md``, ``DIR/metrics.json`` and ``DIR/curve_eval_*.png`` (launch/compare.py).
 Default config: configs/compare_cpu.yaml.
@@ -23,7 +24,8 @@ DEFAULT = PACKAGED_CONFIGS / "compare_cpu.yaml"
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", default=None, help=f"YAML config (default: {DEFAULT.name})")
     parser.add_argument("--schedulers", default="envsched,random,mopps",
-                        help="comma-separated scheduler names (Random is the reference)")
+                        help="comma-separated scheduler names (Random is the reference; "
+                             "dapo+NAME: NAME with controller.dynamic_sampling=true)")
     parser.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 per scheduler")
     parser.add_argument("--out", type=Path, required=True, help="comparison directory")
     parser.add_argument("--timeout-per-run", type=float, default=None,
@@ -39,6 +41,7 @@ def run(args: argparse.Namespace) -> int:
     from launch.errors import UserError
     from launch.compare import compare
     from launch.config import ConfigError, load_config
+    from scheduling.registry import DAPO_PREFIX
 
     names = [n.strip() for n in args.schedulers.split(",") if n.strip()]
     if not names or len(set(names)) != len(names):
@@ -48,8 +51,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         cfg = load_config(args.config or DEFAULT, args.overrides)
         for n in names:  # every name must be valid before the first (long) run starts
-            load_config(args.config or DEFAULT, [*args.overrides, f"scheduler.name={n}",
-                                                 "scheduler.params={}"])
+            ds = n.startswith(DAPO_PREFIX)
+            load_config(args.config or DEFAULT, [
+                *args.overrides, f"scheduler.name={n[len(DAPO_PREFIX):] if ds else n}",
+                "scheduler.params={}", *(["controller.dynamic_sampling=true"] if ds else [])])
     except ConfigError as e:
         raise UserError(str(e)) from None
     if not cfg.eval.enabled:

@@ -33,6 +33,15 @@ reach the admission counters, the scheduler or the learner, and no weights are p
 an evaluation. The sets: the training pool's and each of ``eval.pools`` (``eval_reward@NAME``);
 results go to ``RUN_DIR/eval.jsonl`` and that step's record.
 
+Dynamic sampling (``controller.dynamic_sampling``; ``launch/run/dynamic_sampling.py``): the
+ledger drops zero-variance training groups before the learner; every valid group back, kept or
+not, is absorbed by the scheduler; a dropped one is logged to ``RUN_DIR/discarded.jsonl`` (its
+rewards and verdict, beside ``groups.jsonl``'s trained ones). The episodes consumed are counted
+for every run (each row's ``episodes_consumed``, each evaluation's ``episodes``); with
+``run.episodes`` no training group is issued past that budget, and the run ends when the budget
+is spent and no batch can be formed (``Ledger.spent``); its last step is then evaluated and
+checkpointed as a last step is.
+
 Checkpoints (``launch/run/checkpoint.py``) are taken only between learner steps and hold the ledger's
 state (``Ledger.state_dict``: tickets open are issued again first on resume); resuming cuts
 metrics.jsonl and eval.jsonl back to the checkpoint's step.
@@ -54,11 +63,12 @@ from envs import strict_json
 from actors.ticket import EVAL, TRAIN, Ticket
 from launch.run.checkpoint import Checkpoint, save_checkpoint, truncate_logs
 from launch.run.control import ControlWatcher
+from launch.run.dynamic_sampling import ACCEPTED, DynamicSampling
 from launch.errors import RunStalled
 from launch.run.evaluation import (EvalSet, append_eval, eval_line, eval_records, eval_tickets,
                                 read_eval, warn_changed_sets)
 from launch.run.ledger import Ledger
-from launch.run.metrics import MetricsLogger, Occupancy, step_metrics
+from launch.run.metrics import MetricsLogger, Occupancy, predicted, step_metrics
 from launch.run.roles_contract import RolesContract
 
 if TYPE_CHECKING:
@@ -101,16 +111,24 @@ class Controller:
         self.ledger = Ledger(cfg.run.batch_size, c.max_staleness, c.max_concurrent_groups,
                              retries=c.retries, timeout_s=c.call_timeout_s,
                              workers=cfg.cluster.rollout.num, seed=cfg.run.seed,
-                             batch_mode=cfg.scheduler.mode == "batch")
+                             batch_mode=cfg.scheduler.mode == "batch",
+                             sampling=DynamicSampling(cfg.run.batch_size, c.dynamic_sampling,
+                                                      c.over_issue, c.max_draws,
+                                                      cfg.run.episodes, cfg.rollout.k))
         self.timer = {"rollout_wait": 0.0, "learner": 0.0, "sync": 0.0, "scheduler": 0.0}
         self.control = ControlWatcher(self.run_dir)
         self.learning: Optional[_LearnerStep] = None   # the pending learner step
+        self.saved_at = -1      # the step of the last checkpoint this controller took
         self.occupancy = Occupancy(cfg.cluster.rollout.num, c.max_concurrent_groups)
 
     @property
     def step(self) -> int:
         """Learner steps done: the ledger's policy version."""
         return self.ledger.version
+
+    def done(self) -> bool:
+        """``total_steps`` trained, or the ``run.episodes`` budget spent (``Ledger.spent``)."""
+        return self.step >= self.total_steps or (self.learning is None and self.ledger.spent())
 
     @property
     def dropped(self) -> list[dict[str, Any]]:
@@ -125,7 +143,7 @@ class Controller:
     def run(self) -> dict[str, Any]:
         log = MetricsLogger(self.run_dir, self.total_steps, self.step,
                             progress=self.cfg.controller.progress_bar, logging=self.cfg.logging)
-        t_start = time.perf_counter()
+        t_start, start = time.perf_counter(), self.step
         try:
             if self.step == 0 and self.eval_sets:
                 if not self._evaluated(0):
@@ -133,7 +151,7 @@ class Controller:
                 log.log_backends(0, next(r for r in read_eval(self.run_dir) if r["step"] == 0))
             t_last = time.perf_counter()
             self.occupancy.take()
-            while self.step < self.total_steps:
+            while not self.done():
                 self._apply_control()
                 self._collect(timeout=0.0)   # absorb what is back before selecting more
                 self._start_step_if_ready()  # a full batch never waits on the admission below
@@ -153,8 +171,12 @@ class Controller:
                 t_last = now
                 log.log(self.step, record)
                 every = self.cfg.controller.checkpoint_every
-                if (every and self.step % every == 0) or self.step == self.total_steps:
+                if (every and self.step % every == 0) or self.done():
                     self.checkpoint()
+            if self.step > start and self.eval_sets and not self._evaluated(self.step):
+                self._evaluate()      # the budget was spent after the last step had ended
+            if self.step > start and self.saved_at != self.step:
+                self.checkpoint()
         finally:
             log.close()
         return {"steps": self.step, "seconds": time.perf_counter() - t_start,
@@ -190,26 +212,26 @@ class Controller:
     # ---- evaluation --------------------------------------------------------------------------
     def _eval_due(self) -> bool:
         every = self.cfg.eval.every
-        return bool(self.eval_sets) and (self.step == self.total_steps
-                                             or (every > 0 and self.step % every == 0))
+        return bool(self.eval_sets) and (self.done() or (every > 0 and self.step % every == 0))
 
     def _evaluated(self, step: int) -> bool:
         return any(r.get("step") == step for r in read_eval(self.run_dir))
 
     def _evaluate(self) -> dict[str, float]:
         """The fixed evaluation set on policy version ``self.step``; returns its record."""
-        t0 = time.perf_counter()
+        t0, episodes = time.perf_counter(), self.ledger.sampling.totals["episodes"]
         self.eval_groups = {}
         self.ledger.dropped[EVAL].clear()
         for t in eval_tickets(self.eval_sets, self.cfg.eval):
             self._submit(t)
         self.occupancy.update(len(self.ledger.flights))
         while self.ledger.open(EVAL):
-            if self.step < self.total_steps:
+            if not self.done():
                 self._admit()
             self._collect(timeout=1.0)
         record = eval_records(self.step, self.eval_sets, self.eval_groups,
                               self.ledger.dropped[EVAL], time.perf_counter() - t0)
+        record["episodes"] = float(episodes)   # consumed when these weights were published
         append_eval(self.run_dir, record, self.eval_groups)
         print(eval_line(record, self.cfg.eval.k), flush=True)
         self.eval_groups = {}
@@ -236,6 +258,8 @@ class Controller:
                 self.eval_groups[t.id] = result
             elif why is None:
                 self.roles.absorb(result)
+                if self.ledger.verdict != ACCEPTED:
+                    self._log_dropped_group(t, result)
         stalled = self.ledger.stalled()
         if stalled is not None:
             raise RunStalled(f"the last {self.ledger.drops_in_a_row} training groups all failed "
@@ -245,6 +269,16 @@ class Controller:
         for t in self.ledger.take(EVAL):   # outside admission: issued again at once
             self._submit(t)
         self.occupancy.update(len(self.ledger.flights))
+
+    def _log_dropped_group(self, t: Ticket, g: Group) -> None:
+        """A group dynamic sampling dropped, to ``discarded.jsonl`` (a resumed run may log a
+        ticket again: the last line of a ticket holds)."""
+        with (self.run_dir / "discarded.jsonl").open("a") as f:
+            f.write(strict_json.dumps({"version": self.step, "ticket": t.id, "task_id": g.task_id,
+                                       "env_id": g.env_id, "selection_step": t.step,
+                                       "verdict": self.ledger.verdict, "pred_var":
+                                       predicted(t.scores), "rewards": [float(r) for r in
+                                                                        g.rewards]}) + "\n")
 
     # ---- (3) learning ------------------------------------------------------------------------
     def _start_step_if_ready(self) -> None:
@@ -277,6 +311,7 @@ class Controller:
             f.writelines(strict_json.dumps({"step": self.step + 1, "ticket": t.id,
                                      "task_id": g.task_id, "env_id": g.env_id, "phase": t.phase,
                                      "selection_step": t.step, "unseen": t.unseen,
+                                     "pred_var": predicted(t.scores),
                                      "rewards": [float(r) for r in g.rewards]}) + "\n"
                          for t, g in pending.batch)
         record.update({f"learner_{k}": v for k, v in metrics.items()})
@@ -289,7 +324,8 @@ class Controller:
                        "time_scheduler_s": self.timer["scheduler"],
                        "groups_dropped": float(len(self.dropped)),
                        "groups_released": float(self.ledger.released),
-                       **self.ledger.take_counts(), "inflight": float(len(self.ledger.flights))})
+                       **self.ledger.take_counts(), **self.ledger.sampling.step_metrics(),
+                       "inflight": float(len(self.ledger.flights))})
         self.timer = dict.fromkeys(self.timer, 0.0)
         return record
 
@@ -306,6 +342,7 @@ class Controller:
         warn_changed_sets(state.get("eval_sets"), self.eval_sets)
 
     def checkpoint(self) -> Path:
+        self.saved_at = self.step
         return save_checkpoint(self.run_dir, self.step, self.state_dict(),
                                self.roles.scheduler_state(), self.roles.save_learner,
                                keep=self.cfg.controller.keep_checkpoints)

@@ -49,11 +49,21 @@ training groups were all dropped, none accepted between (decision: every one of 
 would otherwise keep the run busy forever without training). With ``batch_mode`` (``scheduler.mode: batch``) new selections are made
 in whole batches of B while anything is in flight.
 
+Dynamic sampling (``launch/run/dynamic_sampling.py``, ``sampling``): a valid training group is
+accepted, ``discarded`` (zero variance: its slot is free again at once, like a failure's, and it is
+no failure: it neither retries nor counts towards ``stalled``) or, when over-issuing, ``surplus``
+(accepting it would break the law above, ``fits``). Over-issue widens ``capacity`` to
+``sampling.in_flight(room)`` less the live running groups; ``batch_ready`` and ``fits`` reserve
+a slot only for the earliest-issued ``room`` running groups whose deadline is still ahead
+(``_reserved``). With ``sampling`` off both reduce to the formulas above. An episode budget
+(``run.episodes``) caps ``capacity`` too (``sampling.issuable``); ``spent()`` says it ended the run.
+
 ``state_dict`` holds the counters (as ``admission``), the RNG of the episode seeds, the open
 training tickets (re-issued first on resume), the buffer and the selection log; tickets in flight
 are restored as waiting.
 
-May import: actors.ticket, envs.trajectory, numpy, the standard library.
+May import: actors.ticket, envs.trajectory, launch.run.dynamic_sampling, numpy, the standard
+library.
 """
 
 from __future__ import annotations
@@ -67,6 +77,7 @@ import numpy as np
 
 from actors.ticket import EVAL, KINDS, TRAIN, Ticket
 from envs.trajectory import Group
+from launch.run.dynamic_sampling import ACCEPTED, DISCARDED, SURPLUS, DynamicSampling
 
 FAULTS = ("task_errors", "infra_errors", "trajectories_dropped")
 STALL_GROUPS = 2   # dropped training groups in a row, in batches, that stop the run (stalled)
@@ -102,7 +113,8 @@ class Flight:
 class Ledger:
     def __init__(self, batch: int, max_staleness: int, max_concurrent: int, *, retries: int = 0,
                  timeout_s: float = float("inf"), workers: int = 1, seed: int = 0,
-                 batch_mode: bool = False, clock: Callable[[], float] = time.monotonic):
+                 batch_mode: bool = False, clock: Callable[[], float] = time.monotonic,
+                 sampling: Optional[DynamicSampling] = None):
         for name, value, lo in (("batch", batch, 1), ("max_staleness", max_staleness, 0),
                                 ("max_concurrent", max_concurrent, 1), ("workers", workers, 1),
                                 ("retries", retries, 0)):
@@ -123,6 +135,9 @@ class Ledger:
         self.counts: Counter = Counter()
         self.selections: list[tuple[int, str]] = []   # (selection step, task id) as issued
         self.selection_unseen: dict[int, int] = {}    # selection step -> unseen groups then
+        self.sampling = sampling or DynamicSampling(batch)   # off: keep every group, count
+        self.training = False       # a batch taken, its step not yet published
+        self.verdict: Optional[str] = None   # the last valid training group's: ACCEPTED ...
 
     # ---- the staleness law -------------------------------------------------------------------
     def _running(self) -> list[Flight]:
@@ -137,10 +152,42 @@ class Ledger:
     def buffered(self) -> int:
         return self.accepted - self.consumed
 
+    def room(self) -> int:
+        """Accepted groups the law still admits at this version."""
+        return (self.max_staleness + self.version + 1) * self.batch - self.accepted
+
+    def _live(self) -> list[Flight]:
+        """Running training groups that can still train in time (issued_at + s >= the version
+        of the next step); without over-issue, every one."""
+        v0 = self.version + self.training
+        return [f for f in self._running() if f.issued_at + self.max_staleness >= v0]
+
+    def _reserved(self, room: int) -> list[int]:
+        """Issue versions of the running groups the law reserves a slot for (module docstring)."""
+        return sorted(f.issued_at for f in self._live())[:max(0, room)]
+
     def capacity(self) -> int:
         running = self.running
-        budget = (self.max_staleness + self.version + 1) * self.batch - (self.accepted + running)
-        return max(0, min(self.max_concurrent - running, budget))
+        budget = min(self.sampling.in_flight(self.room()) - len(self._live()),
+                     self.sampling.issuable(running))
+        return int(max(0, min(self.max_concurrent - running, budget)))
+
+    def spent(self) -> bool:
+        """The episode budget admits no more groups, none runs and no batch is buffered."""
+        return (self.sampling.issuable(self.running) == 0 and not self.running
+                and self.buffered < self.batch)
+
+    def fits(self, oldest: int) -> bool:
+        """Whether a group back, oldest token of version ``oldest``, may be accepted with every
+        group buffered and reserved still able to train within ``max_staleness``."""
+        room = self.room()
+        if room <= 0:
+            return False
+        v0 = self.version + self.training   # the version the next batch trains on
+        due = sorted([g.oldest_version for _, g in self.buffer.values()] + [oldest]
+                     + self._reserved(room - 1))
+        return all(i + 1 <= (v + self.max_staleness - v0 + 1) * self.batch
+                   for i, v in enumerate(due))
 
     def trainable(self, oldest: int) -> bool:
         """Whether a group whose oldest token is of version ``oldest`` may train on ``version``."""
@@ -158,7 +205,7 @@ class Ledger:
             return False
         taken = set(self._next_batch())
         rest = sorted([g.oldest_version for i, (_, g) in self.buffer.items() if i not in taken]
-                      + [f.issued_at for f in self._running()])
+                      + self._reserved(self.room()))
         return all(i + 1 <= (v + self.max_staleness - self.version) * self.batch
                    for i, v in enumerate(rest))
 
@@ -175,12 +222,15 @@ class Ledger:
                 f"{self.version}, more than max_staleness={self.max_staleness} versions after "
                 f"their oldest token: a version was counted before every worker had it")
         self.consumed += self.batch
+        self.training = True
+        self.sampling.batch_taken()
         return [self.buffer.pop(i) for i in ids]
 
     def published(self, version: int) -> None:
         if version < self.version:
             raise LedgerError(f"policy version went backwards: {self.version} -> {version}")
         self.version = version
+        self.training = False
 
     # ---- issue -------------------------------------------------------------------------------
     def wanted(self) -> tuple[list[Ticket], int]:
@@ -246,15 +296,28 @@ class Ledger:
         t = flight.ticket
         if isinstance(result, Group):
             self.counts.update(result.fault_counts())
+            if t.kind == TRAIN:
+                self.sampling.count(result)
         why = failure(result)
         if why is not None:
             self.released += t.kind == TRAIN
             self._fail(t, why)
         elif t.kind == TRAIN:
-            self.accepted += 1
             self.drops_in_a_row = 0
-            self.buffer[t.id] = (t, result)
+            self.verdict = self._verdict(result)
+            if self.verdict == ACCEPTED:
+                self.accepted += 1
+                self.buffer[t.id] = (t, result)
         return t, why
+
+    def _verdict(self, group: Group) -> str:
+        """A valid training group's fate under dynamic sampling (module docstring)."""
+        if not self.sampling.wanted(group):
+            return DISCARDED
+        if self.sampling.over_issuing and not self.fits(group.oldest_version):
+            self.sampling.surplus()
+            return SURPLUS
+        return ACCEPTED
 
     def _fail(self, ticket: Ticket, why: str) -> None:
         """The one retry rule: waiting again (same id and seed, one more attempt) or dropped."""
@@ -306,6 +369,7 @@ class Ledger:
                 "inflight": [t.to_dict() for t in sorted(self.open(TRAIN), key=lambda t: t.id)],
                 "buffer": [(t.to_dict(), g.to_dict()) for t, g in self.buffer.values()],
                 "dropped": list(self.dropped[TRAIN]), "selections": list(self.selections),
+                "sampling": self.sampling.state_dict(),
                 "selection_unseen": dict(self.selection_unseen)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -322,6 +386,9 @@ class Ledger:
             ticket = Ticket.from_dict(t)
             self.buffer[ticket.id] = (ticket, Group.from_dict(g))
         self.dropped[TRAIN] = list(state["dropped"])
+        self.training = False
+        if "sampling" in state:   # checkpoints from before dynamic sampling count from zero
+            self.sampling.load_state_dict(state["sampling"])
         self.selections = [tuple(s) for s in state["selections"]]
         self.selection_unseen = {int(k): int(v)
                                  for k, v in state.get("selection_unseen", {}).items()}

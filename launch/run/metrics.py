@@ -7,8 +7,10 @@ issue is silent):
 - ``reward_mean``: mean reward of the step's valid trajectories (infra-dropped ones have none).
 - ``reward_var_mean``: mean over groups of ``var_g = mean_k (r_gk - mean_k r_gk)^2`` (ddof = 0,
   the quantity GRPO's signal depends on); ``zero_var_share``: groups whose K rewards are equal.
-- ``pred_var_mean`` / ``pred_var_corr``: the scheduler's predicted variance of the selected tasks
-  (``v_hat`` or ``variance``) against the realised one, Pearson over groups when defined.
+- ``pred_var_mean`` / ``pred_var_realised_mean`` / ``pred_var_corr``: the scheduler's predicted
+  group variance of the step's groups that carry one (``scheduling.base.PRED_VAR``: EnvSched,
+  EnvSched-Bayes after their cold start) against their realised variance, Pearson over groups
+  when defined; ``pred_var_groups``: how many groups carried one.
 - ``staleness_mean/max``: learner version at training minus ``Trajectory.policy_version``.
 - version spread (``Trajectory.version_lags``): ``version_lag_*``, ``version_spread_*``,
   ``mixed_version_share``, defined in docs/rollout.md, "Partial rollouts".
@@ -16,13 +18,12 @@ issue is silent):
   ``task_errors``, ``infra_errors``, ``trajectories_dropped``, ``quarantined_tasks``.
 Timings and idle shares are filled in by the controller and ``Occupancy``.
 
-May import: numpy, scheduling.base (the phases), scheduling.variance (Eq. 2), the standard
+May import: numpy, scheduling.base (the phases, PRED_VAR), scheduling.variance (Eq. 2), the standard
 library; tqdm and launch.loggers (its backends) lazily.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from pathlib import Path
@@ -31,17 +32,14 @@ from typing import Any, Iterable, Optional, Sequence
 import numpy as np
 
 from envs import strict_json
-from scheduling.base import PHASES
+from envs.untrusted import json_lines
+from scheduling.base import PHASES, PRED_VAR
 from scheduling.variance import group_variance  # re-exported: Eq. 2 has one definition
 
-PRED_KEYS = ("v_hat", "variance", "pred_var", "predicted_variance")
-
-
-def _predicted(scores: dict[str, float]) -> Optional[float]:
-    for key in PRED_KEYS:
-        if key in scores and scores[key] is not None and math.isfinite(scores[key]):
-            return float(scores[key])
-    return None
+def predicted(scores: dict[str, float]) -> Optional[float]:
+    """The scheduler's predicted group variance in a selection's scores, if finite."""
+    v = scores.get(PRED_VAR)
+    return float(v) if v is not None and math.isfinite(v) else None
 
 
 def step_metrics(groups: Sequence[Any], selections: Sequence[Any], learner_version: int
@@ -63,12 +61,13 @@ def step_metrics(groups: Sequence[Any], selections: Sequence[Any], learner_versi
     for phase in PHASES:
         out[f"phase_{phase}"] = float(sum(1 for s in selections if s is not None
                                           and s.phase == phase))
-    pred = [(_predicted(s.scores) if s is not None else None, v)
+    pred = [(predicted(s.scores) if s is not None else None, v)
             for s, v in zip(selections, variances)]
     pairs = np.array([(p, v) for p, v in pred if p is not None], dtype=np.float64)
     if len(pairs):
         out["pred_var_mean"] = float(pairs[:, 0].mean())
         out["pred_var_realised_mean"] = float(pairs[:, 1].mean())
+        out["pred_var_groups"] = float(len(pairs))
         if len(pairs) > 2 and pairs[:, 0].std() > 0 and pairs[:, 1].std() > 0:
             out["pred_var_corr"] = float(np.corrcoef(pairs[:, 0], pairs[:, 1])[0, 1])
     lags = [learner_version - t.policy_version for g in groups for t in g.trajectories]
@@ -157,14 +156,13 @@ def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """One JSON object per non-empty line; a bad line is a ValueError naming file and line."""
+    """One JSON object per non-empty line; a bad line (not JSON, too deep or long, not UTF-8,
+    not an object) is a ValueError naming file and line: a run folder is untrusted input."""
     rows = []
-    for n, line in enumerate(path.read_text().splitlines(), 1):
-        if line.strip():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{n}: not JSON ({e})") from None
+    for n, value in json_lines(path):   # UntrustedFileError is a ValueError
+        if not isinstance(value, dict):
+            raise ValueError(f"{path}:{n}: not a JSON object")
+        rows.append(value)
     return rows
 
 

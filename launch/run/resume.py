@@ -31,7 +31,7 @@ from launch.run.checkpoint import Checkpoint, CheckpointError, latest_checkpoint
 if TYPE_CHECKING:
     from launch.config import TrainConfig
 
-RESUMABLE = frozenset({"run.steps", "cluster.address", "controller.progress_bar"})
+RESUMABLE = frozenset({"run.steps", "run.episodes", "cluster.address", "controller.progress_bar"})
 _ABSENT = "<absent>"
 
 

@@ -7,6 +7,11 @@ Per task a Beta(alpha, beta) posterior over its success rate, initialised to (1,
 - Update, selected tasks only, with s = the group's success rate and k = its number of rollouts:
   alpha <- lam alpha + (1 - lam) + k s;   beta <- lam beta + (1 - lam) + k (1 - s).
 
+Predicted group variance (``scheduling.base.PRED_VAR``, carried out, never a score): the
+posterior's expected population variance of K Bernoulli rewards, (K - 1) / K x E[p (1 - p)] =
+(K - 1) / K x alpha beta / ((alpha + beta)(alpha + beta + 1)) (for fractional rewards an upper
+bound: Var[r] <= p (1 - p)).
+
 Defaults are the paper's non-MATH setting: c = 8, lam = 0.5. Fractional rewards: s = the group's
 MEAN reward, as fractional pseudo-counts. Asynchrony: only observed tasks change, so a late group
 updates its task when it arrives.
@@ -20,7 +25,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from scheduling.base import GroupResult, Selection, TaskInfo
+from scheduling.base import PRED_VAR, GroupResult, Selection, TaskInfo
 from scheduling.baselines.common import Baseline, _check_positive_int, check_unit_interval
 
 
@@ -46,8 +51,11 @@ class MoPPSScheduler(Baseline):
         theta = self._rng.beta(self.alpha[cand], self.beta[cand])
         order = self._top((theta - 0.5) ** 2, self.batch_size, descending=False)
         picks = cand[order]
+        a, b, k = self.alpha[picks], self.beta[picks], self.rollouts
+        var = (k - 1) / k * a * b / ((a + b) * (a + b + 1.0))
         scores = [{"theta": float(theta[o]), "alpha": float(self.alpha[i]),
-                   "beta": float(self.beta[i])} for o, i in zip(order, picks)]
+                   "beta": float(self.beta[i]), PRED_VAR: float(v)}
+                  for o, i, v in zip(order, picks, var)]
         return self._selections(picks, ["exploitation"] * len(picks), scores), ()
 
     def _update(self, i: int, group: GroupResult) -> None:

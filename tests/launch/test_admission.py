@@ -277,3 +277,103 @@ def test_a_group_older_than_max_staleness_is_refused_naming_it():
     with pytest.raises(LedgerError, match=r"\(7, 1\).*max_staleness=1"):
         adm.consume()
     assert adm.consumed == 0
+
+
+# ---- dynamic sampling (launch/run/dynamic_sampling.py) ------------------------------------------
+def _sampled(batch, staleness, max_conc, over_issue=1.5, max_draws=8):
+    from launch.run.dynamic_sampling import DynamicSampling
+
+    law = _Law(batch, staleness, max_conc)
+    law.ledger = Ledger(batch, staleness, max_conc, sampling=DynamicSampling(
+        batch, True, over_issue, max_draws))
+    return law
+
+
+def _back(law, ticket, informative, oldest=None):
+    """Settle ``ticket`` as a K = 2 group: rewards (0, 1) if ``informative``, else (0, 0)."""
+    v = law.ledger.flights[ticket].issued_at if oldest is None else oldest
+    group = Group(f"t{ticket}", 0, [Trajectory(f"t{ticket}", r, policy_version=v)
+                                    for r in (0.0, float(informative))])
+    law.ledger.settle(ticket, group)
+    return law.ledger.verdict
+
+
+def test_a_zero_variance_group_is_discarded_gives_its_slot_back_and_is_counted():
+    law = _sampled(batch=2, staleness=0, max_conc=10, over_issue=1.0)
+    law.issue(0)
+    law.issue(1)
+    assert law.capacity() == 0
+    assert _back(law, 0, informative=False) == "discarded"
+    assert law.capacity() == 1 and law.accepted == 0 and law.released == 0   # not a failure
+    assert _back(law, 1, informative=True) == "accepted"
+    m = law.ledger.sampling.step_metrics()
+    assert m["episodes_consumed"] == 4 and m["groups_discarded_zero_var"] == 1
+    assert m["generated_zero_var_share"] == 0.5
+
+
+def test_over_issue_sends_more_than_the_law_and_drops_what_it_cannot_train_in_time():
+    """Synchronous (max_staleness 0), B 2, over-issue 2: four groups go out for one batch; the
+    first two informative ones train, the late ones are surplus, never trained stale."""
+    law = _sampled(batch=2, staleness=0, max_conc=10, over_issue=2.0)
+    assert law.capacity() == 4
+    for t in range(4):
+        law.issue(t)
+    assert [_back(law, t, True) for t in (2, 0)] == ["accepted", "accepted"]
+    assert law.batch_ready()                  # the two still running hold no slot
+    law.consume()
+    assert _back(law, 1, True) == "surplus"   # trained at version 0 would need a 3rd slot
+    law.publish(1)
+    assert law.capacity() == 4                # ceil(2 x room 2): ticket 3 (stale) holds none
+    assert _back(law, 3, True) == "surplus"   # issued at 0, the next step trains version 1
+    assert law.ledger.sampling.totals["surplus"] == 2 and law.accepted == 2
+
+
+def test_a_pool_without_reward_differences_fills_its_batches_after_max_draws():
+    law = _sampled(batch=2, staleness=0, max_conc=10, over_issue=1.0, max_draws=3)
+    verdicts, ticket = [], 0
+    while not law.batch_ready():
+        law.issue(ticket)
+        verdicts.append(_back(law, ticket, informative=False))
+        ticket += 1
+    assert verdicts == ["discarded"] * 4 + ["accepted"] * 2   # (3 - 1) x 2 dropped, then filled
+    law.consume()
+    law.publish(1)
+    law.issue(ticket)
+    assert _back(law, ticket, informative=False) == "discarded"   # counted again per batch
+
+
+@settings(max_examples=150, deadline=None)
+@given(batch=st.integers(1, 4), staleness=st.integers(0, 3), max_conc=st.integers(1, 12),
+       over_issue=st.sampled_from([1.0, 1.5, 2.0, 3.0]), max_draws=st.integers(1, 4),
+       ops=st.lists(st.tuples(st.sampled_from(
+           ["issue", "issue", "zero", "informative", "newest", "release", "train", "publish"]),
+           st.integers(0, 50)), min_size=60, max_size=200))
+def test_dynamic_sampling_keeps_the_staleness_law_and_never_deadlocks(
+        batch, staleness, max_conc, over_issue, max_draws, ops):
+    """Groups come back zero-variance or informative in any order while steps train and publish
+    apart: take_batch's own staleness check never fires, accepted groups stay within the law,
+    and with nothing running nor training the run can always go on (issue more, or train)."""
+    law = _sampled(batch, staleness, max_conc, over_issue, max_draws)
+    learning, next_ticket = False, 0
+    for op, pick in ops:
+        running = list(law.running)
+        if op == "issue" and law.capacity() > 0:
+            law.issue(next_ticket)
+            next_ticket += 1
+        elif op in ("zero", "informative", "newest", "release") and running:
+            ticket = running[-1] if op == "newest" else running[pick % len(running)]
+            if op == "release":
+                law.release(ticket)
+            else:
+                _back(law, ticket, op != "zero")
+        elif op == "train" and not learning and law.batch_ready():
+            trained = law.ledger.take_batch()         # raises on a stale group
+            assert all(law.version - g.oldest_version <= staleness for _, g in trained)
+            learning = True
+        elif op == "publish" and learning:
+            law.publish(law.version + 1)
+            learning = False
+        assert len(law.running) <= max_conc
+        assert law.accepted <= (staleness + law.version + 1) * batch
+        if not law.running and not learning:
+            assert law.capacity() > 0 or law.batch_ready(), "deadlock"

@@ -129,13 +129,18 @@ def test_step0_evaluation_is_shared_only_between_runs_with_the_same_inputs(tmp_p
     assert not third.dir.exists() and not fourth.dir.exists()
 
 
-def _fake_run(d, seed_var, eval_rows, finished=True):
+def _fake_run(d, seed_var, eval_rows, finished=True, counted=False):
+    """A run directory; ``counted``: its rows carry the episode counts (dynamic sampling era)."""
     d.mkdir(parents=True)
     rows = [{"step": s, "groups": 2, "reward_var_mean": v, "zero_var_share": 0.5,
              "envs_per_batch": 2.0, "tools_per_batch": 3.0} for s, v in enumerate(seed_var, 1)]
+    if counted:   # 6 episodes a step, a third of the groups generated with zero variance
+        for r in rows:
+            r.update(episodes_consumed=6.0 * r["step"], episodes_step=6.0,
+                     generated_zero_var_share=1 / 3)
     (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (d / "eval.jsonl").write_text("".join(json.dumps(r) + "\n" for r in eval_rows))
-    (d / "config.yaml").write_text(yaml.safe_dump({"rollout": {"k": 4}}))
+    (d / "config.yaml").write_text(yaml.safe_dump({"rollout": {"k": 2}}))
     if finished:
         (d / "summary.json").write_text(json.dumps({"total_seconds": 10.0}))
     else:
@@ -158,21 +163,57 @@ def test_report_pairs_seeds_against_random_and_lists_crashed_runs(tmp_path):
     es, rnd = m["summary"]["envsched"], m["summary"]["random"]
     assert es["seeds"] == 2 and rnd["seeds"] == 1
     assert es["mean_reward_variance"] == pytest.approx(0.2)
-    assert es["rollouts"] == pytest.approx(16.0)  # 2 steps x 2 groups x K=4
+    assert es["rollouts"] == pytest.approx(8.0)  # 2 steps x 2 groups x K=2 (rows uncounted)
     assert es["eval_train_gain"] == pytest.approx(0.4)
+    # against rollouts consumed: the budget is 2 steps x B 2 x K 2 = 8 episodes; the step-2
+    # evaluation is at 8 (groups x K, the rows being uncounted): areas are the trapezoids' means
+    assert m["settings"]["episodes"] == 8
+    assert es["auc_reward_train"] == pytest.approx(((0.1 + 0.5) / 2 + (0.2 + 0.6) / 2) / 2)
     # paired with Random only where both finished: seed 0 (0.2 - 0.1)
     assert es["mean_reward_variance_diff"] == pytest.approx(0.1)
     assert es["mean_reward_variance_ratio"] == pytest.approx(2.0)
-    # the curves' band: envsched's two seeds, 0.5 and 0.6 at step 2 (t975(1) = 12.706)
-    assert m["curves"]["envsched"]["train"] == pytest.approx([0.15, 0.55])
-    lo, hi = m["curves"]["envsched"]["train_ci"][1]
+    # the curves' band: envsched's two seeds, 0.5 and 0.6 at 8 episodes (t975(1) = 12.706)
+    c = m["curves"]["envsched"]
+    assert c["episodes"][0] == 0 and c["episodes"][-1] == 8
+    assert (c["train"][0], c["train"][-1]) == pytest.approx((0.15, 0.55))
+    lo, hi = c["train_ci"][-1]
     assert (lo, hi) == pytest.approx((0.55 - 12.706 * 0.05, 0.55 + 12.706 * 0.05), rel=1e-3)
-    assert all(math.isnan(x) for x in m["curves"]["random"]["train_ci"][1])  # one seed
+    assert all(math.isnan(x) for x in m["curves"]["random"]["train_ci"][-1])  # one seed
     text = report_md(m)
     assert "random-s1 crashed" in text and "did not finish" in text
     write_report(tmp_path, m)
     assert json.loads((tmp_path / "metrics.json").read_text())["runs"][3]["status"] == "crashed"
     assert (tmp_path / "curve_eval_train.png").is_file()
+
+
+def test_runs_are_matched_on_rollouts_consumed_and_dapo_runs_dynamic_sampling(tmp_path):
+    """The budget is episodes, dropped ones counted: a run with dynamic sampling spends it in
+    fewer steps, and its curve and areas are read against episodes, not steps."""
+    from launch.compare import build_metrics, plan, report_md, run_config
+
+    cfg = _cfg(run={"steps": 2, "episodes": 12})
+    plain, ds = plan(["random", "dapo+random"], [0], tmp_path)
+    a, b = (run_config(cfg, s, tmp_path / "pool", "/p/sft") for s in (plain, ds))
+    assert a["run"]["episodes"] == b["run"]["episodes"] == 12
+    assert a["run"]["steps"] == b["run"]["steps"] == 3          # ceil(12 / (B 2 x K 2))
+    assert b["scheduler"]["name"] == "random" and b["controller"]["dynamic_sampling"] is True
+    assert a["controller"]["dynamic_sampling"] is False
+    # success 0 -> 1: plain reaches it at its last evaluation (12 episodes), dapo+random
+    # (fewer, dearer steps) evaluated at 6 and holds it: a larger area on the same budget
+    ev = lambda *pts: [{"step": i, "episodes": x, "eval_success_train": y,  # noqa: E731
+                        "eval_reward_train": y} for i, (x, y) in enumerate(pts)]
+    _fake_run(plain.dir, [0.1, 0.1], ev((0, 0.0), (12, 1.0)), counted=True)
+    _fake_run(ds.dir, [0.2, 0.2], ev((0, 0.0), (6, 1.0), (12, 1.0)), counted=True)
+    m = build_metrics([plain, ds], cfg)
+    r, d = m["summary"]["random"], m["summary"]["dapo+random"]
+    assert (r["auc_success_train"], d["auc_success_train"]) == pytest.approx((0.5, 0.75))
+    assert d["auc_success_train_diff"] == pytest.approx(0.25)     # paired with random, seed 0
+    assert r["success_train"] == d["success_train"] == 1.0
+    assert r["rollouts"] == d["rollouts"] == 12.0                 # the rows' own count
+    assert d["generated_zero_var_share"] == pytest.approx(1 / 3)
+    assert m["curves"]["dapo+random"]["success_train"][5] == pytest.approx(1.0)   # at 6
+    assert m["curves"]["random"]["success_train"][5] == pytest.approx(0.5)
+    assert "a budget of 12 episodes per run" in report_md(m)
 
 
 @pytest.mark.slow
@@ -225,3 +266,24 @@ def test_compare_end_to_end_two_schedulers_two_seeds_then_rerun_skips(tmp_path):
     assert (dead / "attempt-1" / "crashed.txt").read_text() == "killed by the memory monitor\n"
     assert (dead / "attempt-1" / "metrics.jsonl").is_file() and (dead / "summary.json").is_file()
     assert read_jsonl(dead / "eval.jsonl")[0].get("shared_from") == "envsched-s0"
+
+
+def test_the_command_accepts_dapo_names_as_dynamic_sampling_and_refuses_unknown_ones(tmp_path):
+    """Names are checked before the first run: ``dapo+random`` is random with dynamic sampling
+    (it passes, and the command stops at the next check, the evaluation being off)."""
+    import argparse
+
+    from launch.commands import compare as command
+    from launch.errors import UserError
+
+    def run(names):
+        parser = argparse.ArgumentParser()
+        command.add_arguments(parser)
+        command.run(parser.parse_args(["--schedulers", names, "--out", str(tmp_path),
+                                       "eval.enabled=false"]))
+
+    with pytest.raises(UserError, match="compare needs the fixed-set evaluation"):
+        run("random,dapo+random")
+    with pytest.raises(UserError, match="scheduler.name") as e:
+        run("random,dapo+nonsense")
+    assert len(str(e.value).splitlines()) == 1

@@ -1,6 +1,7 @@
 """The whole system on a local Ray: real scheduler actor, executors (sandboxes), rollout workers
 (scripted engine), DeepSpeed learner on CPU. A rollout worker is killed mid-step: it is replaced,
-its groups re-issued, nothing lost or duplicated; then the run is resumed from its checkpoint."""
+its groups re-issued, nothing lost or duplicated; then the run is resumed from its checkpoint, and
+once more with dynamic sampling on."""
 
 from __future__ import annotations
 
@@ -38,7 +39,7 @@ def test_worker_killed_mid_step_then_resume(ray_local, tmp_path):
     from envs.pool import load_pool
     from launch.run.checkpoint import find_checkpoint, load_checkpoint
     from launch.run.controller import Controller
-    from launch.run.metrics import read_metrics
+    from launch.run.metrics import read_jsonl, read_metrics
     from launch.run.roles import Roles
     from launch.run.trainer import prepare_policy
 
@@ -79,5 +80,20 @@ def test_worker_killed_mid_step_then_resume(ray_local, tmp_path):
         assert resumed.step == 2
         assert resumed.run()["steps"] == 3
         assert [r["step"] for r in read_metrics(run_dir)] == [1, 2, 3]
+
+        # dynamic sampling on the real path, one step more: zero-variance groups are dropped
+        # (the scripted engine's groups mostly are), then fill the batch after (2 - 1) x B drops
+        ds = _cfg(pool_dir, steps=4)
+        ds.controller.dynamic_sampling, ds.controller.max_draws = True, 2
+        more = Controller(ds, roles, run_dir)
+        more.restore(load_checkpoint(find_checkpoint(run_dir)))
+        assert more.run()["steps"] == 4
+        t = more.ledger.sampling.totals
+        trained = [g for g in read_jsonl(run_dir / "groups.jsonl") if g["step"] == 4]
+        zero = sum(len(set(g["rewards"])) == 1 for g in trained)
+        assert len(trained) == 2 and zero <= t["filled"] and (zero == 0 or t["discarded"] >= 2)
+        row = read_metrics(run_dir)[-1]
+        assert row["episodes_consumed"] == t["episodes"] > 0
+        assert row["groups_discarded_zero_var"] == t["discarded"]
     finally:
         roles.shutdown()
