@@ -1,13 +1,17 @@
 """The builtin pool generator: realistic database-backed environments and graded tasks.
 
-``generate_pool(out_dir, n_envs, tasks_per_env, seed)`` writes a pool directory (``envs.pool``
-layout). Environment ``i`` uses domain template ``i mod 16`` (``domains``) and a per-environment
-``Variant`` that keeps environments distinct; each gets one shared database
+``generate_pool(out_dir, n_envs, tasks_per_env, seed, difficulty=...)`` writes a pool directory
+(``envs.pool`` layout). Environment ``i`` uses domain template ``i mod 16`` (``domains``) and a
+per-environment ``Variant`` that keeps environments distinct; each gets one shared database
 (``states/<env_id>.json``), and about ``INLINE_SHARE`` of its tasks a small inline one. Tasks come
 from ``tasks.make_task``.
 
 Deterministic for a seed: environment ``i`` draws from ``random.Random(f"{seed}:{i}")``, so the
 output does not depend on the number of environments; writing streams one environment at a time.
+
+``difficulty`` (``envs.generator.difficulty.Difficulty``; default: today's pools, byte for byte)
+sets the edits per task, the share of tasks behind the authorization gate, the tools each
+environment exposes (those its tasks call plus N distractors) and the schema verbosity.
 
 Decisions where the issue is silent: op_description is not written (a static extractor derives
 it); a task that cannot be built from the database is redrawn.
@@ -22,16 +26,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
+from envs.generator.difficulty import Difficulty, short_schema
 from envs.generator.domains import BRANDS, DOMAINS, Domain, alternative
 from envs.generator.edits import Ctx
 from envs.generator.state import build_state
-from envs.generator.tasks import make_task
+from envs.generator.tasks import N_EDITS, make_task
 from envs.generator.tools import (OPTIONAL_ROLES, Variant, class_name, render_source, tool_names,
                                   tool_schemas)
 from envs.pool import TASKS_FILE, task_line, write_environment, write_meta, write_state
 from envs.spec import Environment, PoolMeta, TaskSpec
 
 INLINE_SHARE = 0.05
+MAX_REDRAWS = 500  # draws of one task before the settings are declared unsatisfiable
 
 __all__ = ["generate_pool", "build_environment", "GeneratedEnv", "INLINE_SHARE"]
 
@@ -66,6 +72,8 @@ class GeneratedEnv:
     variant: Variant
     rng: random.Random
     state: dict[str, Any]
+    index: int = 0
+    difficulty: Difficulty = Difficulty()
 
     @property
     def state_ref(self) -> str:
@@ -74,30 +82,60 @@ class GeneratedEnv:
     def tasks(self, n: int) -> Iterator[TaskSpec]:
         """``n`` tasks; about ``INLINE_SHARE`` carry a small scenario database inline."""
         d, v, rng, env_id = self.domain, self.variant, self.rng, self.env.env_id
-        k = 0
+        n_edits = N_EDITS if self.difficulty.edits is None else tuple(
+            sorted(self.difficulty.edits.items()))
+        max_calls = self.difficulty.max_calls
+        k = tries = 0
         while k < n:
             inline = rng.random() < INLINE_SHARE
             state = build_state(d, v, rng, n_persons=10, n_resources=10) if inline else self.state
             task = make_task(Ctx(d, v, state, rng), env_id, f"{env_id}-task_{k + 1}",
-                             None if inline else self.state_ref)
-            if task is not None:
+                             None if inline else self.state_ref, n_edits,
+                             self.difficulty.gated(self.index, k))
+            if task is not None and (max_calls is None
+                                     or len(task.reference_solution) <= max_calls):
                 k += 1
+                tries = 0
                 yield task
+            elif tries == MAX_REDRAWS:
+                raise ValueError(f"difficulty {self.difficulty.describe()}: no task of "
+                                 f"environment {env_id} fits after {MAX_REDRAWS} draws (a gated "
+                                 f"task takes at least 4 calls, one edit at least 1)")
+            else:
+                tries += 1
+
+    def exposing(self, tasks: list[TaskSpec], seed: int) -> Environment:
+        """The environment with only the tools ``tasks`` call plus ``distractor_tools`` others
+        (``envs.generator.difficulty``), and the rules that name a tool still exposed."""
+        names = tool_names(self.domain, self.variant)
+        used = {c.name for t in tasks for c in t.reference_solution}
+        others = [n for n in names.values() if n not in used]
+        rng = random.Random(f"{seed}:{self.index}:tools")
+        keep = used | set(rng.sample(others, min(self.difficulty.distractor_tools or 0,
+                                                  len(others))))
+        gone = [n for n in names.values() if n not in keep]
+        return self.env.model_copy(update={
+            "tools": [t for t in self.env.tools if t["function"]["name"] in keep],
+            "rules": [r for r in self.env.rules if not any(n in r for n in gone)]})
 
 
-def build_environment(i: int, seed: int) -> GeneratedEnv:
-    """Environment ``i`` of a pool generated with ``seed``."""
+def build_environment(i: int, seed: int, difficulty: Difficulty = Difficulty()) -> GeneratedEnv:
+    """Environment ``i`` of a pool generated with ``seed`` (all of its variant's tools; the
+    trimmed set of ``GeneratedEnv.exposing`` needs the tasks)."""
     rng = random.Random(f"{seed}:{i}")
     d = DOMAINS[i % len(DOMAINS)]
     if (i // len(DOMAINS)) % 2 == 1:
         d = alternative(d)
     v = _variant(i, rng)
     names = tool_names(d, v)
+    schemas = tool_schemas(d, v)
+    if difficulty.schemas == "short":
+        schemas = [short_schema(t) for t in schemas]
     env = Environment(env_id=f"env_{i:03d}_{d.key}", class_name=class_name(d, v),
-                      source=render_source(d, v), tools=tool_schemas(d, v),
+                      source=render_source(d, v), tools=schemas,
                       introduction=_introduction(d, v), rules=_rules(d, v, names), domain=d.label)
     state = build_state(d, v, rng, n_persons=rng.randint(28, 40), n_resources=rng.randint(22, 32))
-    return GeneratedEnv(env, d, v, rng, state)
+    return GeneratedEnv(env, d, v, rng, state, i, difficulty)
 
 
 def _introduction(d: Domain, v: Variant) -> str:
@@ -130,8 +168,9 @@ def _rules(d: Domain, v: Variant, names: dict[str, str]) -> list[str]:
 
 
 def generate_pool(out_dir: str | Path, n_envs: int, tasks_per_env: int, seed: int = 0,
-                  name: Optional[str] = None) -> Path:
+                  name: Optional[str] = None, difficulty: Optional[Difficulty] = None) -> Path:
     """Write a pool of ``n_envs`` environments x ``tasks_per_env`` tasks to ``out_dir``."""
+    difficulty = difficulty or Difficulty()
     if n_envs < 1 or tasks_per_env < 1:
         raise ValueError(f"n_envs and tasks_per_env must be >= 1, got {n_envs}, {tasks_per_env}")
     root = Path(out_dir)
@@ -139,14 +178,17 @@ def generate_pool(out_dir: str | Path, n_envs: int, tasks_per_env: int, seed: in
     n_tasks = 0
     with open(root / TASKS_FILE, "w") as f:
         for i in range(n_envs):
-            gen = build_environment(i, seed)
-            write_environment(root, gen.env)
+            gen = build_environment(i, seed, difficulty)
+            tasks = list(gen.tasks(tasks_per_env))
+            trim = difficulty.distractor_tools is not None
+            write_environment(root, gen.exposing(tasks, seed) if trim else gen.env)
             write_state(root, gen.state_ref, gen.state)
-            for task in gen.tasks(tasks_per_env):
+            for task in tasks:
                 f.write(task_line(task))
                 n_tasks += 1
     meta = PoolMeta(name=name or f"builtin-{n_envs}x{tasks_per_env}-s{seed}", version="1",
                     licence="Apache-2.0", source="envsched builtin generator", adapter="builtin",
-                    description=f"generated with seed {seed}")
+                    description=f"generated with seed {seed}" + (
+                        "" if difficulty.is_default else f"; difficulty {difficulty.describe()}"))
     write_meta(root, meta, n_envs, n_tasks)
     return root

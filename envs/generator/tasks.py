@@ -13,7 +13,7 @@ May import: envs.generator.{domains,tools,edits}, envs.spec and the standard lib
 from __future__ import annotations
 
 import math
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 from envs.generator.edits import EDITS, Ctx, Edit, tier, transfer
 from envs.generator.tools import OP_TYPE
@@ -23,18 +23,32 @@ _KINDS = tuple(EDITS)
 _WEIGHTS = {"tier": 2.0, "contact": 1.0, "book": 2.0, "pay_then_book": 1.0, "cancel": 1.5,
             "transfer": 1.5, "delete": 1.0, "suspend": 1.0, "reactivate": 0.5,
             "maintenance": 1.0, "confirm": 0.5}
-_N_EDITS = ((1, 0.4), (2, 0.3), (3, 0.2), (4, 0.1))
+N_EDITS = ((1, 0.4), (2, 0.3), (3, 0.2), (4, 0.1))
 HACKABLE_SHARE = 0.05
+_AUTH_KINDS = ("delete", "suspend", "reactivate")  # always gated; "maintenance" where the variant
+                                                   # gates resource status changes
 
 
-def _choose_edits(ctx: Ctx, n: int) -> list[Edit]:
+def _kinds(ctx: Ctx, gated: Optional[bool]) -> tuple[str, ...]:
+    """The edit kinds a position may draw: all (None), only gated ones (True), no gated (False)."""
+    if gated is None:
+        return _KINDS
+    auth = _AUTH_KINDS + (("maintenance",) if ctx.v.auth_resource_status else ())
+    return tuple(k for k in _KINDS if (k in auth) == gated)
+
+
+def _choose_edits(ctx: Ctx, n: int, gated: Optional[bool] = None) -> list[Edit]:
+    """``n`` edits (fewer if the database runs out); ``gated`` True: the first one needs an
+    authorised session, False: none does (``envs.generator.difficulty``)."""
     edits: list[Edit] = []
     for _ in range(6 * n):
         if len(edits) == n:
             break
-        kind = ctx.rng.choices(_KINDS, weights=[_WEIGHTS[k] for k in _KINDS])[0]
+        want = gated if not edits or gated is False else None
+        kinds = _kinds(ctx, want)
+        kind = ctx.rng.choices(kinds, weights=[_WEIGHTS[k] for k in kinds])[0]
         edit = EDITS[kind](ctx)
-        if edit is not None:
+        if edit is not None and (want is None or edit.needs_auth == want):
             edits.append(edit)
     return edits
 
@@ -59,15 +73,19 @@ def _acting_user(ctx: Ctx, supervisor: bool) -> tuple[str, dict[str, Any]]:
     return uid, users[uid]
 
 
-def make_task(ctx: Ctx, env_id: str, task_id: str, state_ref: Optional[str]) -> Optional[TaskSpec]:
-    """One task against ``ctx.state``; ``state_ref`` None means the state is stored inline."""
+def make_task(ctx: Ctx, env_id: str, task_id: str, state_ref: Optional[str],
+              n_edits: Sequence[tuple[int, float]] = N_EDITS,
+              gated: Optional[bool] = None) -> Optional[TaskSpec]:
+    """One task against ``ctx.state``; ``state_ref`` None means the state is stored inline.
+    ``n_edits``: (edits, weight) pairs; ``gated``: whether it needs an authorised session (None:
+    as its edits need). A gated task is never a hackable one (those edits are ungated)."""
     hackable = None
-    if ctx.rng.random() < HACKABLE_SHARE:
+    if ctx.rng.random() < HACKABLE_SHARE and not gated:
         edit, hackable = _hackable_edit(ctx)
         edits = [edit] if edit is not None else []
     else:
-        n = ctx.rng.choices([n for n, _ in _N_EDITS], weights=[w for _, w in _N_EDITS])[0]
-        edits = _choose_edits(ctx, n)
+        n = ctx.rng.choices([n for n, _ in n_edits], weights=[w for _, w in n_edits])[0]
+        edits = _choose_edits(ctx, n, gated)
     if not edits:
         return None
     needs_auth = any(e.needs_auth for e in edits)

@@ -7,11 +7,14 @@ workers replay in parallel). Exit status: 0 valid, 1 problems found (listed; bad
 skipped), 2 with ``--strict`` at the first problem (one line naming file, line and task id).
 
 ``envsched pool generate --out DIR --envs N --tasks-per-env M --seed S`` writes a builtin pool
-(``envs.generator``).
+(``envs.generator``); ``--edits``, ``--auth-share``, ``--distractor-tools``, ``--max-calls`` and
+``--schemas`` set its difficulty (``envs.generator.difficulty``; unset: the default pool).
 
 Sub-commands are registered in ``SUBCOMMANDS`` (defined here) and ``EXTERNAL`` (a module with
 ``add_arguments(parser)`` and ``run(args) -> int``, loaded only if it exists), so ``pool import``
-lives in ``launch/commands/pool_import.py`` without touching this file.
+lives in ``launch/commands/pool_import.py`` and ``pool fetch`` (``envsched pool fetch bfcl``: the
+BFCL wheel into the cache) in ``launch/commands/pool_fetch.py``, ``pool calibrate`` (a pool
+measured against a policy, ``launch.calibrate``) in ``launch/commands/pool_calibrate.py``.
 """
 
 from __future__ import annotations
@@ -25,7 +28,8 @@ from envs import strict_json
 from launch.cli import add_module_command
 from launch.errors import UserError
 
-EXTERNAL = {"import": "launch.commands.pool_import"}
+EXTERNAL = {"import": "launch.commands.pool_import", "fetch": "launch.commands.pool_fetch",
+            "calibrate": "launch.commands.pool_calibrate"}
 
 
 def _validate_arguments(p: argparse.ArgumentParser) -> None:
@@ -63,6 +67,34 @@ def _generate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--name", default=None, help="pool name for pool.yaml")
     p.add_argument("--overwrite", action="store_true", help="replace an existing pool at --out")
+    g = p.add_argument_group("difficulty (envs.generator.difficulty; unset: the default pool)")
+    g.add_argument("--edits", default=None, metavar="N[:W],...",
+                   help="edits per task: 1, or weights such as 1:0.7,2:0.3 (counts 1..4)")
+    g.add_argument("--auth-share", type=float, default=None,
+                   help="share of tasks behind the authorization gate (0..1)")
+    g.add_argument("--distractor-tools", type=int, default=None,
+                   help="tools per environment: those its tasks call plus N others")
+    g.add_argument("--max-calls", type=int, default=None,
+                   help="redraw tasks whose reference solution takes more calls")
+    g.add_argument("--schemas", choices=("full", "short"), default="full",
+                   help="tool schema verbosity")
+
+
+def difficulty_from_args(args: argparse.Namespace):
+    """The ``Difficulty`` of ``pool generate``'s flags; a bad value is one ``UserError`` line."""
+    from pydantic import ValidationError
+
+    from envs.generator.difficulty import Difficulty
+
+    values = {"edits": args.edits, "auth_share": args.auth_share,
+              "distractor_tools": args.distractor_tools, "max_calls": args.max_calls,
+              "schemas": args.schemas}
+    try:
+        return Difficulty(**values)
+    except ValidationError as e:
+        raise UserError("; ".join(f"--{str(x['loc'][0]).replace('_', '-')}: "
+                                  f"{x['msg'].removeprefix('Value error, ')}"
+                                  for x in e.errors())) from None
 
 
 def _generate_run(args: argparse.Namespace) -> int:
@@ -78,10 +110,16 @@ def _generate_run(args: argparse.Namespace) -> int:
 
         for sub in ("environments", "states"):
             shutil.rmtree(args.out / sub, ignore_errors=True)
+    difficulty = difficulty_from_args(args)
     t0 = time.perf_counter()
-    generate_pool(args.out, args.envs, args.tasks_per_env, args.seed, name=args.name)
+    try:
+        generate_pool(args.out, args.envs, args.tasks_per_env, args.seed, name=args.name,
+                      difficulty=difficulty)
+    except ValueError as e:  # settings no task can satisfy (envs.generator.MAX_REDRAWS)
+        raise UserError(str(e)) from None
     print(f"wrote {args.envs} environments x {args.tasks_per_env} tasks to {args.out} "
-          f"in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+          f"in {time.perf_counter() - t0:.1f} s"
+          + (f" ({difficulty.describe()})" if not difficulty.is_default else ""), file=sys.stderr)
     return 0
 
 

@@ -1,7 +1,7 @@
 """Warm-start the tiny policy on a pool's reference solutions (supervised, a few epochs on CPU).
 
 envsched sft --pool DIR --out MODEL_DIR [--epochs N] [--target-loss L] [--lr LR] [--task-fraction F]
-             [--max-examples N] [--batch N] [--seed S] [--base MODEL_DIR]
+             [--max-examples N] [--batch N] [--seed S] [--base MODEL_DIR] [--only FILE]
 
 Reference solutions are played through the real agent loop (chat template, tool-call syntax, tool
 responses) so the policy learns exactly the token sequences it will produce; the loss covers model
@@ -31,6 +31,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch", type=int, default=d.batch, help="sequences per step")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--base", default=None, help="model to start from (default: tiny policy)")
+    parser.add_argument("--only", default=None, metavar="FILE",
+                        help="file of the task ids it may show, one a line (default: all; e.g. "
+                        "other tasks than the ones a calibration or an evaluation measures)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -43,7 +46,21 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--epochs must be >= 1, got {args.epochs}")
     if args.target_loss is not None and args.target_loss <= 0:
         raise UserError(f"--target-loss must be > 0, got {args.target_loss}")
+    only = None
+    if args.only is not None:
+        from pathlib import Path
+
+        if not Path(args.only).is_file():
+            raise UserError(f"--only {args.only}: no such file")
+        only = [line.strip() for line in Path(args.only).read_text().splitlines() if line.strip()]
+        from envs.pool import load_pool
+
+        unknown = sorted(set(only) - {t.task_id for t in load_pool(args.pool).tasks})
+        if unknown or not only:
+            raise UserError(f"--only {args.only}: " + (f"{len(unknown)} task ids not in the pool, "
+                            f"e.g. {unknown[0]!r}" if unknown else "lists no task id"))
     summary = run_sft(args.pool, args.out, args.epochs, args.lr, args.task_fraction,
-                      args.max_examples, args.seed, args.base, args.batch, args.target_loss)
+                      args.max_examples, args.seed, args.base, args.batch, args.target_loss,
+                      only=only)
     print(strict_json.dumps(summary, indent=2))
     return 0
