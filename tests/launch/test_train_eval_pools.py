@@ -1,7 +1,8 @@
 """An evaluation pool in a real training run: ``eval.pools`` with the tau-bench test split
-(``envsched pool import --format taubench --split test`` of the tau_bench_mini fixture) and a
-held-out EnvScaler slice (one task of the envscaler_mini import), beside a generated training
-pool, through the real actors (scheduler actor, executors and their sandboxes, a rollout worker
+(``envsched pool import --format taubench --split test`` of the tau_bench_mini fixture), a
+held-out EnvScaler slice (one task of the envscaler_mini import) and two BFCL categories (one
+single-turn task of ``parallel`` and one ``multi_turn_base`` task, its user scripted: no user
+simulator runs), beside a generated training pool, through the real actors (scheduler actor, executors and their sandboxes, a rollout worker
 with the scripted engine, a one-rank DeepSpeed learner on CPU training the tiny policy: the toy
 run of tests/launch/toy_run.py).
 
@@ -22,14 +23,18 @@ from toy_run import toy_tree  # tests/launch/
 pytestmark = pytest.mark.slow
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
-POOLS = ("tau_test", "envscaler_heldout")
+POOLS = ("tau_test", "envscaler_heldout", "bfcl_parallel", "bfcl_multi_turn_base")
 
 
 def _tree(pool_dir, tau, envscaler, steps: int) -> dict:
     tree = toy_tree(pool_dir, steps, checkpoint_every=2, total_steps=4)
+    tree["rollout"]["max_turns"] = 16   # the BFCL multi-turn reference: 14 calls over its turns
+    bfcl = pool_dir.parent
     tree["eval"] = {"enabled": True, "every": 2, "k": 2, "tasks": 2, "pools": [
         {"path": str(tau)},
-        {"path": str(envscaler), "name": "envscaler_heldout", "tasks": 1}]}
+        {"path": str(envscaler), "name": "envscaler_heldout", "tasks": 1},
+        {"path": str(bfcl / "bfcl_parallel")},
+        {"path": str(bfcl / "bfcl_multi_turn_base")}]}
     return tree
 
 
@@ -56,7 +61,11 @@ def test_eval_pools_are_evaluated_apart_in_a_training_run(ray_local, tmp_path):
     for args in (["--format", "taubench", "--src", str(FIXTURES / "tau_bench_mini"),
                   "--domain", "retail", "--split", "test", "--out", str(tau)],
                  ["--format", "envscaler", "--src", str(FIXTURES / "envscaler_mini"),
-                  "--out", str(envscaler)]):
+                  "--out", str(envscaler)],
+                 ["--format", "bfcl", "--category", "parallel", "--limit", "1",
+                  "--out", str(tmp_path / "bfcl_parallel")],
+                 ["--format", "bfcl", "--category", "multi_turn_base", "--limit", "1",
+                  "--out", str(tmp_path / "bfcl_multi_turn_base")]):
         assert main(["pool", "import", *args]) == 0
     run_dir = tmp_path / "run"
     train(build_config(_tree(pool_dir, tau, envscaler, steps=3)), run_dir)
@@ -69,6 +78,8 @@ def test_eval_pools_are_evaluated_apart_in_a_training_run(ray_local, tmp_path):
             assert r[f"eval_groups@{name}"] == 1 and r[f"eval_failed@{name}"] == 0
             assert isinstance(r[f"eval_reward@{name}"], float)
         assert r["eval_reward@tau_test"] == 1.0 and r["eval_success@tau_test"] == 1.0
+        for name in ("bfcl_parallel", "bfcl_multi_turn_base"):   # BFCL's verdicts, in the loop
+            assert r[f"eval_reward@{name}"] == 1.0 and r[f"eval_success@{name}"] == 1.0
         assert "tau_test/taubench_retail_test_0" in r["task_rewards"]
     assert sum(k.startswith("envscaler_heldout/") for k in rows[0]["task_rewards"]) == 1
     metrics = read_metrics(run_dir)
@@ -88,12 +99,13 @@ def test_eval_pools_are_evaluated_apart_in_a_training_run(ray_local, tmp_path):
     sets = ckpt.controller["eval_sets"]
     assert sets["tau_test"] == ["tau_test/taubench_retail_test_0"]
     assert len(sets[""]) == 2 and len(sets["envscaler_heldout"]) == 1
+    assert len(sets["bfcl_parallel"]) == len(sets["bfcl_multi_turn_base"]) == 1
 
     # the report draws one curve per pool
     assert main(["report", str(run_dir)]) == 0
     report = json.loads((run_dir / "report" / "summary.json").read_text())
-    assert report["eval_curves"] == {"eval_reward": [0, 2, 3], "eval_reward@tau_test": [0, 2, 3],
-                                     "eval_reward@envscaler_heldout": [0, 2, 3]}
+    assert report["eval_curves"] == {"eval_reward": [0, 2, 3], **{
+        f"eval_reward@{name}": [0, 2, 3] for name in POOLS}}
     assert report["eval_reward@tau_test_first"] == report["eval_reward@tau_test_last"] == 1.0
     assert (run_dir / "report" / "eval.png").stat().st_size > 0
 

@@ -28,7 +28,8 @@ def test_a_lora_run_keeps_the_engine_on_the_learners_adapter(ray_local, tmp_path
     pool_dir = generate_pool(tmp_path / "pool", 2, 2, seed=4)
     tree = toy_tree(pool_dir, steps=3, checkpoint_every=3, total_steps=4, max_staleness=0)
     tree["policy"] = {"engine": "hf"}
-    tree["rollout"].update(max_turns=2, max_tokens_per_turn=24, temperature=1.0)
+    tree["rollout"].update(max_turns=2, max_tokens_per_turn=24, temperature=1.0, top_p=1.0,
+                          top_k=-1)   # untruncated: the scored distribution is smooth
     tree["learner"].update(lr=5e-2, lora={"rank": 8, "alpha": 16})
     cfg = build_config(tree)
     run_dir = tmp_path / "run"

@@ -107,5 +107,11 @@ def test_smollm2_trains_through_vllm_and_zero3_resumes_and_exports_a_model_vllm_
     ids = torch.tensor([prompt + tokens])
     with torch.no_grad():
         logits = model(ids).logits[0, len(prompt) - 1:-1].float()
-    ref = torch.log_softmax(logits, -1).gather(-1, torch.tensor(tokens)[:, None])[:, 0]
+    # vLLM reports the log-probs of the distribution it sampled (T 1 with SamplingParams' default
+    # top-k 100 / top-p 0.99, renormalised): the learner's scoring of the same distribution
+    from actors.learner.grpo import target_logprobs
+    from actors.rollout.engines.base import SamplingParams
+
+    ref = target_logprobs(logits, torch.tensor(tokens),
+                          SamplingParams(max_tokens=12, temperature=1.0))
     assert torch.allclose(torch.tensor(logprobs), ref, atol=2e-3), (logprobs, ref.tolist())
