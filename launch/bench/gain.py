@@ -1,7 +1,8 @@
 """Does a real model learn through envsched? GRPO's gain in fixed-set success, over seeds.
 
     envsched bench gain --out DIR --seeds N [--json] [--config PATH] [--steps S]
-                        [--timeout-per-run S] [--no-bounds] [key.sub=value ...]
+                        [--timeout-per-run S] [--no-bounds] [--one-warm-start] [--prepare-only]
+                        [key.sub=value ...]
 
 The config (default ``configs/gain_cpu.yaml``: SmolLM2-135M-Instruct on a generated pool sized to
 it; a missing one is a one-line error) gives the pool, its held-out split (``pool.heldout_*``,
@@ -22,6 +23,12 @@ evaluated sets and the floor and ceiling of each part (``launch.bench.fixedset.b
    and each pool of ``eval.pools`` (reported beside, under ``eval_pools``);
 3. its figures (``launch.bench.gain_report.seed_result``) cached in the run directory's
    ``gain.json``.
+
+``--one-warm-start``: every seed starts GRPO from seed 0's warm start (``warm_dir``).
+``--prepare-only`` stops before GRPO, after the pool, the id lists of the evaluated parts and of
+the warm start (``write_sets``: ``DIR/eval_<part>.txt``, ``DIR/warm_start_tasks.txt``), the
+bounds and the warm start(s): the pool is measured (``envsched pool calibrate``) before any
+training.
 
 A rerun skips finished seeds (their cached figures) and warm starts, and resumes an interrupted
 seed from its checkpoint (or starts it over, earlier files kept, when it stopped before its first:
@@ -66,6 +73,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, default=None, help="GRPO steps (run.steps)")
     parser.add_argument("--timeout-per-run", type=float, default=None)
     parser.add_argument("--no-bounds", action="store_true", help="skip the floor and ceiling")
+    parser.add_argument("--one-warm-start", action="store_true",
+                        help="every seed starts GRPO from seed 0's warm start")
+    parser.add_argument("--prepare-only", action="store_true",
+                        help="stop before GRPO: pool, evaluated sets, bounds and warm start(s), "
+                             "so that `envsched pool calibrate` can measure the pool first")
     parser.add_argument("--json", action="store_true", help="end with the result as one JSON line")
     parser.add_argument("overrides", nargs="*", metavar="key.sub=value",
                         help="dotted config overrides")
@@ -126,15 +138,32 @@ def warm_start(cfg: TrainConfig, pool_dir: Path, out: Path, task_ids: Sequence[s
     return str(out), float(r["seconds"])
 
 
+def warm_dir(out: Path, seed: int, one_warm_start: bool) -> Path:
+    """Where seed ``seed``'s warm start lives: ``out/warm_start/s<seed>``, or ``s0`` for every
+    seed under ``--one-warm-start`` (the gain's interval then spans GRPO's randomness, the
+    sampling and the scheduler's draws, from one fixed starting policy, not the warm start's)."""
+    return out / "warm_start" / f"s{0 if one_warm_start else seed}"
+
+
+def write_sets(out: Path, parts: Sequence[Part], warm_ids: Sequence[str]) -> None:
+    """The task ids of each evaluated part (``out/eval_<part>.txt``) and of the warm start
+    (``out/warm_start_tasks.txt``), one per line: what ``envsched pool calibrate --only`` and
+    ``envsched sft --only`` take."""
+    for p in parts:
+        (out / f"eval_{p.name}.txt").write_text("".join(f"{t}\n" for t in sorted(p.task_ids)))
+    (out / "warm_start_tasks.txt").write_text("".join(f"{t}\n" for t in warm_ids))
+
+
 def run_seed(cfg: TrainConfig, spec: RunSpec, pool_dir: Path, out: Path, warm_ids: list[str],
-             parts: Sequence[Part], timeout_s: Optional[float], log) -> dict[str, Any]:
+             parts: Sequence[Part], timeout_s: Optional[float], log,
+             one_warm_start: bool = False) -> dict[str, Any]:
     """One seed end to end (module docstring); its figures, cached in ``spec.dir/gain.json``."""
     from launch.compare import _train, run_config, start_over, status
     from launch.run.checkpoint import has_checkpoint
 
-    cache, warm = spec.dir / "gain.json", out / "warm_start" / f"s{spec.seed}"
-    state = status(spec)
-    policy, warm_s = warm_start(cfg, pool_dir, warm, warm_ids, spec.seed, log)
+    cache, state = spec.dir / "gain.json", status(spec)
+    policy, warm_s = warm_start(cfg, pool_dir, warm_dir(out, spec.seed, one_warm_start), warm_ids,
+                                0 if one_warm_start else spec.seed, log)
     config = run_config(cfg, spec, pool_dir, policy)
     config["run"]["episodes"] = cfg.run.episodes   # steps, not compare's episode budget
     stored = spec.dir / "compare_config.yaml"
@@ -228,16 +257,25 @@ def run(args: argparse.Namespace) -> int:
         + f"; warm start on {len(warm_ids) if cfg.warm_starts() else 0} other training tasks; "
         f"{args.seeds} seed(s) of {cfg.run.steps} steps x {cfg.run.batch_size * cfg.rollout.k} "
         "episodes")
+    write_sets(out, parts, warm_ids)
     bounds: dict[str, dict[str, float]] = {}
     if not args.no_bounds:
         from launch.bench.fixedset import bounds as part_bounds
 
         bounds = part_bounds(cfg, out, pool_dir, "[gain]")
-    results = []
     specs = plan([cfg.scheduler.name], list(range(args.seeds)), out)
+    if args.prepare_only:
+        seeds = [0] if args.one_warm_start else range(args.seeds)
+        for s in seeds:
+            warm_start(cfg, pool_dir, warm_dir(out, s, args.one_warm_start), warm_ids, s, log)
+        log(f"[gain] prepared {out}; measure the pool before training, e.g. envsched pool "
+            f"calibrate --pool {pool_dir} --policy {warm_dir(out, 0, args.one_warm_start)} "
+            f"--config {args.config} --only {out / 'eval_train.txt'} --k {cfg.eval.k}")
+        return 0
+    results = []
     for spec in specs:
         results.append(_none_to_nan(run_seed(cfg, spec, pool_dir, out, warm_ids, parts,
-                                             args.timeout_per_run, log)))
+                                             args.timeout_per_run, log, args.one_warm_start)))
     agg = aggregate(results, parts)
     pool_parts = [p.name for p in parts if p.name not in PARTS]
     result: dict[str, Any] = {
@@ -245,6 +283,7 @@ def run(args: argparse.Namespace) -> int:
         "finished": agg.pop("finished"), "k": cfg.rollout.k,
         "episodes_per_step": cfg.run.batch_size * cfg.rollout.k,
         "warm_start_tasks": len(warm_ids) if cfg.warm_starts() else 0,
+        "one_warm_start": bool(args.one_warm_start),
         **{p.name: {**agg.pop(p.name), **bounds.get(PARTS[p.name], {})}
            for p in parts if p.name in PARTS},
         "eval_pools": {n: agg.pop(n) for n in pool_parts}, **agg, "per_seed": results}
