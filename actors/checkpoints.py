@@ -198,7 +198,7 @@ def resolve_policy_path(path: Union[str, Path]) -> Path:
 
 
 def _hub_snapshot(hub_id: str) -> Path:
-    from huggingface_hub import snapshot_download
+    from huggingface_hub import snapshot_download  # lazy: huggingface_hub is heavy, hub ids only
 
     try:
         snapshot = Path(snapshot_download(hub_id, local_files_only=True))
@@ -241,8 +241,8 @@ def convert_gguf(gguf: Union[str, Path], cache: Optional[Path] = None,
 
 
 def _write_hf_dir(gguf: Path, out: Path) -> None:
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    import torch  # lazy: torch only on the GGUF conversion path
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # lazy: as torch
 
     check_gguf(gguf)
     kw = dict(gguf_file=gguf.name, trust_remote_code=False)   # a GGUF carries no code

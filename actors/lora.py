@@ -57,7 +57,7 @@ def inject(model, rank: int, alpha: float, target_modules: Iterable[str],
            dropout: float = 0.0) -> list:
     """Add LoRA layers to ``model`` in place and freeze everything else; returns the adapter's
     parameters (all trainable). A target list that matches no module raises ``AdapterError``."""
-    from peft import LoraConfig, inject_adapter_in_model
+    from peft import LoraConfig, inject_adapter_in_model  # lazy: peft and torch are heavy
 
     config = LoraConfig(r=rank, lora_alpha=alpha, target_modules=list(target_modules),
                         lora_dropout=dropout, bias="none")
@@ -107,7 +107,7 @@ class LoraAdapter:
                 "base_model_name_or_path": base_model}
 
     def save(self, directory: str | Path, base_model: Optional[str] = None) -> Path:
-        from safetensors.torch import save_file
+        from safetensors.torch import save_file  # lazy: safetensors.torch imports torch
 
         out = Path(directory)
         out.mkdir(parents=True, exist_ok=True)
@@ -117,7 +117,7 @@ class LoraAdapter:
 
     @classmethod
     def load(cls, directory: str | Path) -> "LoraAdapter":
-        from safetensors.torch import load_file
+        from safetensors.torch import load_file  # lazy: safetensors.torch imports torch
 
         directory = Path(directory)
         if not (directory / CONFIG_FILE).is_file():
@@ -130,7 +130,7 @@ class LoraAdapter:
 def load_adapter(model, adapter: LoraAdapter, where: str = "model") -> None:
     """Copy ``adapter`` into ``model``'s injected layers (same rank and targets), all or none:
     every name and shape is checked first, and every adapter parameter must be covered."""
-    import torch
+    import torch  # lazy: torch is heavy, only when loading an adapter
 
     params = dict(model.named_parameters())
     own = {n for n in params if is_adapter_param(n)}

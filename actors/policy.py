@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import inspect
 import json
 import os
 import random
@@ -34,7 +35,10 @@ import tempfile
 from pathlib import Path
 from typing import Optional, Union
 
+from actors.checkpoints import remote_code, resolve_policy_path
 from envs.cache import cache_dir
+from envs.generator import build_environment
+from envs.generator.domains import DOMAINS
 
 TEMPLATE_PATH = Path(__file__).with_name("chat_template.jinja")
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -105,9 +109,6 @@ def _generator_text(seed: int, tasks_per_env: int = 3) -> tuple[str, ...]:
     prompts, tool schemas, task instructions and a few rows of each database table. Cached: the
     recipe hash and the tokenizer build both need it, and every ``build_tiny_policy`` call
     hashes it."""
-    from envs.generator import build_environment
-    from envs.generator.domains import DOMAINS
-
     lines: list[str] = []
     for i in range(2 * len(DOMAINS)):
         gen = build_environment(i, GENERATOR_CORPUS_SEED + seed)
@@ -123,8 +124,9 @@ def _generator_text(seed: int, tasks_per_env: int = 3) -> tuple[str, ...]:
 
 
 def _train_tokenizer(seed: int):
+    # lazy: tokenizers and transformers only when building the tiny policy
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
+    from transformers import PreTrainedTokenizerFast  # lazy: transformers is heavy
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
@@ -162,8 +164,8 @@ def build_tiny_policy(cache_dir: Optional[Union[str, Path]] = None, seed: int = 
     path = root / f"tiny-qwen3-s{seed}-{_recipe(seed)}"
     if (path / "config.json").is_file():
         return path
-    import torch
-    from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
+    import torch  # lazy: torch only when building the tiny policy
+    from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM  # lazy: as torch
 
     root.mkdir(parents=True, exist_ok=True)
     tokenizer = _train_tokenizer(seed)
@@ -192,15 +194,11 @@ def resolve_model(path: Union[str, Path]) -> str:
     (converted once), a builtin name (``smollm2``) or a hub id in the local Hugging Face cache;
     see ``actors.checkpoints.resolve_policy_path``. Never downloads; a FileNotFoundError says the
     fix."""
-    from actors.checkpoints import resolve_policy_path
-
     return str(resolve_policy_path(path))
 
 
 def load_tokenizer(path: Union[str, Path], trust_remote_code: bool = False):
-    from transformers import AutoTokenizer
-
-    from actors.checkpoints import remote_code
+    from transformers import AutoTokenizer  # lazy: transformers is heavy
 
     path = resolve_model(path)
     return AutoTokenizer.from_pretrained(
@@ -210,10 +208,8 @@ def load_tokenizer(path: Union[str, Path], trust_remote_code: bool = False):
 def load_policy(path: Union[str, Path], dtype=None, trust_remote_code: bool = False):
     """``(model, tokenizer)`` from an HF directory; model in eval mode, float32 unless ``dtype``;
     ``trust_remote_code``: see the module docstring."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from actors.checkpoints import remote_code
+    import torch  # lazy: torch only when loading a model
+    from transformers import AutoModelForCausalLM  # lazy: transformers is heavy
 
     path = resolve_model(path)
     model = AutoModelForCausalLM.from_pretrained(
@@ -233,8 +229,6 @@ def cache_kwargs(model, cache) -> dict:
 
 @functools.lru_cache(maxsize=None)
 def _cache_keyword(cls: type) -> str:
-    import inspect
-
     params = inspect.signature(cls.forward).parameters
     for name in ("cache", "past_key_values"):
         if name in params:

@@ -19,7 +19,9 @@ from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 from pydantic import BaseModel
 
-from scheduling.replay import GroupCheck, ReplayPort
+import envs.pool
+from scheduling.registry import identifier_filter_settings
+from scheduling.replay import GroupCheck, ReplayPort, group_check
 
 
 class ReplayUnavailable(RuntimeError):
@@ -33,7 +35,7 @@ class WorkerReplay:
         self._next = 0
 
     def __call__(self, task_id: str, actions: Sequence[Any], seed: Optional[int]) -> float:
-        import ray
+        import ray  # lazy: Ray only inside calls here (tests/test_layout.py)
 
         errors = []
         for _ in range(len(self.workers)):
@@ -50,14 +52,11 @@ class WorkerReplay:
 
 def _build_check(pool_dir: str, name: str, params: Union[BaseModel, dict[str, Any]],
                  port: ReplayPort) -> Optional[GroupCheck]:
-    from envs.pool import load_pool
-    from scheduling.registry import identifier_filter_settings
-    from scheduling.replay import group_check
-
     settings = identifier_filter_settings(name, params)
     if settings is None:
         return None
-    return group_check(load_pool(pool_dir), settings, port)
+    # the module attribute, looked up per call (tests replace envs.pool.load_pool)
+    return group_check(envs.pool.load_pool(pool_dir), settings, port)
 
 
 def identifier_check_builder(pool_dir: str, name: str, params: Union[BaseModel, Mapping[str, Any]]

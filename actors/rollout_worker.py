@@ -32,6 +32,7 @@ import ray
 from actors.executors.config import ExecutorConfig
 from actors.executors.pool import ExecutorPool
 from actors.executors.protocol import Executors
+from actors.policy import build_tiny_policy, load_tokenizer
 from actors.rollout.agent_loop import AgentLoop
 from actors.rollout.config import RolloutConfig
 from actors.rollout.engines.registry import make_engine
@@ -73,8 +74,6 @@ class RolloutWorker:
                  engine_kwargs: Optional[dict] = None, name: str = "rollout-0",
                  eval_pools: Optional[dict[str, str]] = None,
                  users: Union[None, list, UserSimConfig, dict] = None):
-        from actors.policy import build_tiny_policy, load_tokenizer
-
         self.name = name
         self.config = RolloutConfig.model_validate(config or {})   # a model: as it is
         self.pool = with_eval_pools(load_pool(pool_dir), {

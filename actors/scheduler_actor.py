@@ -5,16 +5,16 @@ filter off the critical path.
 actor over it (``max_concurrency=1``: no locks but the filter thread's).
 
 - ``next_tasks(n)``: ``n`` tickets (``actors.ticket.Ticket``) from the current
-  ``scheduler.select(step)``, selecting the next step when it is used up; tasks excluded after
-  selection are skipped (logged).
+  ``scheduler.select(step)``, selecting the next selection step (``next_selection_step``; not a
+  learner step) when it is used up; tasks excluded after selection are skipped (logged).
 - ``absorb(group)``: ``scheduler.observe`` of the valid trajectories, the task faults counted
   (``scheduling.quarantine``), the identifier filter's check queued on a worker thread.
 - Decision where the spec is silent: before the next ``select`` the service waits (up to
   ``filter_wait_s``) for pending checks, so exclusions land at a deterministic point and a resumed
   run selects what an uninterrupted one would. ``set_replay_port`` swaps the port
   (``scheduling.replay.ReplayPort``) when a rollout worker is replaced.
-- ``state_dict`` drains pending checks, then returns scheduler state, hand-out queue, step counter
-  and filter log; ``load_state_dict`` restores them.
+- ``state_dict`` drains pending checks, then returns scheduler state, hand-out queue, selection-step
+  counter (key ``next_step``) and filter log; ``load_state_dict`` restores them.
 
 May import: ray (for the actor shell only), numpy, scheduling, envs, actors.ticket.
 """
@@ -50,7 +50,7 @@ class SchedulerService:
         self._pool = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="identifier-filter")
         self._pending: list[cf.Future] = []
         self.queue: list[Ticket] = []
-        self.next_step = 0
+        self.next_selection_step = 0
         self.filter_log: list[dict[str, Any]] = []
         self.skipped: list[dict[str, Any]] = []
         self.quarantine = Quarantine()
@@ -82,14 +82,14 @@ class SchedulerService:
     def _select_next(self) -> None:
         self._drain()
         t0 = time.perf_counter()
-        batch = self.scheduler.select(self.next_step)
+        batch = self.scheduler.select(self.next_selection_step)
         self.timings["select_s"] += time.perf_counter() - t0
         self.queue = [Ticket(replace(s, scores=dict(s.scores)), batch.step)
                       for s in batch.selections]
         if not self.queue:
             raise RuntimeError(f"scheduler {self.scheduler.name} selected no task at step "
-                               f"{self.next_step}: every task excluded?")
-        self.next_step += 1
+                               f"{self.next_selection_step}: every task excluded?")
+        self.next_selection_step += 1
 
     # ---- absorbing ---------------------------------------------------------------------------
     def absorb(self, group: Any) -> None:
@@ -150,13 +150,13 @@ class SchedulerService:
         self._drain()
         return {"scheduler": self.scheduler.state_dict(),
                 "queue": [t.to_dict() for t in self.queue],
-                "next_step": self.next_step, "filter_log": list(self.filter_log),
+                "next_step": self.next_selection_step, "filter_log": list(self.filter_log),
                 "skipped": list(self.skipped), "quarantine": self.quarantine.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.scheduler.load_state_dict(state["scheduler"])
         self.queue = [Ticket.from_dict(t) for t in state["queue"]]
-        self.next_step = int(state["next_step"])
+        self.next_selection_step = int(state["next_step"])
         self.filter_log = list(state["filter_log"])
         self.skipped = list(state["skipped"])
         if "quarantine" in state:   # checkpoints from before quarantines have none
@@ -168,6 +168,6 @@ class SchedulerService:
 
 def scheduler_actor_class():
     """The Ray actor class (built lazily so importing this module does not import Ray)."""
-    import ray
+    import ray  # lazy: importing this module does not import Ray
 
     return ray.remote(max_restarts=0, max_concurrency=1)(SchedulerService)

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from pydantic import ValidationError
+from tqdm import tqdm
 
 from envs import strict_json
 from envs.chat_client import ChatClient, ChatRequestError
@@ -251,8 +252,6 @@ class LLMDescriber:
                       ) -> tuple[dict[str, dict[str, Any]], DescribeStats]:
         """Describe every task of a ``envs.pool.Pool`` concurrently; pool-supplied descriptions
         are kept as they are (source "pool")."""
-        from tqdm import tqdm
-
         stats = DescribeStats()
         out: dict[str, dict[str, Any]] = {}
 

@@ -136,7 +136,7 @@ def validate_pool(root: str | Path, strict: bool = False, seed: int = 0,
 def _declared_packages(pool: Pool, out: _Collector) -> None:
     """A package ``pool.yaml`` declares that the sandbox could not import: one problem each,
     naming it and the fix (``sandbox.packages``)."""
-    from sandbox.packages import missing_packages
+    from sandbox.packages import missing_packages  # lazy: sandbox imports envs (layering)
 
     for name, why in missing_packages(pool.meta.packages):
         out.problem(PoolProblem(POOL_FILE, f"declared package {name!r} cannot be imported in "
@@ -254,7 +254,7 @@ def _run_env(pool: Pool, runner: Runner, batch: list[int], events: list[list[tup
              bad_envs: dict[str, str], seed: int, strict: bool, state: dict[str, int],
              lock: threading.Lock, progress: Optional[Callable[[int, int], None]]) -> None:
     """The tasks ``batch`` (indices, one environment) on ``runner``; findings into ``events``."""
-    from sandbox.errors import EnvLoadError, SandboxError
+    from sandbox.errors import EnvLoadError, SandboxError  # lazy: sandbox imports envs (layering)
 
     env_id = pool.tasks[batch[0]].env_id
     env = pool.environment(env_id)
@@ -344,7 +344,7 @@ class SandboxRunner:
     itself when a call crashes or hangs). Shared states are sent to the worker once per ref."""
 
     def __init__(self):
-        from sandbox.worker import SandboxWorker
+        from sandbox.worker import SandboxWorker  # lazy: sandbox imports envs (layering)
 
         self.worker = SandboxWorker()   # the default sandbox: validation's, not a run's
 

@@ -35,6 +35,8 @@ import statistics
 import time
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
+from actors.rollout.engines.scripted_engine import SCRIPTS
+from envs.pool import load_pool
 from launch.rollout import run_groups
 from scheduling.variance import group_variance
 
@@ -54,8 +56,6 @@ def scripted_rewards(pool_dir: str, task_ids: list[str], model: Optional[str],
     """``{script: {task_id: reward}}`` for the scripted engine's ``none`` (floor) and
     ``reference`` (ceiling) scripts, one episode per task at ``rollout``'s limits, on
     ``model``'s tokenizer (None: the tiny policy's); Ray must be connected."""
-    from actors.rollout.engines.scripted_engine import SCRIPTS
-
     out = {}
     for script in SCRIPTS:
         cfg = rollout.model_copy(update={"k": 1, "engine_kwargs": {"script": script}})
@@ -148,8 +148,6 @@ def calibrate(pool_dir: str, task_ids: list[str], engine: str, model: Optional[s
     """Measure ``task_ids`` of the pool at ``pool_dir`` against the policy (``engine`` with
     ``model``; None: the tiny policy), ``rollout.k`` episodes per task; Ray must be connected.
     Returns ``report``'s dict plus the settings and seconds; ``log`` gets the progress lines."""
-    from envs.pool import load_pool
-
     pool = load_pool(pool_dir)
     t0 = time.perf_counter()
     log(f"[calibrate] floor and ceiling of {len(task_ids)} tasks at max_turns "

@@ -70,12 +70,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
-    from envs.pool import PoolError
+    from envs.pool import PoolError  # lazy: keeps `import launch.cli` cheap
 
     try:
         return int(args._run(args) or 0)
     except (UserError, PoolError) as e:
-        from envs.text import printable
+        from envs.text import printable  # lazy: keeps `import launch.cli` cheap
 
         # the message may quote a pool (task ids, tool output): escape before printing
         print(f"envsched {args.command}: error: {printable(e)}", file=sys.stderr)

@@ -33,7 +33,7 @@ JOB_ENV = {"RAY_AUTH_MODE": "disabled", "TOKENIZERS_PARALLELISM": "false"}
 
 def connect(cfg: ClusterConfig, address_override: Optional[str] = None) -> dict[str, Any]:
     """Start or join Ray; returns a description (address, whether we started it, resources)."""
-    import ray
+    import ray  # lazy: Ray only where the driver connects (cheap import for the CLI)
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     address = address_override or cfg.address or os.environ.get("RAY_ADDRESS")
@@ -83,7 +83,7 @@ def role_plan(cfg: TrainConfig) -> dict[str, dict[str, Any]]:
     """Ray options of one actor of each role started by ``launch.run.roles``:
     rollout workers, the scheduler and learner ranks. Executors are started by each rollout
     worker's ``ExecutorPool`` on CPUs (``executors.*``) and use no accelerator."""
-    from actors.learner.learner_actor import learner_actor_options
+    from actors.learner.learner_actor import learner_actor_options  # lazy: imports Ray, torch
 
     return {"rollout": role_options(cfg.cluster.rollout),
             "scheduler": role_options(cfg.cluster.scheduler),
@@ -91,7 +91,7 @@ def role_plan(cfg: TrainConfig) -> dict[str, dict[str, Any]]:
 
 
 def shutdown(info: dict[str, Any]) -> None:
-    import ray
+    import ray  # lazy: Ray only where the driver connects (cheap import for the CLI)
 
     if ray.is_initialized():
         ray.shutdown()

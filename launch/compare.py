@@ -73,6 +73,7 @@ import yaml
 from envs import strict_json
 from launch.compare_budget import (budget_curves, budget_summary, episode_budget, eval_points,
                                    step_cap)
+from launch.config import current_names
 from launch.run.checkpoint import has_checkpoint
 from launch.compare_report import (BUDGET_COLUMNS, COLUMNS, GAINS, report_md,  # noqa: F401
                                    write_report)
@@ -175,8 +176,9 @@ STEP0 = "eval_step0.jsonl"
 def _inputs_key(config: dict[str, Any]) -> str:
     """What a run's step-0 evaluation can depend on: its whole config but the scheduler and the
     seed (the warm start's path, the pool, the sampling settings, the evaluation's own) and the
-    dynamic sampling switches (the step-0 weights are the warm start's either way)."""
-    d = {k: v for k, v in config.items() if k != "scheduler"}
+    dynamic sampling switches (the step-0 weights are the warm start's either way); keys under
+    their current names (``launch.config.current_names``), so a renamed key changes no key."""
+    d = {k: v for k, v in current_names(config).items() if k != "scheduler"}
     d["run"] = {k: v for k, v in d["run"].items() if k != "seed"}
     d["controller"] = {k: v for k, v in d.get("controller", {}).items() if k not in DS_KEYS}
     return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
@@ -218,7 +220,7 @@ def _share_step0(out: Path, spec: RunSpec, specs: Sequence[RunSpec], config: dic
 def compare(cfg: TrainConfig, schedulers: Sequence[str], seeds: Sequence[int], out: Path,
             timeout_s: Optional[float] = None, log=None, share_step0: bool = True
             ) -> dict[str, Any]:
-    from launch.run.trainer import prepare_policy, prepare_pool
+    from launch.run.trainer import prepare_policy, prepare_pool  # lazy: imports Ray and torch
 
     log = log or (lambda line: print(line, flush=True))
     out = Path(out)

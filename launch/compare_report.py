@@ -106,10 +106,10 @@ def write_report(out: Path, m: dict[str, Any]) -> None:
 
 
 def _plot(out: Path, m: dict[str, Any]) -> None:
-    import matplotlib
+    import matplotlib  # lazy: matplotlib is heavy, only when plotting
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: after choosing the Agg backend
 
     for split in SPLITS:
         for key, file, label in ((split, f"curve_eval_{split}.png", "eval reward"),

@@ -6,9 +6,10 @@ modules are declared here with their owners' classes, not redefined: ``executors
 (``actors.executors.config.ExecutorConfig``), ``rollout`` (``actors.rollout.config.RolloutConfig``),
 ``learner`` (``actors.learner.config.LearnerConfig``), ``logging``
 (``launch.loggers.LoggingConfig``) and ``user_sim`` (``actors.user_sim.config.UserSimConfig``).
-None of them imports Ray. A value that follows another is derived when the config is built
-(``learner.total_steps`` unset = ``run.steps``; the scheduler's B is ``run.batch_size``). A
-section is validated once, here, and handed on as that object (pydantic models pickle).
+None of them imports Ray. A section holds what the user set; a value that follows another
+section is derived where it is used, by one ``TrainConfig`` method each (its docstring; the
+scheduler's B is ``run.batch_size``). A section is validated once, here, and handed on as that
+object (pydantic models pickle). Renamed keys: ``launch.config_text.RENAMED``.
 
 ``load_config(path, overrides)``: YAML (none = ``configs/cpu_demo.yaml``) plus dotted overrides
 ``key.sub=value``, validated; errors (``ConfigError``) name the field, the value and the fix.
@@ -32,10 +33,13 @@ from pydantic import (BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 from actors.executors.config import ExecutorConfig
 from actors.learner.config import LearnerConfig
 from actors.rollout.config import RolloutConfig
+from actors.rollout.engine_args import (check_engine_kwargs, gpus_per_engine, same_dtype_kwargs,
+                                        with_remote_code)
 from actors.user_sim.config import UserSimConfig
 from envs.generator.difficulty import Difficulty
 from envs.text import NotUtf8Error, read_utf8
-from launch.config_text import ConfigError, explain, set_dotted  # noqa: F401 (re-exported)
+from launch.config_text import (ConfigError, current_names, explain,  # noqa: F401 (re-exported)
+                                renamed_override, set_dotted)
 from launch.eval_config import EvalConfig
 from launch.loggers import LoggingConfig
 
@@ -203,7 +207,20 @@ class SftConfig(_Section):
 
 class TrainConfig(_Section):
     """The whole run: the sections owned here and the role-owned ones (see the module
-    docstring)."""
+    docstring).
+
+    Each section holds what the user set: no validator writes into a section, its own or
+    another's. A value one section takes from another is derived where it is used, by one
+    method here: ``engine_kwargs()`` (``rollout.engine_kwargs`` with ``trust_remote_code``
+    following ``policy.trust_remote_code`` and the engine in the learner's dtype),
+    ``rollout_settings()`` (the rollout section with those kwargs) and ``learner_settings()``
+    (the learner section with ``total_steps`` from ``run.steps`` unless set,
+    ``trust_remote_code`` from ``policy`` and ``loss`` scoring the sampler, ``GRPOConfig.follow``).
+    The roles are handed these, never ``cfg.rollout`` or ``cfg.learner`` where a derived value
+    matters. The validators only check that the sections agree: a disagreement is one error
+    naming the key and the fix. ``to_yaml_dict()`` (what ``RUN_DIR/config.yaml`` holds) writes the
+    effective values, the resolved sections, so a stored config shows what ran and reloads to
+    the same effective values; resume and compare compare those."""
 
     run: RunConfig = RunConfig()
     pool: PoolConfig = PoolConfig()
@@ -220,7 +237,44 @@ class TrainConfig(_Section):
     user_sim: UserSimConfig = Field(default_factory=UserSimConfig)
 
     def to_yaml_dict(self) -> dict[str, Any]:
-        return self.model_dump(mode="json")
+        """The effective config as YAML data: every section as set, ``rollout`` and ``learner``
+        resolved (``rollout_settings``, ``learner_settings``)."""
+        return {**self.model_dump(mode="json"),
+                "rollout": self.rollout_settings().model_dump(mode="json"),
+                "learner": self.learner_settings().model_dump(mode="json")}
+
+    def _trusted_kwargs(self) -> dict[str, Any]:
+        """``rollout.engine_kwargs`` with ``trust_remote_code`` following
+        ``policy.trust_remote_code``, the one key (``engine_args.with_remote_code``)."""
+        return with_remote_code(self.policy.engine, self.rollout.engine_kwargs,
+                                self.policy.trust_remote_code)
+
+    def engine_kwargs(self) -> dict[str, Any]:
+        """The rollout engine's keyword arguments: ``rollout.engine_kwargs`` with
+        ``trust_remote_code`` following ``policy.trust_remote_code`` and the engine sampling in
+        the learner's dtype (``engine_args.same_dtype_kwargs``)."""
+        learner = self.learner
+        return same_dtype_kwargs(self.policy.engine, self._trusted_kwargs(),
+                                 learner.torch_dtype_name(learner.num_gpus_per_rank > 0))
+
+    def rollout_settings(self) -> RolloutConfig:
+        """The rollout section as the rollout workers get it: ``engine_kwargs()`` resolved."""
+        return self.rollout.model_copy(update={"engine_kwargs": self.engine_kwargs()})
+
+    def learner_settings(self) -> LearnerConfig:
+        """The learner section as the learner group gets it: ``trust_remote_code`` from
+        ``policy`` (the one key); ``loss`` scoring with ``rollout``'s temperature / top-k /
+        top-p and sequence limit (``GRPOConfig.follow``); ``total_steps`` (where the cosine
+        ends) ``run.steps`` unless set, so the run length has one source. A run no longer than
+        its warm-up never reaches the cosine: ``warmup_steps + 1`` keeps the schedule valid
+        without changing any step's rate."""
+        learner, r = self.learner, self.rollout
+        total = (learner.total_steps if "total_steps" in learner.model_fields_set
+                 else max(self.run.steps, learner.warmup_steps + 1))
+        loss = learner.loss.follow(temperature=r.temperature, top_k=r.top_k, top_p=r.top_p,
+                                   max_sequence_tokens=r.max_tokens_per_sequence)
+        return learner.model_copy(update={"total_steps": total, "loss": loss,
+                                          "trust_remote_code": self.policy.trust_remote_code})
 
     def warm_starts(self) -> bool:
         """Whether the run warm-starts its policy with ``launch.sft`` before training
@@ -242,23 +296,16 @@ class TrainConfig(_Section):
 
     @model_validator(mode="after")
     def _rollout_engine_fits(self) -> "TrainConfig":
-        """``rollout.engine_kwargs`` are arguments of ``policy.engine``, and a vLLM rollout actor
-        holds the GPUs its engine shards over (tensor x pipeline parallel), or a fraction of one
-        GPU for an unsharded engine (sharing it: ``weight_sync``)."""
-        from actors.rollout.engine_args import (check_engine_kwargs, gpus_per_engine,
-                                                with_remote_code)
-
-        trust = self.policy.trust_remote_code   # the one key; engine and learner follow it
-        kwargs = with_remote_code(self.policy.engine, self.rollout.engine_kwargs, trust)
-        if self.learner.trust_remote_code and not trust:
+        """``rollout.engine_kwargs`` are arguments of ``policy.engine``, ``trust_remote_code``
+        is set by ``policy`` alone, and a vLLM rollout actor holds the GPUs its engine shards
+        over (tensor x pipeline parallel), or a fraction of one GPU for an unsharded engine
+        (sharing it: ``weight_sync``)."""
+        kwargs = self._trusted_kwargs()
+        if self.learner.trust_remote_code and not self.policy.trust_remote_code:
             raise ValueError("learner.trust_remote_code follows policy.trust_remote_code (fix: "
                              "remove it)")
-        object.__setattr__(self, "rollout", self.rollout.model_copy(  # derived values, as
-            update={"engine_kwargs": kwargs}))                         # learner.total_steps
-        object.__setattr__(self, "learner", self.learner.model_copy(
-            update={"trust_remote_code": trust}))
-        check_engine_kwargs(self.policy.engine, self.rollout.engine_kwargs)
-        need, have = gpus_per_engine(self.rollout.engine_kwargs), self.cluster.rollout.num_gpus
+        check_engine_kwargs(self.policy.engine, kwargs)
+        need, have = gpus_per_engine(kwargs), self.cluster.rollout.num_gpus
         fraction = need == 1 and 0 < have < 1
         if self.policy.engine == "vllm" and have > 0 and have != need and not fraction:
             raise ValueError(
@@ -269,38 +316,16 @@ class TrainConfig(_Section):
 
     @model_validator(mode="after")
     def _engine_runs_in_the_learner_dtype(self) -> "TrainConfig":
-        """The engine samples in the learner's dtype (``engine_args.same_dtype_kwargs``)."""
-        from actors.rollout.engine_args import same_dtype_kwargs
-
-        dtype = self.learner.torch_dtype_name(self.learner.num_gpus_per_rank > 0)
-        kwargs = same_dtype_kwargs(self.policy.engine, self.rollout.engine_kwargs, dtype)
-        object.__setattr__(self, "rollout",   # derived, as learner.total_steps
-                           self.rollout.model_copy(update={"engine_kwargs": kwargs}))
-        return self
-
-    @model_validator(mode="after")
-    def _schedule_spans_the_run(self) -> "TrainConfig":
-        """``learner.total_steps`` (where the cosine ends) is derived from ``run.steps`` unless set,
-        so the run length has one source. A run no longer than its warm-up never reaches the
-        cosine; ``warmup_steps + 1`` then keeps the schedule valid without changing any step's
-        rate."""
-        learner = self.learner
-        if "total_steps" in learner.model_fields_set:
-            return self
-        total = max(self.run.steps, learner.warmup_steps + 1)
-        derived = learner.model_copy(update={"total_steps": total})
-        derived.__pydantic_fields_set__.discard("total_steps")  # still unset: re-derived on reload
-        object.__setattr__(self, "learner", derived)  # not validate_assignment: it re-enters here
+        """The engine samples in the learner's dtype: a ``dtype`` engine kwarg that differs is
+        refused (``engine_args.same_dtype_kwargs``)."""
+        self.engine_kwargs()
         return self
 
     @model_validator(mode="after")
     def _learner_scores_the_sampler(self) -> "TrainConfig":
-        """``learner.loss`` takes the sampler's settings and the sequence limit from ``rollout``
-        (``GRPOConfig.follow``: one source each)."""
-        r = self.rollout
-        loss = self.learner.loss.follow(temperature=r.temperature, top_k=r.top_k, top_p=r.top_p,
-                                        max_sequence_tokens=r.max_tokens_per_sequence)
-        object.__setattr__(self, "learner", self.learner.model_copy(update={"loss": loss}))
+        """A ``learner.loss`` sampler setting or sequence limit that differs from ``rollout``'s
+        is refused (``GRPOConfig.follow``: one source each)."""
+        self.learner_settings()
         return self
 
     @model_validator(mode="after")
@@ -350,7 +375,11 @@ def load_config(path: Optional[str | Path] = None, overrides: Sequence[str] = ()
     if not isinstance(tree, dict):
         raise ConfigError(f"{path}: top level must be a mapping of sections, got "
                           f"{type(tree).__name__}")
+    try:   # renamed keys first: an override may name either
+        tree = current_names(tree, warn=True)
+    except ValueError as e:
+        raise ConfigError(f"{path}: {e}") from None
     for ov in overrides:
-        set_dotted(tree, ov)
+        set_dotted(tree, renamed_override(ov))
     source = str(path) + (f" + overrides {list(overrides)}" if overrides else "")
     return build_config(tree, source)

@@ -2,7 +2,14 @@
 explained in one line each (``explain``: the key, why, and the fix), apart from the sections
 (``launch/config.py``) so that file holds what a run is configured with.
 
-May import: pydantic, yaml, scheduling.registry (inside a function), the standard library.
+Renamed keys (``RENAMED``: per section, old -> new, the sections' own tables) are read under
+their new names for one release, with one warning line each: in a file (``current_names`` with
+``warn``, in ``load_config``; else the section's model), in an override by ``renamed_override``
+(it sets the new key a shipped file holds); both names set in one file is refused. ``current_names`` reads a stored config under the new names, silently, for
+comparing it (resume, compare).
+
+May import: pydantic, yaml, scheduling.registry (inside a function), actors.executors.config
+(its renamed keys), the standard library.
 """
 
 from __future__ import annotations
@@ -12,6 +19,9 @@ from typing import Any, Optional, Sequence
 
 import yaml
 from pydantic import BaseModel, ValidationError
+
+from actors.executors.config import RENAMED as EXECUTOR_RENAMED
+from actors.executors.config import with_current_names
 
 
 class ConfigError(ValueError):
@@ -92,3 +102,27 @@ def set_dotted(tree: dict[str, Any], override: str) -> None:
             raise ConfigError(f"override {override!r}: '{part}' is a value, not a section")
         node = child
     node[parts[-1]] = value
+
+
+RENAMED = {"executors": EXECUTOR_RENAMED}
+
+
+def current_names(tree: Any, warn: bool = False) -> Any:
+    """A copy of the config tree ``tree`` with each renamed key (``RENAMED``) under its current
+    name where only the old one is set; silent unless ``warn`` (then one line each, and both
+    names set is a ``ValueError``; silent, that is left for validation to refuse)."""
+    if not isinstance(tree, dict):
+        return tree
+    return {k: with_current_names(v, RENAMED[k], warn, k)
+            if k in RENAMED and isinstance(v, dict) else v for k, v in tree.items()}
+
+
+def renamed_override(override: str) -> str:
+    """``override`` (``section.key=value``) with a renamed key under its current name, logging
+    the section's one warning line."""
+    key, eq, value = override.partition("=")
+    section, _, name = key.strip().partition(".")
+    if not eq or name not in RENAMED.get(section, {}):
+        return override
+    (new,) = with_current_names({name: value}, RENAMED[section], warn=True, where=section)
+    return f"{section}.{new}={value}"

@@ -22,18 +22,28 @@ scheduling.registry (which schedulers need the graph), the standard library, pac
 from __future__ import annotations
 
 import importlib.metadata as md
+import json
 import os
 import shutil
+import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Optional, Sequence
 
+from packaging.requirements import Requirement
+
+from actors.checkpoints import PolicyPathError, RemoteCodeError, remote_code
 from actors.executors.config import ExecutorConfig
-from launch.cluster import role_plan
+from actors.policy import resolve_model
+from envs.pool import PoolError, load_pool
+from launch.cluster import interpreter_env, role_plan
 from launch.config import ClusterConfig, PoolConfig, TrainConfig
 from launch.errors import UserError
-from launch.loggers import LoggingConfig
+from launch.loggers import LoggingConfig, check_extras
+from launch.run.eval_pools import load_eval_pools
+from sandbox.backends import backend_problem, resolve_backend
+from sandbox.errors import SandboxError
 from scheduling import registry
 
 MIN_PYTHON = (3, 10)
@@ -99,11 +109,6 @@ _PROBE = ("import json, ray, torch, transformers\n"
 def _check_role_python(python: str, ray: Optional[str], need_vllm: bool) -> Check:
     """``cluster.rollout.python``: the interpreter runs, imports this checkout's rollout worker,
     has the driver's Ray (Ray refuses mixed versions) and vLLM when the engine is vLLM."""
-    import json
-    import subprocess
-
-    from launch.cluster import interpreter_env
-
     name, fix = "rollout python", "make vllm-cpu (or point cluster.rollout.python at a venv " \
         "with this Ray, torch==2.13.0, vllm and the rollout worker's packages)"
     if not os.access(python, os.X_OK):
@@ -130,8 +135,6 @@ def _check_vllm(local: bool) -> Check:
     if vllm is None:
         return Check("vllm", "fail" if local else "warn", "not installed here (policy.engine is "
                      "vllm)", "pip install '.[gpu]' on every GPU node")
-    from packaging.requirements import Requirement
-
     for req in (Requirement(r) for r in md.requires("vllm") or ()):
         if req.name == "torch" and torch and req.specifier and \
                 not req.specifier.contains(torch.split("+")[0], prereleases=True):
@@ -144,7 +147,7 @@ def _check_vllm(local: bool) -> Check:
 def check_cuda(cfg: TrainConfig, local: bool) -> list[Check]:
     if not needs_gpus(cfg):
         return [Check("cuda", "ok", "not needed (no role asks for GPUs)")]
-    import torch
+    import torch  # lazy: torch only when a role asks for GPUs
 
     if not torch.cuda.is_available():
         where = "here" if local else "on the driver (the cluster's GPUs are checked below)"
@@ -168,9 +171,6 @@ def check_accelerators(cfg: TrainConfig) -> list[Check]:
 
 
 def check_sandbox(cfg: ExecutorConfig, local: bool) -> list[Check]:
-    from sandbox.backends import backend_problem, resolve_backend
-    from sandbox.errors import SandboxError
-
     out = []
     for tool in ("bwrap", "unshare"):
         problem = backend_problem(tool)
@@ -191,8 +191,6 @@ def check_sandbox(cfg: ExecutorConfig, local: bool) -> list[Check]:
 
 
 def check_logging(cfg: LoggingConfig) -> list[Check]:
-    from launch.loggers import check_extras
-
     missing = check_extras(cfg)
     backends = ", ".join(["jsonl", *cfg.backends])
     return [Check("logging", "fail" if missing else "ok", f"backends {backends}"
@@ -200,9 +198,6 @@ def check_logging(cfg: LoggingConfig) -> list[Check]:
 
 
 def check_policy(cfg: TrainConfig) -> list[Check]:
-    from actors.checkpoints import PolicyPathError, RemoteCodeError, remote_code
-    from actors.policy import resolve_model
-
     how = "sft warm start" if cfg.warm_starts() else "as is"
     if not cfg.policy.path:
         return [Check("policy", "ok", f"the tiny local policy ({how})")]
@@ -222,8 +217,6 @@ def check_pool(cfg: PoolConfig) -> list[Check]:
     if not cfg.path:
         return [Check("pool", "ok", f"generated into RUN_DIR/pool ({cfg.generate_envs} envs x "
                       f"{cfg.generate_tasks_per_env} tasks)")]
-    from envs.pool import PoolError, load_pool
-
     try:
         pool = load_pool(cfg.path)
     except (PoolError, OSError) as e:
@@ -234,8 +227,6 @@ def check_pool(cfg: PoolConfig) -> list[Check]:
 
 def check_eval_pools(cfg: TrainConfig) -> list[Check]:
     """Each evaluation pool of ``eval.pools`` loads and fits (``launch.run.eval_pools``)."""
-    from launch.run.eval_pools import load_eval_pools
-
     try:
         pools = load_eval_pools(cfg, cfg.pool.path)
     except UserError as e:
@@ -265,8 +256,6 @@ def check_run_dir(cfg: TrainConfig, run_dir: Optional[Path]) -> list[Check]:
 
 def checkpoint_bytes(cfg: TrainConfig) -> int:
     """~Size of one checkpoint: bf16/fp32 weights + fp32 master copy + Adam's two moments."""
-    from actors.policy import resolve_model
-
     try:
         model = Path(resolve_model(cfg.policy.path)) if cfg.policy.path else None
     except FileNotFoundError:
@@ -352,7 +341,7 @@ def resource_checks(cfg: TrainConfig, nodes: Sequence[dict[str, float]]) -> list
 
 def local_nodes(cfg: ClusterConfig) -> list[dict[str, float]]:
     """The one node an embedded Ray would have (its CPUs: cluster.num_cpus or all; GPUs seen)."""
-    import torch
+    import torch  # lazy: torch is heavy, only to count GPUs
 
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     return [{"CPU": float(cfg.num_cpus or os.cpu_count() or 1), "GPU": float(gpus)}]
@@ -360,7 +349,7 @@ def local_nodes(cfg: ClusterConfig) -> list[dict[str, float]]:
 
 def ray_nodes() -> list[dict[str, float]]:
     """Alive nodes of the connected Ray cluster, each its total resources."""
-    import ray
+    import ray  # lazy: Ray only with a cluster to check
 
     return [dict(n["Resources"]) for n in ray.nodes() if n.get("Alive")]
 

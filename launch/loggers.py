@@ -14,6 +14,8 @@ May import: pydantic, the standard library; torch.utils.tensorboard, wandb, mlfl
 from __future__ import annotations
 
 import hashlib
+import importlib
+import importlib.util
 import os
 import time
 from pathlib import Path
@@ -50,8 +52,6 @@ class MetricBackend(Protocol):
 
 
 def _require(backend: str):
-    import importlib
-
     try:
         return importlib.import_module(backend)
     except ImportError:
@@ -62,7 +62,7 @@ def _require(backend: str):
 
 class TensorBoardBackend:
     def __init__(self, run_dir: Path, start_step: int):
-        from torch.utils.tensorboard import SummaryWriter
+        from torch.utils.tensorboard import SummaryWriter  # lazy: imports torch
 
         # a resumed run hides the events logged after its checkpoint (they are redone)
         self.writer = SummaryWriter(str(run_dir / "tensorboard"),
@@ -94,7 +94,7 @@ class WandbBackend:
 class MlflowBackend:
     def __init__(self, cfg: LoggingConfig, run_dir: Path, name: str):
         _require("mlflow")
-        from mlflow.tracking import MlflowClient
+        from mlflow.tracking import MlflowClient  # lazy: mlflow is an optional extra
 
         uri = cfg.mlflow_tracking_uri or (run_dir.resolve() / "mlruns").as_uri()
         if uri.startswith("file:"):  # MLflow 3 refuses its file store unless asked for it
@@ -105,7 +105,7 @@ class MlflowBackend:
         self.run_id = self.client.create_run(exp_id, run_name=name).info.run_id
 
     def log(self, step: int, values: dict[str, float]) -> None:
-        from mlflow.entities import Metric
+        from mlflow.entities import Metric  # lazy: mlflow is an optional extra
 
         now = int(time.time() * 1000)
         self.client.log_batch(self.run_id, metrics=[
@@ -143,7 +143,5 @@ def make_backends(cfg: LoggingConfig, run_dir: Path, start_step: int = 0) -> lis
 
 def check_extras(cfg: LoggingConfig) -> list[str]:
     """One line per configured backend whose package is missing (for ``envsched doctor``)."""
-    import importlib.util
-
     return [f"pip install 'envsched[{EXTRAS[b]}]'" for b in cfg.backends
             if b in EXTRAS and importlib.util.find_spec(b) is None]

@@ -10,8 +10,8 @@ simulator (``check_users``) is one ``UserError`` line before any actor starts.
 
 May import: the standard library, pydantic, launch.config, launch.errors, launch.cluster, and
 the rollout role modules (``actors.rollout``, ``actors.rollout_worker``,
-``actors.executors.config``, ``actors.ticket``, ``actors.user_sim``); Ray and the role modules
-inside the functions that need them.
+``actors.executors.config``, ``actors.ticket``, ``actors.user_sim``); Ray and
+``actors.rollout_worker`` (Ray, torch) inside the functions that need them.
 """
 
 from __future__ import annotations
@@ -20,13 +20,20 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any, Optional
 
+from pydantic import ValidationError
+
+from actors.executors.config import ExecutorConfig
+from actors.policy import build_tiny_policy, load_tokenizer
+from actors.rollout.chat import ChatFormat
+from actors.rollout.config import RolloutConfig
+from actors.rollout.engine_args import gpus_per_engine
+from actors.ticket import Ticket
+from actors.user_sim.config import UserSimConfig
+from launch.cluster import accelerator_env
 from launch.config import ConfigError, set_dotted
 from launch.errors import UserError
 
 if TYPE_CHECKING:
-    from actors.executors.config import ExecutorConfig
-    from actors.rollout.config import RolloutConfig
-    from actors.user_sim.config import UserSimConfig
     from envs.pool import Pool
 
 
@@ -44,8 +51,6 @@ def override_tree(items: list[str]) -> dict[str, Any]:
 
 def _role_config(section: str, cls: type, overrides: dict[str, Any]) -> Any:
     """Validated here so a mistake is one line at exit 2, not an actor's traceback."""
-    from pydantic import ValidationError
-
     try:
         return cls(**overrides)
     except ValidationError as e:
@@ -54,21 +59,15 @@ def _role_config(section: str, cls: type, overrides: dict[str, Any]) -> Any:
 
 
 def rollout_config(overrides: dict[str, Any], k: Optional[int]) -> RolloutConfig:
-    from actors.rollout.config import RolloutConfig
-
     return _role_config("rollout", RolloutConfig, {**overrides, **({} if k is None else {"k": k})})
 
 
 def executor_config(overrides: dict[str, Any]) -> ExecutorConfig:
-    from actors.executors.config import ExecutorConfig
-
     return _role_config("executors", ExecutorConfig, overrides)
 
 
 def user_sim_config(overrides: dict[str, Any], pool: Pool) -> Optional[UserSimConfig]:
     """``envsched rollout``'s ``--user-set`` simulator (``check_users``)."""
-    from actors.user_sim.config import UserSimConfig
-
     return check_users(_role_config("user_sim", UserSimConfig, overrides), pool, "--user-set ")
 
 
@@ -92,9 +91,6 @@ def check_chat_format(engine: str, model: Optional[str], config: RolloutConfig,
     template or ``tool_parser`` (or, for a pool with ``conversational`` tasks, a template that
     cannot append a user turn) is one ``UserError`` line before any actor starts, not an actor's
     traceback. A template without tools logs its one warning here too."""
-    from actors.policy import build_tiny_policy, load_tokenizer
-    from actors.rollout.chat import ChatFormat
-
     path = model or (str(build_tiny_policy()) if engine != "vllm" else None)
     if path is None:
         return
@@ -115,7 +111,7 @@ def _say(line: str) -> None:
 def _wait_showing_progress(refs: list, timeout: float, k: int, t0: float) -> list:
     """Wait for every group (at most ``timeout`` s), printing a line as each one lands (on stderr:
     ``--json`` output stays clean); returns the refs still pending."""
-    import ray
+    import ray  # lazy: Ray only where actors run (the module imports cheaply)
 
     pending, total = list(refs), len(refs)
     while pending:
@@ -139,12 +135,10 @@ def run_groups(pool_dir: str, task_ids: list[str], engine: str, model: Optional[
     their sandboxes after the worker answers its ping), so that one-off start is not counted in
     episodes/s. ``users``: a ``UserSimConfig`` for a simulated user inside each worker. Raises
     TimeoutError naming the unfinished tasks when ``timeout`` passes."""
-    import ray
+    import ray  # lazy: Ray only where actors run (the module imports cheaply)
 
-    from actors.rollout.engine_args import gpus_per_engine
+    # lazy: imports Ray and torch; tests replace actors.rollout_worker.start_rollout_worker
     from actors.rollout_worker import start_rollout_worker
-    from actors.ticket import Ticket
-    from launch.cluster import accelerator_env
 
     check_chat_format(engine, model, config, users is not None)
     gpus = float(gpus_per_engine(config.engine_kwargs)) if engine == "vllm" else 0.0

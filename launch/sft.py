@@ -34,14 +34,24 @@ sandbox.errors.
 from __future__ import annotations
 
 import asyncio
+import multiprocessing
 import os
 import random
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from actors.executors.local_sandbox import SandboxSessions
+from actors.policy import build_tiny_policy, cache_kwargs, load_policy
+from actors.rollout.agent_loop import AgentLoop
+from actors.rollout.config import RolloutConfig
+from actors.rollout.engines.scripted_engine import ScriptedEngine
+from actors.user_sim.simulator import ScriptedUser
 from envs import strict_json
+from envs.pool import TASKS_FILE, PoolError, PoolProblem, load_pool
+from sandbox.errors import EnvLoadError
 
 
 def reference_sequences(pool: Any, tokenizer: Any, task_ids: list[str],
@@ -49,12 +59,6 @@ def reference_sequences(pool: Any, tokenizer: Any, task_ids: list[str],
                         ) -> list[tuple[list[int], list[int]]]:
     """(token_ids, loss_mask) of each task's reference solution played through the loop, its
     episodes in a sandbox worker configured by ``sandbox`` (a ``SandboxConfig``; None: default)."""
-    from actors.rollout.agent_loop import AgentLoop
-    from actors.rollout.config import RolloutConfig
-    from actors.rollout.engines.scripted_engine import ScriptedEngine
-    from actors.executors.local_sandbox import SandboxSessions
-    from actors.user_sim.simulator import ScriptedUser
-
     engine = ScriptedEngine.from_pool(tokenizer, pool)
     users = ScriptedUser({t.task_id: [t.instruction] for t in pool.tasks if t.user is not None})
     loop = AgentLoop(engine, tokenizer, RolloutConfig(enable_thinking=enable_thinking), users)
@@ -70,16 +74,12 @@ def reference_sequences(pool: Any, tokenizer: Any, task_ids: list[str],
 
 
 def _broken(pool: Any, task_id: str, why: str) -> Exception:
-    from envs.pool import TASKS_FILE, PoolError, PoolProblem
-
     return PoolError([PoolProblem(TASKS_FILE, f"{why}: the pool is broken, run `envsched pool "
                                               f"validate`", line=pool.lines.get(task_id),
                                   task_id=task_id)])
 
 
 async def _play(loop: Any, pool: Any, sessions: Any, task_ids: list[str]) -> list[Any]:
-    from sandbox.errors import EnvLoadError
-
     out = []
     for task_id in task_ids:
         task = pool.task(task_id)
@@ -109,10 +109,8 @@ def _sequence_loss(model: Any, tok: list[int], mask: list[int]) -> tuple[Any, fl
     prompt and tool schemas) runs once without gradient and is reused as the KV cache, so only
     the episode's own tokens are trained through: about half the cost of a full backward.
     """
-    import torch
-    from transformers.cache_utils import DynamicCache
-
-    from actors.policy import cache_kwargs
+    import torch  # lazy: torch only where the warm start trains (imports stay cheap)
+    from transformers.cache_utils import DynamicCache  # lazy: transformers is heavy
 
     first = mask.index(1)
     ids = torch.tensor([tok])
@@ -136,7 +134,7 @@ def train_sft(model: Any, sequences: list[tuple[list[int], list[int]]], epochs: 
     returns the mean loss of each epoch. With ``target_loss``, stops after the first epoch whose
     mean loss is at or below it (at most ``epochs``): the warm start's strength then does not
     depend on the pool's size (more tasks = more optimiser steps per epoch)."""
-    import torch
+    import torch  # lazy: torch only where the warm start trains (imports stay cheap)
 
     torch.manual_seed(seed)
     rng = random.Random(seed)
@@ -177,10 +175,7 @@ def run_sft(pool_dir: Path, out_dir: Path, epochs: int, lr: float, task_fraction
     solutions play in a sandbox worker configured by ``sandbox`` (a ``SandboxConfig``). ``only``:
     the tasks it may show (a run's training split, so held-out tasks stay unseen).
     ``trust_remote_code``: ``policy.trust_remote_code`` (``actors.policy.load_policy``)."""
-    import torch
-
-    from actors.policy import build_tiny_policy, load_policy
-    from envs.pool import load_pool
+    import torch  # lazy: torch only where the warm start trains (imports stay cheap)
 
     t0 = time.perf_counter()
     pool = load_pool(pool_dir)
@@ -205,8 +200,5 @@ def run_sft(pool_dir: Path, out_dir: Path, epochs: int, lr: float, task_fraction
 def run_sft_apart(*args: Any, **kwargs: Any) -> dict[str, Any]:
     """``run_sft(*args, **kwargs)`` in a spawned process (module docstring); an exception it
     raises is raised here."""
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
-
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as child:
         return child.submit(run_sft, *args, **kwargs).result()

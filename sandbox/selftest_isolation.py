@@ -18,7 +18,9 @@ import subprocess
 from typing import Any, Iterator
 
 from envs.spec import Check, Environment
+from sandbox.config import PROJECT_ROOT
 from sandbox.confine import MAX_PTYS
+from sandbox.worker import SandboxWorker
 
 
 def _env(env_id: str, source: str) -> Environment:
@@ -142,7 +144,6 @@ def _tool_base_exception(worker: Any, case: Any, probe: Any) -> tuple[str, str]:
 def _socket_path(probe: Any) -> str:
     """A path every backend shows the sandbox (the project tree) where this process may create a
     socket and sun_path can hold it; else the probe's own dir."""
-    from sandbox.config import PROJECT_ROOT
     path = os.path.join(str(PROJECT_ROOT), f".selftest-{probe.token[:8]}.sock")
     if len(path.encode()) < 100 and os.access(str(PROJECT_ROOT), os.W_OK):
         return path
@@ -285,7 +286,7 @@ class Hostile:
 
 def _mount_write(key: str):
     def run(worker: Any, case: Any, probe: Any) -> tuple[str, str]:
-        from sandbox.worker import SandboxWorker  # a fresh worker: it must see the new mounts
+        # a fresh worker: it must see the new mounts
         with _host_mounts(probe) as spec, SandboxWorker(worker.config) as fresh:
             fresh.reset(WRITER, {}, seed=0)
             step = fresh.step("attack", {"arg": spec[key]})

@@ -19,6 +19,7 @@ from typing import Any, Iterator
 
 from sandbox.config import PROJECT_ROOT
 from sandbox.selftest_isolation import WRITER
+from sandbox.worker import SandboxWorker
 
 
 @contextlib.contextmanager
@@ -48,7 +49,7 @@ def _nested_mounts(probe: Any) -> Iterator[dict[str, Any]]:
 
 
 def _nested_mount_write(worker: Any, case: Any, probe: Any) -> tuple[str, str]:
-    from sandbox.worker import SandboxWorker  # a fresh worker: it must see the new mounts
+    # a fresh worker: it must see the new mounts
     with _nested_mounts(probe) as spec, SandboxWorker(worker.config) as fresh:
         fresh.reset(WRITER, {}, seed=0)
         steps = [fresh.step("attack", {"arg": spec[key]}) for key in ("dir", "file")]

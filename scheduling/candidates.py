@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 import scipy.sparse as sp
+from threadpoolctl import ThreadpoolController
 
 DENSE_BUDGET = 1 << 24  # entries of one dense similarity chunk (64 MiB in float32)
 _BLAS: list = []
@@ -34,7 +35,6 @@ def one_blas_thread():
     are small, so threads only add overhead (docs/scheduler.md, "Performance notes").
     """
     if not _BLAS:                       # built once, after numpy has loaded its BLAS
-        from threadpoolctl import ThreadpoolController
         _BLAS.append(ThreadpoolController())
     return _BLAS[0].limit(limits=1, user_api="blas")
 

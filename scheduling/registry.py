@@ -29,6 +29,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence, Union
 from pydantic import BaseModel, create_model
 
 from scheduling.base import Scheduler, SchedulerError, TaskInfo
+from scheduling.baselines.leeps import _normalise, neighbour_lists
 from scheduling.baselines.params import (DAPOParams, DPSParams, LEEPSParams, MoPPSParams,
                                          RandomParams)
 from scheduling.config import EnvSchedConfig, EnvSchedParams
@@ -102,8 +103,6 @@ def make_envsched(cls: type, params: BaseModel, inputs: Inputs) -> Scheduler:
 
 
 def make_leeps(cls: type, params: BaseModel, inputs: Inputs) -> Scheduler:
-    from scheduling.baselines.leeps import _normalise, neighbour_lists
-
     graph = inputs.graph()
     key = ("leeps", tuple(t.task_id for t in inputs.tasks))
     if key not in inputs.cache:   # the embedding and its neighbour lists, once per task order

@@ -178,7 +178,7 @@ def test_rollout_runs_episodes_only_in_the_sandbox_without_ray_auth_in_env(tmp_p
     proc = subprocess.run(
         [sys.executable, "-m", "launch.cli", "rollout", "--pool", str(pool), "--tasks", "1",
          "--k", "2", "--executor-set", "num_executors=1", "--executor-set",
-         "workers_per_executor=1", "--timeout", "240", "--json"],
+         "slots_per_executor=1", "--timeout", "240", "--json"],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=420)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert '"mean_reward": 1.0' in proc.stdout
@@ -249,7 +249,7 @@ def test_identifier_filter_replays_run_only_in_the_sandbox(ray_local, tmp_path, 
     worker = start_rollout_worker(
         str(pool_dir), "scripted", num_cpus=0.25,
         config={"k": 2, "max_turns": 3, "enable_thinking": False},
-        executor_config={"num_executors": 1, "workers_per_executor": 1,
+        executor_config={"num_executors": 1, "slots_per_executor": 1,
                          "num_cpus_per_executor": 0.1})
     try:
         group = ray.get(worker.run_group.remote(Ticket.direct("t0", k=2)), timeout=300)

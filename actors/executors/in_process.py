@@ -4,11 +4,10 @@
 No isolation: environment code runs in the calling process, so only unit tests of the agent loop
 and the controller use it (``tests/test_untrusted_paths.py`` keeps every other module from
 importing it). Calls run inline: the runtime's SIGALRM timeouts work only on the main thread.
-``workers`` sessions may be open at once (``capacity``); one more raises
+``slots`` sessions may be open at once (``capacity``); one more raises
 ``SandboxError("bad_request")``, and a closed session refuses calls (``SandboxError("closed")``).
 
-May import: sandbox.runtime (inside functions), sandbox.errors, envs, actors.executors.protocol, the
-standard library.
+May import: sandbox.runtime, sandbox.errors, envs, actors.executors.protocol, the standard library.
 """
 
 from __future__ import annotations
@@ -19,14 +18,13 @@ from actors.executors.protocol import Actions
 from envs.spec import Environment, TaskSpec
 from envs.trajectory import ActionStep, VerifyResult
 from sandbox.errors import SandboxError
+from sandbox.runtime import EpisodeRuntime
 
 
 class InProcessSession:
     def __init__(self, env: Environment, task: TaskSpec, initial_state: dict[str, Any],
                  seed: int = 0, runtime=None, timeout_s: float = 10.0,
                  on_close: Optional[Callable[[Any], None]] = None):
-        from sandbox.runtime import EpisodeRuntime
-
         self.task = task
         self._on_close = on_close
         self._closed = False
@@ -64,15 +62,15 @@ class InProcessSession:
 
 
 class InProcessSessions:
-    """In-process sessions for one pool, at most ``workers`` open at once (the
+    """In-process sessions for one pool, at most ``slots`` open at once (the
     ``actors.executors.protocol.Executors`` protocol)."""
 
-    def __init__(self, pool: Any, workers: int = 1):
-        if workers < 1:
-            raise ValueError(f"the workers parameter of InProcessSessions must be >= 1, "
-                             f"got {workers}")
+    def __init__(self, pool: Any, slots: int = 1):
+        if slots < 1:
+            raise ValueError(f"the slots parameter of InProcessSessions must be >= 1, "
+                             f"got {slots}")
         self.pool = pool
-        self._target = workers
+        self._target = slots
         self._open = 0
         self._opened = 0
         self._idle: dict[str, list] = {}   # env_id -> loaded runtimes with no open session
@@ -86,8 +84,6 @@ class InProcessSessions:
         return self._target
 
     def _runtime(self, env: Environment) -> Any:
-        from sandbox.runtime import EpisodeRuntime
-
         idle = self._idle.setdefault(env.env_id, [])
         return idle.pop() if idle else EpisodeRuntime(env)
 

@@ -1,12 +1,12 @@
 """``ExecutorPool``: the public class in front of the EnvExecutor Ray actors (Ray ``util/queue``
 style: a plain object owning private actors, the library's own exceptions, sync and async calls).
 
-    executors = ExecutorPool(pool, ExecutorConfig(num_executors=4, workers_per_executor=2))
+    executors = ExecutorPool(pool, ExecutorConfig(num_executors=4, slots_per_executor=2))
     session = executors.open_session(task, seed=7)      # sticky to one sandbox until close()
     step = session.step("find_customer", {"name": "Ann"})   # or: await session.astep(...)
     result = session.verify(); session.close()
 
-``num_executors`` x ``workers_per_executor`` sandboxes = the episodes open at once; ``open_session``
+``num_executors`` x ``slots_per_executor`` sandboxes = the episodes open at once; ``open_session``
 and ``replay`` wait up to ``acquire_timeout_s`` for one. The pool is ``ray.put`` once
 (``put_pool``). Failures are ``sandbox.errors.SandboxError`` (``kind="executor"`` for a dead
 executor, ``"timeout"`` past a deadline); every ``ray.get`` has a timeout. An executor past its
@@ -82,7 +82,7 @@ class ExecutorPool:
     def __init__(self, pool: Union[Pool, "ray.ObjectRef"], config: Optional[ExecutorConfig] = None):
         self.config = config or ExecutorConfig()
         self._pool_ref = _pool_ref(pool)
-        self._slots = Slots(self.config.workers_per_executor)
+        self._slots = Slots(self.config.slots_per_executor)
         self._actors: dict[int, Any] = {}
         self._next = 0
         self._claims: list[tuple[float, dict[str, float]]] = []
@@ -91,7 +91,7 @@ class ExecutorPool:
         restarts = 0 if self.config.resources else self.config.max_restarts  # see 'Placement'
         self._options = dict(
             num_cpus=self.config.num_cpus_per_executor, max_restarts=restarts,
-            max_task_retries=0, max_concurrency=self.config.workers_per_executor + 2)
+            max_task_retries=0, max_concurrency=self.config.slots_per_executor + 2)
         self.resize(self.config.num_executors)
 
     @property
@@ -102,7 +102,7 @@ class ExecutorPool:
     @property
     def capacity(self) -> int:
         """Sessions that can be open at once on the executors taking new ones."""
-        return self.size * self.config.workers_per_executor
+        return self.size * self.config.slots_per_executor
 
     def resize(self, n: int) -> int:
         """Grow by starting executors; shrink by retiring the least busy: they take no new
@@ -140,7 +140,7 @@ class ExecutorPool:
         index, self._next = self._next, self._next + 1
         remote = _EXECUTOR.options(**self._options, **self._placement(replacing))
         self._actors[index] = remote.remote(
-            self._pool_ref, self.config.sandbox, self.config.workers_per_executor,
+            self._pool_ref, self.config.sandbox, self.config.slots_per_executor,
             f"{self.config.name_prefix}-{index}", self.config.prestart)
         self._slots.add(index)
 

@@ -10,8 +10,9 @@ coroutine (``astep``, ``averify``, ``aclose``) and a blocking wrapper (``step``,
 ``close``). Failures are ``sandbox.errors.SandboxError``; a failed call ends the session and frees
 its sandbox.
 
-``capacity``: sessions that can be open at once; ``resize(n)``: n units (executors or workers),
-returns the units taking sessions; ``wait_time_stats()``: how long openers waited;
+``capacity``: sessions that can be open at once; ``resize(n)``: n units (executors, local sandbox
+workers or in-process slots), returns the units taking sessions; ``wait_time_stats()``: how long
+openers waited;
 ``wait_ready(timeout_s)``: blocks until every unit has started its sandboxes, returns the seconds.
 
 May import: envs.spec, envs.trajectory, the standard library. No Ray.

@@ -26,6 +26,7 @@ from typing import Optional, Sequence
 
 import torch
 
+from actors.learner.grpo import target_logprobs
 from envs.trajectory import Trajectory
 
 
@@ -87,8 +88,6 @@ def place_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, keep: torch.Te
     """Log-probs of the next tokens from ``logits`` [B, len(keep), V] computed at positions
     ``keep``, under ``scoring``'s distribution (``grpo.target_logprobs``), placed into a zero
     [B, L-1] tensor shaped like ``loss_mask``."""
-    from actors.learner.grpo import target_logprobs
-
     scored = target_logprobs(logits, input_ids[:, keep + 1], scoring)
     return scored.new_zeros(loss_mask.shape).index_copy(1, keep, scored)
 

@@ -7,7 +7,8 @@ model-generated tokens. Each loss ingredient is a switch in ``GRPOConfig`` (see 
 Deviations from the paper (docs/learner.md, "Deviations from the paper"): a dual clip
 (``dual_clip``) and a token mask (``token_band``) bound every token's loss; ``dual_clip: null``
 and ``token_band: null`` give the paper's loss back. The sampler's temperature / top-k / top-p
-(``temperature``, ``top_k``, ``top_p``; copied from ``rollout`` by the run config) shape
+(``temperature``, ``top_k``, ``top_p``; a run's are ``rollout``'s, set in the learner's copy
+by ``launch.config.TrainConfig.learner_settings``) shape
 the learner's log-probs as they shape the engine's.
 
 Decisions where the paper is silent: no KL term by default (``kl_coef = 0``); the cosine decays to
@@ -72,22 +73,23 @@ class GRPOConfig(BaseModel):
         "limit, or the sequence limit max_sequence_tokens) is left out of the loss; its reward "
         "still enters its group's baseline. False (the paper): trained with its verified reward"))
     max_sequence_tokens: Optional[int] = Field(None, ge=2, description=(
-        "rollout.max_tokens_per_sequence, which the run config copies here: a trajectory that "
-        "long was cut by it (overlong_filter)"))
+        "rollout.max_tokens_per_sequence in a run (TrainConfig.learner_settings): a trajectory "
+        "that long was cut by it (overlong_filter)"))
     # a learner used alone scores the raw distribution; in a run, these are rollout's
     temperature: float = Field(1.0, ge=0, description=(
         "the sampler's temperature, applied to the learner's logits so both sides of the ratio "
-        "score the distribution the tokens were drawn from; the run config copies "
-        "rollout.temperature here (0: greedy, scored at 1)"))
+        "score the distribution the tokens were drawn from; in a run, rollout.temperature "
+        "(TrainConfig.learner_settings; 0: greedy, scored at 1)"))
     top_k: int = Field(0, ge=-1, description="the sampler's top-k (rollout.top_k; <= 0: none)")
     top_p: float = Field(1.0, gt=0, le=1, description="the sampler's top-p (rollout.top_p)")
     loss_agg: Literal["token_mean", "seq_mean"] = "token_mean"
     eps: float = Field(1e-6, gt=0)
 
     def follow(self, **rollout) -> "GRPOConfig":
-        """A copy with ``rollout``'s values of the fields it copies (temperature, top_k, top_p,
-        max_sequence_tokens; ``launch.config.TrainConfig``); a value set here that differs is an
-        error naming it (the learner must score the distribution the rollout samples from)."""
+        """A copy with ``rollout``'s values of the fields it takes (temperature, top_k, top_p,
+        max_sequence_tokens; ``launch.config.TrainConfig.learner_settings``); a value set here
+        that differs is an error naming it (the learner must score the distribution the rollout
+        samples from)."""
         for key in sorted(k for k in self.model_fields_set & set(rollout)
                           if getattr(self, k) != rollout[k]):
             raise ValueError(f"learner.loss.{key} is {getattr(self, key)} but rollout's is "
@@ -144,8 +146,8 @@ class LearnerConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     model_path: Optional[str] = None
-    trust_remote_code: bool = Field(False, description="load the model folder's own code; set "
-                                    "from policy.trust_remote_code (actors.checkpoints)")
+    trust_remote_code: bool = Field(False, description="load the model folder's own code; in a "
+                                    "run, policy.trust_remote_code (actors.checkpoints)")
     ranks: int = Field(1, ge=1)
     zero_stage: int = Field(2, ge=0, le=3, description=(
         "DeepSpeed ZeRO stage; bf16 needs 1-3 (stage 0 keeps no fp32 master weights)"))

@@ -15,9 +15,9 @@ per learner step (a resumed run recomputes it from the step counter):
     f(s) = (s + 1) / W                                    for s < W
     f(s) = m + (1 - m) * (1 + cos(pi * (s - W) / (T - W))) / 2   after; m = min_lr_ratio, T = total.
 
-May import: torch, deepspeed, transformers (all inside functions: the module must import cheaply),
-the learner's plain modules, and actors.checkpoints (``remote_code``: the model loads with an
-explicit ``trust_remote_code``).
+May import: torch (the learner's plain modules import it already); deepspeed and transformers
+(inside functions: importing the module does not load them); the learner's plain modules, and
+actors.checkpoints (``remote_code``: the model loads with an explicit ``trust_remote_code``).
 """
 
 from __future__ import annotations
@@ -31,7 +31,10 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Iterator, Optional
 
+import torch
+
 from actors import lora
+from actors.checkpoints import remote_code
 from actors.learner.safe_load import weights_only_loads
 from actors.learner import grpo
 from actors.learner.batching import PackedBatch, scored_logprobs
@@ -105,9 +108,8 @@ class LearnerEngine:
     """One rank of the DeepSpeed world. Construct only after the distributed env vars are set."""
 
     def __init__(self, cfg: LearnerConfig):
-        import deepspeed
-        import torch
-        from transformers import AutoModelForCausalLM
+        import deepspeed  # lazy: deepspeed is heavy, only where a rank is built
+        from transformers import AutoModelForCausalLM  # lazy: transformers is heavy
 
         if not cfg.model_path:
             raise ValueError("the model_path parameter of LearnerConfig must name a Hugging Face "
@@ -125,8 +127,6 @@ class LearnerEngine:
         self.device = torch.device("cuda", torch.cuda.current_device()) if self.cuda else "cpu"
         torch.manual_seed(cfg.seed)
         dtype = getattr(torch, cfg.torch_dtype_name(self.cuda))
-        from actors.checkpoints import remote_code
-
         trust = remote_code(cfg.model_path, cfg.trust_remote_code)   # explicit: no stdin prompt
         model = AutoModelForCausalLM.from_pretrained(cfg.model_path, dtype=dtype,
                                                      trust_remote_code=trust)
@@ -173,8 +173,6 @@ class LearnerEngine:
         ``scored_only``: only at the positions ``batch.loss_mask`` scores (0 elsewhere), with the
         training forward; what the loss needs of the recomputed and reference log-probs, without
         running every position's LM head or each sample's copy of the prompt."""
-        import torch
-
         model = self.ref if reference else self.engine.module
         forward = self._scored_forward if scored_only else self._forward_logprobs
         was_training = model.training
@@ -190,15 +188,11 @@ class LearnerEngine:
     # -- training ----------------------------------------------------------------------------
 
     def _all_reduce_sum(self, value: float) -> float:
-        import torch
-
         t = torch.tensor([value], dtype=torch.float64, device=self.device)
         torch.distributed.all_reduce(t)
         return float(t.item())
 
     def _all_reduce_max(self, value: float) -> float:
-        import torch
-
         t = torch.tensor([value], dtype=torch.float64, device=self.device)
         torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
         return float(t.item())
@@ -319,7 +313,7 @@ class LearnerEngine:
         """(name, full parameter) one at a time (those whose name ``only`` accepts, if given);
         every rank must iterate (ZeRO-3 gathers are collective); the tensors are valid only
         inside the loop body."""
-        import deepspeed
+        import deepspeed  # lazy: deepspeed is heavy
 
         for name, p in self.engine.module.named_parameters():
             if only is not None and not only(name):

@@ -23,8 +23,13 @@ from __future__ import annotations
 
 import contextlib
 import json
+import pickle
 from pathlib import Path
 from typing import Any, Iterator, Optional
+
+from actors.checkpoints import remote_code
+from actors.lora import LoraAdapter, merge_into
+from actors.policy import resolve_model
 
 SOURCE_FILE = "model_source.json"
 
@@ -51,11 +56,9 @@ def save_hf(model, state_dict: Optional[dict], source: str, out: Path,
     """``model``'s architecture with ``state_dict`` as a Hugging Face directory ``out``, with the
     tokenizer of ``source`` (a directory or a cached hub id) saved by its own ``save_pretrained``:
     whatever files that tokenizer is made of, and its chat template."""
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer  # lazy: transformers is heavy
 
     model.save_pretrained(out, state_dict=state_dict)
-    from actors.checkpoints import remote_code
-
     AutoTokenizer.from_pretrained(source, trust_remote_code=remote_code(
         source, trust_remote_code)).save_pretrained(out)
 
@@ -72,13 +75,14 @@ def model_source(learner_dir: Path, override: Optional[str]) -> str:
 
 def full_state_dict(learner_dir: Path) -> dict:
     """{name: fp32 CPU tensor} of the checkpoint ``learner_dir/latest`` names."""
-    import torch
+    import torch  # lazy: torch only when reading a checkpoint
 
     latest = Path(learner_dir) / "latest"
     if not latest.is_file():
         raise ExportError(f"{learner_dir} is not a DeepSpeed checkpoint (no 'latest' file)")
     tag_dir = Path(learner_dir) / latest.read_text().strip()
     if list(tag_dir.glob("*optim_states.pt")) and any(tag_dir.glob("zero_pp_rank_*")):
+        # lazy: deepspeed only for a ZeRO checkpoint
         from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
         with _as_data(tag_dir):
@@ -95,9 +99,7 @@ def full_state_dict(learner_dir: Path) -> dict:
 def _as_data(tag_dir: Path) -> Iterator[None]:
     """Checkpoint files loaded ``weights_only`` (``actors.learner.safe_load``); a file naming
     anything else is refused in one line."""
-    import pickle
-
-    from actors.learner.safe_load import weights_only_loads
+    from actors.learner.safe_load import weights_only_loads  # lazy: safe_load imports torch
 
     try:
         with weights_only_loads():
@@ -120,8 +122,6 @@ def _lora_export(learner_dir: Path, state: dict, source: str, lora: Optional[str
                  out: Path, trust: bool = False) -> Optional[dict]:
     """A LoRA checkpoint: writes the adapter (``lora='adapter'``, returns None) or returns the
     merged base state dict (``'merged'``, the default). A full-weight one: ``state``."""
-    from actors.lora import LoraAdapter, merge_into
-
     settings = recorded_lora(learner_dir)
     if settings is None:
         return state
@@ -132,7 +132,7 @@ def _lora_export(learner_dir: Path, state: dict, source: str, lora: Optional[str
     if lora == "adapter":
         adapter.save(out, source)
         return None
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM  # lazy: transformers is heavy
 
     base = AutoModelForCausalLM.from_pretrained(source, dtype="float32",
                                                 trust_remote_code=trust).state_dict()
@@ -146,11 +146,8 @@ def export_checkpoint(learner_dir: str | Path, out: str | Path, model: Optional[
     adapter directory, ``merged`` (default) the model with the adapter folded in;
     ``trust_remote_code``: load a source folder with ``auto_map`` (refused in one line
     otherwise, ``actors.checkpoints.remote_code``)."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    from actors.checkpoints import remote_code
-    from actors.policy import resolve_model
+    import torch  # lazy: torch only when exporting
+    from transformers import AutoConfig, AutoModelForCausalLM  # lazy: transformers is heavy
 
     learner_dir, out = Path(learner_dir), Path(out)
     source = resolve_model(model_source(learner_dir, model))

@@ -41,8 +41,8 @@ lags (learner version - v_t) and the mismatch over lag-0 tokens alone (``fresh_m
 Aggregation: ``token_mean`` = sum_t m_t L_t / N, N the model tokens (the caller may pass N for the
 whole distributed step); ``seq_mean`` = mean over trajectories of each one's token mean.
 
-May import: torch, numpy, the standard library; actors.rollout.engines (base, hf_batch: the
-sampler's truncation rule) inside ``_kept``.
+May import: torch, numpy, the standard library, actors.rollout.engines.base; hf_batch (the
+sampler's truncation rule; it imports transformers) inside ``_kept``.
 """
 
 from __future__ import annotations
@@ -52,6 +52,8 @@ from typing import Optional, Sequence
 
 import numpy as np
 import torch
+
+from actors.rollout.engines.base import SamplingParams
 
 
 def group_advantages(groups: Sequence[Sequence[float]], *, std_norm: bool = True,
@@ -126,8 +128,8 @@ def target_logprobs(logits: torch.Tensor, targets: torch.Tensor, scoring=None) -
 def _kept(z: torch.Tensor, top_k: int, top_p: float, rows: int = 1024) -> torch.Tensor:
     """Which tokens the sampler's top-k / top-p keep, from temperature-scaled logits [..., V];
     in chunks of ``rows`` positions (the warper's [N, V] temporaries stay bounded)."""
-    from actors.rollout.engines.base import SamplingParams
-    from actors.rollout.engines.hf_batch import _warp   # the one definition of the rule
+    # lazy: hf_batch imports transformers; the one definition of the rule
+    from actors.rollout.engines.hf_batch import _warp
 
     s = SamplingParams(max_tokens=1, temperature=1.0, top_k=top_k, top_p=top_p)
     flat = z.reshape(-1, z.shape[-1])

@@ -15,7 +15,8 @@ rank, a dead or silent one ``LearnerDied`` (the group is lost: ``launch.run.reco
 ``poll_train_step`` reports a dead rank as soon as Ray does, without waiting for the ranks stuck
 in a collective with it.
 
-May import: ray, the learner's plain modules, envs.trajectory (torch/deepspeed only inside actors).
+May import: ray, the learner's plain modules and ``weight_sync``, ``actors.policy``
+(``resolve_model``), envs.trajectory (torch/deepspeed only inside actors).
 """
 
 from __future__ import annotations
@@ -31,7 +32,10 @@ import ray
 
 from actors.learner.batching import pack
 from actors.learner.config import LearnerConfig
+from actors.learner.precision import precision_refusal
 from actors.learner.step import step_advantages, step_shards
+from actors.learner.weight_sync import learner_sync_broadcast, learner_sync_init
+from actors.policy import resolve_model
 from envs.trajectory import Group, Trajectory
 from envs.cache import cache_dir
 
@@ -96,7 +100,7 @@ class LearnerActor:
     def setup(self, master_addr: str, master_port: int) -> int:
         os.environ.update(RANK=str(self.rank), WORLD_SIZE=str(self.world), LOCAL_RANK="0",
                           MASTER_ADDR=master_addr, MASTER_PORT=str(master_port))
-        from actors.learner.engine import LearnerEngine
+        from actors.learner.engine import LearnerEngine  # lazy: Ray worker start-up
 
         self.engine = LearnerEngine(self.cfg)
         return self.engine.step
@@ -133,20 +137,14 @@ class LearnerActor:
         return self.engine.export_adapter(directory)
 
     def sync_init(self, addr: str, port: int, world: int) -> list:
-        from actors.learner.weight_sync import learner_sync_init
-
         return learner_sync_init(self.engine, addr, port, world)
 
     def sync_broadcast(self) -> None:
-        from actors.learner.weight_sync import learner_sync_broadcast
-
         learner_sync_broadcast(self.engine)
 
     def precision_refusal(self) -> Optional[str]:
         """Why this rank's CPU cannot train in the configured bf16, or None
         (``actors.learner.precision.precision_refusal``)."""
-        from actors.learner.precision import precision_refusal
-
         return precision_refusal(self.cfg)
 
     def pid(self) -> int:
@@ -164,8 +162,6 @@ class LearnerGroup:
     """N ``LearnerActor`` ranks forming one DeepSpeed world; the trainer's handle on the learner."""
 
     def __init__(self, cfg: LearnerConfig):
-        from actors.policy import resolve_model
-
         try:  # resolved once, here: every rank loads the same directory
             if not cfg.model_path:
                 raise FileNotFoundError("no model path")

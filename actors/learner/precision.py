@@ -99,7 +99,7 @@ def fp32_masters(module, only) -> Iterator[tuple[str, Any]]:
     parameter with no master copy (no ZeRO optimiser) yields its own weights in fp32. What a LoRA
     merge reads: W + s B A from the bf16 copies of A and B rounds twice, and an early update
     below half a bf16 step of W is lost (docs/learner.md, "Precision")."""
-    from deepspeed.utils import safe_get_full_fp32_param
+    from deepspeed.utils import safe_get_full_fp32_param  # lazy: deepspeed is heavy
 
     for name, p in module.named_parameters():
         if p.requires_grad and only(name):

@@ -13,7 +13,8 @@ segment and leaves every row a suffix token; a segment shares only when P >= ``m
 checkpointing (transformers drops the cache under it) or for models whose forward takes no
 ``cache`` (``supports_prefix_sharing``). Rows are made adjacent by ``batching.shard``.
 
-May import: torch, transformers, actors.learner.batching, the standard library.
+May import: torch, transformers (inside functions), actors.learner.batching, actors.policy
+(``cache_kwargs``), the standard library.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import Any
 import torch
 
 from actors.learner.batching import place_logprobs, scored_logprobs
+from actors.policy import cache_kwargs
 
 MIN_PREFIX = 32
 
@@ -82,9 +84,7 @@ def supports_prefix_sharing(model: Any) -> bool:
 
 def _shared(model, ids: torch.Tensor, attn: torch.Tensor, lmask: torch.Tensor,
             p: int, scoring=None) -> torch.Tensor:
-    from transformers.cache_utils import DynamicCache
-
-    from actors.policy import cache_kwargs
+    from transformers.cache_utils import DynamicCache  # lazy: transformers is heavy
 
     rows, width = ids.shape
     config = getattr(model, "module", model).config

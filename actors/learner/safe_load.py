@@ -25,6 +25,7 @@ import torch
 
 
 def deepspeed_data_types() -> list[type]:
+    # lazy: deepspeed is heavy (these three imports)
     from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
     from deepspeed.runtime.zero.config import ZeroStageEnum
     from deepspeed.utils.tensor_fragment import fragment_address

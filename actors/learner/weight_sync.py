@@ -25,6 +25,7 @@ from __future__ import annotations
 import abc
 import time
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any, Sequence
 
 import ray
@@ -160,7 +161,7 @@ def _numel(shape) -> int:
 
 
 def _itemsize(dtype: str) -> int:
-    import torch
+    import torch  # lazy: keeps torch out of the driver's import
 
     return getattr(torch, dtype).itemsize
 
@@ -187,6 +188,7 @@ class _NcclComm:
     backend = "nccl"
 
     def __init__(self, addr: str, port: int, rank: int, world: int, device):
+        # lazy: vllm only in vLLM workers and GPU learner ranks (these two imports)
         from vllm.distributed.device_communicators.pynccl import PyNcclCommunicator
         from vllm.distributed.utils import StatelessProcessGroup
 
@@ -194,12 +196,12 @@ class _NcclComm:
         self.comm = PyNcclCommunicator(group, device=device)
 
     def broadcast(self, tensor, src: int) -> None:
-        import torch
+        import torch  # lazy: keeps torch out of the driver's import
 
         self.comm.broadcast(tensor, src=src, stream=torch.cuda.current_stream())
 
     def synchronize(self) -> None:
-        import torch
+        import torch  # lazy: keeps torch out of the driver's import
 
         torch.cuda.synchronize()
 
@@ -213,9 +215,7 @@ class _GlooComm:
     backend = "gloo"
 
     def __init__(self, addr: str, port: int, rank: int, world: int, device, timeout_s=600.0):
-        from datetime import timedelta
-
-        import torch.distributed as dist
+        import torch.distributed as dist  # lazy: keeps torch out of the driver's import
 
         timeout = timedelta(seconds=timeout_s)
         store = dist.TCPStore(addr, port, world, is_master=rank == 0, timeout=timeout)
@@ -273,6 +273,7 @@ def _repack_cpu_lm_head(model) -> None:
     head = getattr(model, "lm_head", None)
     if head is None or not hasattr(head, "cpu_linear") or getattr(head, "weight", None) is None:
         return
+    # lazy: vllm is optional, only in vLLM workers
     from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
 
     dispatch_cpu_unquantized_gemm(head, remove_weight=False)
@@ -283,7 +284,7 @@ class VLLMWorkerExtension:
     VLLMWorkerExtension")``); reached through ``collective_rpc``."""
 
     def init_weight_sync(self, addr: str, port: int, rank_offset: int, world: int) -> None:
-        from vllm.distributed.parallel_state import get_world_group
+        from vllm.distributed.parallel_state import get_world_group  # lazy: vLLM worker only
 
         rank = get_world_group().rank + rank_offset
         self.sync_comm = stateless_comm(addr, port, rank, world, self.device)
@@ -291,7 +292,7 @@ class VLLMWorkerExtension:
     def receive_weights(self, meta: list, version: int) -> int:
         """Receive every parameter of ``meta`` in the learner's order and load it as it arrives
         (one tensor in flight: no second copy of the model)."""
-        import torch
+        import torch  # lazy: keeps torch out of the driver's import
 
         received = []
 

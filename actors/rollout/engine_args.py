@@ -64,7 +64,7 @@ def vllm_engine_keys() -> tuple[frozenset, str]:
     parameters and vLLM's ``AsyncEngineArgs`` fields (or the known keys without vllm)."""
     own = keyword_params("vllm_engine", "VLLMEngine", "__init__")
     try:
-        from vllm import AsyncEngineArgs
+        from vllm import AsyncEngineArgs  # lazy: vllm is optional (may be missing)
     except ImportError:
         return VLLM_KNOWN_KEYS | own, "envsched's known vLLM keys (vllm not installed)"
     fields = {f.name for f in dataclasses.fields(AsyncEngineArgs)}

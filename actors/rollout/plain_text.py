@@ -134,7 +134,7 @@ class PlainEncoder:
     """Encodes spans: added tokens only where the template placed them."""
 
     def __init__(self, tokenizer):
-        from tokenizers import Tokenizer
+        from tokenizers import Tokenizer  # lazy: tokenizers only with a real tokenizer
 
         backend = getattr(tokenizer, "backend_tokenizer", None)
         if backend is None:

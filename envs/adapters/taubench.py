@@ -266,7 +266,7 @@ def import_taubench(src: str | Path, domain: str, split: str, out: str | Path,
 def _convert_tasks(src: Path, task_file: Path, env: Environment, state: dict[str, Any], state_ref: str,
                    domain: str, split: str, replay: Any, strict: bool, mode: str
                    ) -> tuple[list[TaskSpec], ImportSummary]:
-    from sandbox.errors import SandboxError
+    from sandbox.errors import SandboxError  # lazy: sandbox imports envs (layering)
 
     summary = ImportSummary(source=str(task_file))
     specs = []
@@ -297,7 +297,7 @@ class _SandboxReplay:
     """Runs gold actions in one sandbox worker and returns the final state."""
 
     def __init__(self) -> None:
-        from sandbox.worker import SandboxWorker
+        from sandbox.worker import SandboxWorker  # lazy: sandbox imports envs (layering)
 
         self.worker = SandboxWorker()
 

@@ -13,6 +13,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
+import math
+import resource
+import tempfile
+import time
+
+import numpy as np
+
+from envs.generator import generate_pool
+from envs.pool import load_pool
+from launch.errors import UserError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -26,10 +37,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import logging
-
-    from launch.errors import UserError
-
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     if args.tasks < 2 or args.tasks_per_env < 1:
         raise UserError(f"--tasks must be >= 2 and --tasks-per-env >= 1, got {args.tasks}, "
@@ -44,15 +51,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _build(args: argparse.Namespace):
-    import logging
-    import math
-    import resource
-    import tempfile
-    import time
-
-    from envs.generator import generate_pool
-    from envs.pool import load_pool
-    from scheduling.graph import DualGraph
+    from scheduling.graph import DualGraph  # lazy: keeps envsched --help fast (numba)
 
     with tempfile.TemporaryDirectory(prefix="envsched-bench-graph-") as tmp:
         t0 = time.perf_counter()
@@ -72,10 +71,6 @@ def _build(args: argparse.Namespace):
 
 def _time_topk(graph, sizes: list[int], seed: int) -> list[dict]:
     """From the lists (memo cleared), then one training step later (64 more observed)."""
-    import time
-
-    import numpy as np
-
     rng = np.random.default_rng(seed)
     rows = []
     for m in sizes:

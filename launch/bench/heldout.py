@@ -40,13 +40,12 @@ import argparse
 import json
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from launch.bench.fixedset import ci_text as _ci, cpu_s as _cpu_s
+from launch.bench.fixedset import bounds as part_bounds, ci_text as _ci, cpu_s as _cpu_s
+from launch.config import PACKAGED_CONFIGS, ConfigError, TrainConfig, load_config
+from launch.errors import UserError
 from launch.run.split import SPLITS
-
-if TYPE_CHECKING:
-    from launch.config import TrainConfig
+from scheduling.simulate.metrics import mean_ci
 
 # The tiny policy's learning settings: configs/cpu_demo.yaml's (chosen on the demo, docs/demo.md).
 TINY = ["policy.path=null", "policy.engine=hf", "cluster.rollout.python=null",
@@ -70,9 +69,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from launch.compare import compare
-    from launch.config import PACKAGED_CONFIGS, ConfigError, load_config
-    from launch.errors import UserError
+    from launch.compare import compare  # lazy: keeps envsched --help fast
 
     names = [n.strip() for n in args.policies.split(",") if n.strip()]
     unknown = [n for n in names if n not in POLICIES]
@@ -108,16 +105,13 @@ def bounds(cfg: TrainConfig, cmp_dir: Path) -> dict[str, dict[str, float]]:
     """Per evaluated part: ``floor`` (no call) and ``ceiling`` (the reference solution) of the
     comparison in ``cmp_dir`` (``launch.bench.fixedset.bounds``, cached in
     ``cmp_dir/bounds.json``)."""
-    from launch.bench.fixedset import bounds as part_bounds
-    from launch.run.trainer import prepare_pool
+    from launch.run.trainer import prepare_pool  # lazy: keeps envsched --help fast (Ray, torch)
 
     return part_bounds(cfg, cmp_dir, prepare_pool(cfg.pool, cmp_dir))
 
 
 def summarize(runs: list[dict]) -> dict:
     """Per part: step-0 reward, final reward and gain (mean and 95 % interval over seeds)."""
-    from scheduling.simulate.metrics import mean_ci
-
     done = [r for r in runs if r.get("status") == "finished"]
     row: dict = {"finished": len(done), "runs": len(runs)}
     for part in SPLITS:

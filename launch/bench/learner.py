@@ -33,6 +33,11 @@ import random
 import statistics
 import time
 
+from actors.learner.config import LearnerConfig
+from actors.rollout.engines.base import SamplingParams
+from launch.config import ClusterConfig
+from launch.errors import UserError
+
 DTYPES = ("auto", "fp32", "bf16")   # LearnerConfig.dtype
 
 
@@ -62,8 +67,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _rollouts(engine, groups: int, k: int, gen_len: int, seed: int, prompt_len: int = 16):
-    from actors.rollout.engines.base import SamplingParams
-    from envs.trajectory import Group, Trajectory
+    from envs.trajectory import Group, Trajectory  # lazy: keeps envsched --help fast
 
     rng = random.Random(seed)
     vocab = engine.model.config.vocab_size
@@ -93,7 +97,7 @@ def _mean_logprobs(learner, trajs) -> list[float]:
 
 
 def _measure(args, learner, engine, groups) -> dict:
-    from actors.learner.weight_sync import ObjectStoreSync
+    from actors.learner.weight_sync import ObjectStoreSync  # lazy: keeps --help fast (Ray)
 
     trajs = [t for g in groups for t in g.trajectories]
     processed = sum(len(t.token_ids) for t in trajs)  # prompt + model tokens the step runs over
@@ -130,11 +134,10 @@ def _measure(args, learner, engine, groups) -> dict:
 
 def _one_dtype(args, path: str, dtype: str) -> dict:
     """The measurement with the learner, and its engine, in ``dtype`` (``LearnerConfig.dtype``)."""
-    from actors.learner.config import LearnerConfig
+    # lazy (these three): keeps envsched --help fast (Ray, torch)
     from actors.learner.learner_actor import LearnerGroup
     from actors.learner.precision import precision_refusal
     from actors.rollout.engines.hf_engine import HFEngine
-    from launch.errors import UserError
 
     cfg = LearnerConfig(model_path=path, ranks=args.ranks, zero_stage=args.zero, lr=args.lr,
                         warmup_steps=0, total_steps=max(args.steps, 2), seed=args.seed,
@@ -163,10 +166,8 @@ def _one_dtype(args, path: str, dtype: str) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
-    from launch.cluster import connect
-    from launch.config import ClusterConfig
-    from actors.policy import build_tiny_policy
-    from launch.errors import UserError
+    from actors.policy import build_tiny_policy  # lazy: keeps envsched --help fast
+    from launch.cluster import connect  # lazy: keeps envsched --help fast
 
     dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
     if args.steps < 1 or args.ranks < 1 or args.k < 2:

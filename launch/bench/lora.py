@@ -25,6 +25,10 @@ import random
 import statistics
 import time
 
+from actors.learner.config import LearnerConfig, LoraConfig
+from launch.config import ClusterConfig
+from launch.errors import UserError
+
 DEFAULT_TARGETS = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
 
 
@@ -47,7 +51,7 @@ class _Engine:
     """An HF engine in a Ray actor: the target of one kind of publish, and a log-prob probe."""
 
     def __init__(self, path: str):
-        from actors.rollout.engines.hf_engine import HFEngine
+        from actors.rollout.engines.hf_engine import HFEngine  # lazy: Ray worker start-up
 
         self.engine = HFEngine(path)
 
@@ -60,7 +64,7 @@ class _Engine:
         return self.engine.version
 
     def logprobs(self, ids: list[int]) -> list[float]:
-        import torch
+        import torch  # lazy: torch only inside the engine's Ray actor
 
         with torch.no_grad():
             logits = self.engine.model(torch.tensor([ids])).logits[0, :-1].float()
@@ -71,7 +75,7 @@ class _Engine:
 
 
 def _groups(vocab: int, seq_len: int, seed: int):
-    from envs.trajectory import Group, Trajectory
+    from envs.trajectory import Group, Trajectory  # lazy: keeps envsched --help fast
 
     rng = random.Random(seed)
     prompt = seq_len // 2
@@ -96,9 +100,9 @@ def _median(xs: list[float]) -> float:
 
 
 def _rounds(args, full, lora, engines, groups) -> dict:
-    import ray
+    import ray  # lazy: keeps envsched --help fast
 
-    from actors.learner.weight_sync import ObjectStoreSync
+    from actors.learner.weight_sync import ObjectStoreSync  # lazy: keeps --help fast (Ray)
 
     publish = {"full": lambda v: ObjectStoreSync([engines["full"]]).publish(full, v),
                "adapter": lambda v: ObjectStoreSync([engines["adapter"]]).publish(lora, v),
@@ -131,15 +135,13 @@ def _rounds(args, full, lora, engines, groups) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
-    import ray
+    import ray  # lazy: keeps envsched --help fast
 
-    from actors.learner.config import LearnerConfig, LoraConfig
+    # lazy (these four): keeps envsched --help fast (Ray, torch)
     from actors.checkpoints import remote_code
     from actors.learner.learner_actor import LearnerGroup
     from actors.policy import build_tiny_policy, resolve_model
     from launch.cluster import connect
-    from launch.config import ClusterConfig
-    from launch.errors import UserError
 
     if args.rounds < 1 or args.rank < 1 or args.seq_len < 4:
         raise UserError(f"--rounds and --rank must be >= 1 and --seq-len >= 4 (got "
@@ -149,7 +151,7 @@ def run(args: argparse.Namespace) -> int:
         remote_code(path)   # a folder with code of its own is refused, never run
     except FileNotFoundError as e:
         raise UserError(f"--model {args.model!r}: {e}") from None
-    from transformers import AutoConfig
+    from transformers import AutoConfig  # lazy: transformers is heavy
 
     vocab = AutoConfig.from_pretrained(path, trust_remote_code=False).vocab_size
     connect(ClusterConfig(num_cpus=4), None)

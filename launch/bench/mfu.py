@@ -26,16 +26,22 @@ row scored (model tokens; an agentic row is mostly prompt and tool output), per 
     envsched bench mfu [--model smollm2] [--seq 1024] [--batch 2] [--dtypes fp32,bf16]
                        [--threads 2] [--attn sdpa|eager] [--generate 32] [--json]
 
-May import: torch, transformers, actors.* (inside ``run``: the CLI imports this module cheaply).
+May import: torch, transformers, actors.* (the heavy ones inside functions: the CLI imports this
+module cheaply).
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
+import os
 import statistics
 import time
 from typing import TYPE_CHECKING
+
+from actors.rollout.engines.base import SamplingParams
+from launch.errors import UserError
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
@@ -88,8 +94,8 @@ def work_flops(config: PretrainedConfig, params: int, batch: int, seq: int, scor
 
 
 def _step(torch, model, opt, ids, attn, loss_mask, old, adv) -> dict[str, float]:
-    from actors.learner import grpo
-    from actors.learner.batching import scored_logprobs
+    from actors.learner import grpo  # lazy: keeps envsched --help fast (torch)
+    from actors.learner.batching import scored_logprobs  # lazy: keeps --help fast (torch)
 
     t0, c0 = time.perf_counter(), time.process_time()
     logp = scored_logprobs(model, ids, attn, loss_mask)
@@ -105,7 +111,7 @@ def _step(torch, model, opt, ids, attn, loss_mask, old, adv) -> dict[str, float]
 
 
 def learner_rate(args, torch, path: str, dtype_name: str) -> dict:
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM  # lazy: keeps envsched --help fast
 
     dtype = getattr(torch, DTYPES[dtype_name])
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=args.attn,
@@ -149,12 +155,9 @@ def learner_rate(args, torch, path: str, dtype_name: str) -> dict:
 def generate_rate(path: str, prompt_len: int, new_tokens: int, threads: int) -> dict:
     """One stream's decode rate: (N - 1) / (t(N tokens) - t(1 token)), two fresh random prompts
     (no prefix-cache reuse), so the prompt's prefill cancels out; greedy."""
-    import asyncio
+    import torch  # lazy: keeps envsched --help fast
 
-    import torch
-
-    from actors.rollout.engines.base import SamplingParams
-    from actors.rollout.engines.hf_engine import HFEngine
+    from actors.rollout.engines.hf_engine import HFEngine  # lazy: keeps --help fast (torch)
 
     engine = HFEngine(path, num_threads=threads)
     gen = torch.Generator().manual_seed(1)
@@ -179,12 +182,9 @@ def generate_rate(path: str, prompt_len: int, new_tokens: int, threads: int) -> 
 
 
 def run(args: argparse.Namespace) -> int:
-    import os
+    import torch  # lazy: keeps envsched --help fast
 
-    import torch
-
-    from actors.checkpoints import remote_code, resolve_policy_path
-    from launch.errors import UserError
+    from actors.checkpoints import remote_code, resolve_policy_path  # lazy: keeps --help fast
 
     dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
     bad = [d for d in dtypes if d not in DTYPES]

@@ -38,7 +38,11 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from envs.generator import generate_pool
+from envs.pool import ENVS_DIR, STATES_DIR, TASKS_FILE, load_pool, task_line, write_meta
 from launch.bench import print_runs
+from launch.config import load_config
+from launch.run.metrics import read_metrics
 
 MODES = {"off": "false", "on": "true"}
 
@@ -65,9 +69,6 @@ def long_tail_pool(out: Path, short: int, long: int, short_max: int, long_min: i
     """Generate environments until ``short`` tasks of at most ``short_max`` reference calls and
     ``long`` of at least ``long_min`` are found; write a pool of those. Returns the pool and
     each task's reference-solution length."""
-    from envs.generator import generate_pool
-    from envs.pool import ENVS_DIR, STATES_DIR, TASKS_FILE, load_pool, task_line, write_meta
-
     source = generate_pool(out / "source", 12, 12, seed=seed)
     tasks = load_pool(source).tasks
     by_len = sorted(tasks, key=lambda t: len(t.reference_solution))
@@ -112,9 +113,7 @@ def summarize_run(rows: list[dict]) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
-    from launch.config import load_config
-    from launch.run.metrics import read_metrics
-    from launch.run.trainer import train
+    from launch.run.trainer import train  # lazy: keeps envsched --help fast (Ray, torch)
 
     root = Path(args.out or tempfile.mkdtemp(prefix="envsched-bench-partial-"))
     pool, lengths = long_tail_pool(root, args.short, args.long, args.short_max, args.long_min,

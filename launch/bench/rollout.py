@@ -14,10 +14,17 @@ so actor start-up is outside the timing but model warm-up is inside it.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
+import random
 import tempfile
+import time
 
-from actors.rollout.engines.base import ENGINES
+from actors.rollout.engines.base import ENGINES, SamplingParams
+from envs.generator import generate_pool
+from envs.pool import load_pool
+from launch.config import ClusterConfig
+from launch.errors import UserError
 
 # Keep a CPU run with the random tiny policy short: it rarely ends a turn by itself.
 HF_DEFAULTS = {"max_turns": 4, "max_tokens_per_turn": 32, "max_tokens_per_sequence": 8192}
@@ -47,13 +54,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def engine_only(requests: int, prompt_len: int, model: str | None, **engine_kwargs) -> dict:
     """Batching in isolation: ``requests`` seeded requests at once, no stop token."""
-    import asyncio
-    import time
+    import torch  # lazy: keeps envsched --help fast
 
-    import torch
-
-    from actors.rollout.engines.base import SamplingParams
-    from actors.rollout.engines.hf_engine import HFEngine
+    from actors.rollout.engines.hf_engine import HFEngine  # lazy: keeps --help fast (torch)
 
     torch.set_num_threads(1)  # as in a Ray actor with num_cpus < 2
     engine = HFEngine(model, **engine_kwargs)
@@ -81,15 +84,10 @@ def engine_episodes(concurrent: int, turns: int, prompt_len: int, model: str | N
     share all but their last 100 tokens (system prompt and tool schemas); each turn generates
     40 tokens and appends 50 tokens of tool output. Seeded, so two engines that sample alike
     give the same ``tokens_sha`` (a hash of every episode's tokens)."""
-    import asyncio
-    import random
-    import time
+    import torch  # lazy: keeps envsched --help fast
 
-    import torch
-
-    from actors.rollout.engines.base import SamplingParams
-    from actors.rollout.engines.hf_engine import HFEngine
-    from actors.rollout.summary import tokens_sha
+    from actors.rollout.engines.hf_engine import HFEngine  # lazy: keeps --help fast (torch)
+    from actors.rollout.summary import tokens_sha  # lazy: keeps envsched --help fast
 
     torch.set_num_threads(1)
     engine = HFEngine(model, **engine_kwargs)
@@ -131,8 +129,7 @@ def engine_episodes(concurrent: int, turns: int, prompt_len: int, model: str | N
 
 def run(args: argparse.Namespace) -> int:
     if args.engine_only:
-        from launch.errors import UserError
-        from launch.rollout import override_tree
+        from launch.rollout import override_tree  # lazy: keeps envsched --help fast
 
         tree = override_tree(args.set)
         if set(tree) - {"engine_kwargs"}:   # no RolloutConfig without Ray: only the engine's
@@ -146,11 +143,9 @@ def run(args: argparse.Namespace) -> int:
             result = engine_only(args.engine_only, args.prompt_len, args.model, **kwargs)
         print(json.dumps(result))
         return 0
+    # lazy (these three): keeps envsched --help fast
     from actors.rollout.summary import format_summary, summarize
-    from envs.generator import generate_pool
-    from envs.pool import load_pool
     from launch.cluster import connect
-    from launch.config import ClusterConfig
     from launch.rollout import executor_config, override_tree, rollout_config, run_groups
 
     root = args.pool or generate_pool(tempfile.mkdtemp(prefix="envsched-bench-"), args.envs,

@@ -23,10 +23,14 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import tempfile
 import time
 from typing import Any
 
-from sandbox.config import BACKENDS
+from envs.pool import Pool
+from envs.spec import PoolMeta
+from launch.config import ClusterConfig
+from sandbox.config import BACKENDS, SandboxConfig
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -39,7 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def big_state(target_bytes: int = 2_000_000) -> dict[str, Any]:
-    from sandbox.examples import ORDER_DESK_STATE
+    from sandbox.examples import ORDER_DESK_STATE  # lazy: keeps envsched --help fast
 
     state = json.loads(json.dumps(ORDER_DESK_STATE))
     k = 0
@@ -61,6 +65,7 @@ def _median_ms(fn, n: int) -> float:
 
 
 def _worker_figures(backend: str, calls: int, episodes: int) -> dict[str, Any]:
+    # lazy (these two): keeps envsched --help fast
     from sandbox.examples import (ORDER_DESK, ORDER_DESK_CHECKS, ORDER_DESK_STATE,
                                   ORDER_DESK_TASK)
     from sandbox.worker import SandboxWorker
@@ -118,16 +123,11 @@ def _worker_figures(backend: str, calls: int, episodes: int) -> dict[str, Any]:
 
 
 def _actor_figures(backend: str, calls: int) -> dict[str, Any]:
-    import tempfile
+    import ray  # lazy: keeps envsched --help fast
 
-    import ray
-
+    # lazy (these three): keeps envsched --help fast (Ray)
     from actors.executors.env_executor import EnvExecutor
-    from envs.pool import Pool
-    from envs.spec import PoolMeta
     from launch.cluster import connect, shutdown
-    from launch.config import ClusterConfig
-    from sandbox.config import SandboxConfig
     from sandbox.examples import ORDER_DESK, ORDER_DESK_TASK
 
     info = connect(ClusterConfig(num_cpus=4))

@@ -24,7 +24,14 @@ import time
 import tracemalloc
 from pathlib import Path
 
+import numpy as np
+
 from envs.cache import cache_dir
+from envs.generator import generate_pool
+from envs.pool import load_pool
+from launch.errors import UserError
+from scheduling import registry
+from scheduling.base import GroupResult
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -41,8 +48,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _graph(args: argparse.Namespace):
-    from envs.generator import generate_pool
-    from envs.pool import load_pool
+    # lazy: keeps envsched --help fast (numba)
     from scheduling.graph import DualGraph, GraphConfig, GraphError, content_hash
 
     n_envs = max(1, round(args.tasks / args.tasks_per_env))
@@ -70,12 +76,6 @@ def _graph(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    import numpy as np
-
-    from launch.errors import UserError
-    from scheduling import registry
-    from scheduling.base import GroupResult
-
     if args.tasks < 64 or args.steps < 1:
         raise UserError(f"--tasks must be >= 64 (B) and --steps >= 1, got {args.tasks}, "
                         f"{args.steps}")

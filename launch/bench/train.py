@@ -21,6 +21,8 @@ import tempfile
 from pathlib import Path
 
 from launch.bench import print_runs
+from launch.config import load_config
+from launch.run.metrics import read_metrics
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -39,9 +41,7 @@ def _mean(rows, key):
 
 
 def run(args: argparse.Namespace) -> int:
-    from launch.config import load_config
-    from launch.run.metrics import read_metrics
-    from launch.run.trainer import train
+    from launch.run.trainer import train  # lazy: keeps envsched --help fast (Ray, torch)
 
     root = Path(args.out or tempfile.mkdtemp(prefix="envsched-bench-train-"))
     results = []

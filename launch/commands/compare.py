@@ -16,7 +16,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from launch.config import PACKAGED_CONFIGS
+from launch.config import PACKAGED_CONFIGS, ConfigError, load_config
+from launch.errors import UserError
+from scheduling.registry import DAPO_PREFIX
 
 DEFAULT = PACKAGED_CONFIGS / "compare_cpu.yaml"
 
@@ -38,10 +40,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from launch.errors import UserError
-    from launch.compare import compare
-    from launch.config import ConfigError, load_config
-    from scheduling.registry import DAPO_PREFIX
+    from launch.compare import compare  # lazy: keeps envsched --help fast
 
     names = [n.strip() for n in args.schedulers.split(",") if n.strip()]
     if not names or len(set(names)) != len(names):

@@ -15,6 +15,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from launch.config import ConfigError, load_config
+from launch.errors import UserError
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", default=None,
@@ -27,9 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from launch import doctor
-    from launch.errors import UserError
-    from launch.config import ConfigError, load_config
+    from launch import doctor  # lazy: keeps envsched --help fast
 
     try:
         cfg = load_config(args.config, args.overrides)
@@ -38,9 +39,9 @@ def run(args: argparse.Namespace) -> int:
     address = args.address or cfg.cluster.address
     checks = doctor.static_checks(cfg, Path(args.out) if args.out else None, local=not address)
     if address:
-        import ray
+        import ray  # lazy: keeps envsched --help fast (Ray only with --address)
 
-        from launch.cluster import connect
+        from launch.cluster import connect  # lazy: keeps envsched --help fast
 
         connect(cfg.cluster, address)   # joins as `envsched train` would (RAY_AUTH_MODE, env)
         try:

@@ -16,6 +16,11 @@ import json
 from pathlib import Path
 from typing import Any
 
+from envs.pool import load_pool
+from envs.text import printable
+from launch.config import ConfigError, load_config
+from launch.errors import UserError
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run_dir", help="a run directory written by envsched train")
@@ -26,10 +31,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def load_run_scheduler(run_dir: Path, step: int | None = None):
     """(scheduler restored from the checkpoint, checkpoint) of a run directory."""
-    from envs.pool import load_pool
+    # lazy: keeps envsched --help fast (these two imports)
     from launch.run.checkpoint import CheckpointError, find_checkpoint, load_checkpoint
-    from launch.errors import UserError
-    from launch.config import ConfigError, load_config
     from launch.run.scheduler_factory import build_scheduler
 
     cfg_path = Path(run_dir) / "config.yaml"
@@ -76,9 +79,6 @@ def _fmt(v: Any) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from envs.text import printable
-    from launch.errors import UserError
-
     scheduler, ckpt = load_run_scheduler(Path(args.run_dir), args.step)
     try:
         record = scheduler.explain(args.task)

@@ -19,6 +19,7 @@ import argparse
 from pathlib import Path
 
 from actors.learner.config import DTYPES, LORA_FORMS
+from launch.errors import UserError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -37,9 +38,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from actors.learner.export import ExportError, export_checkpoint
-    from launch.run.checkpoint import CheckpointError, find_checkpoint
-    from launch.errors import UserError
+    from actors.learner.export import ExportError, export_checkpoint  # lazy: keeps --help fast
+    from launch.run.checkpoint import CheckpointError, find_checkpoint  # lazy: keeps --help fast
 
     try:
         ckpt = find_checkpoint(Path(args.run_dir), args.step)

@@ -16,8 +16,13 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
+from envs.opdesc import OpDescriptionError, pool_descriptions
+from envs.pool import load_pool
+from envs.untrusted import UntrustedFileError, beneath, write_bytes_atomic
 from launch.cli import add_module_command
+from launch.errors import UserError
 
 EXTRA_SUBCOMMANDS = ("describe",)
 
@@ -40,14 +45,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def run_build(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    from envs.pool import load_pool
-    from envs.untrusted import UntrustedFileError, beneath, write_bytes_atomic
-    from launch.errors import UserError
-    from envs.opdesc import OpDescriptionError, pool_descriptions
-    from scheduling.graph import DualGraph, GraphConfig, GraphError
-    from scheduling.graph_io import graph_bytes
+    from scheduling.graph import DualGraph, GraphConfig, GraphError  # lazy: keeps --help fast
+    from scheduling.graph_io import graph_bytes  # lazy: keeps envsched --help fast (numba)
 
     pool = load_pool(args.pool)
     overrides = {k: v for k, v in (("within_candidates", args.within_candidates),

@@ -20,7 +20,11 @@ import argparse
 import os
 from pathlib import Path
 
-from envs.opdesc_llm import JSON_MODES
+from envs.opdesc import DESCRIPTIONS_FILE, write_descriptions
+from envs.opdesc_llm import JSON_MODES, LLMDescriber
+from envs.pool import load_pool
+from envs.untrusted import UntrustedFileError
+from launch.errors import UserError
 
 CACHE_FILE = ".cache/op_descriptions_cache.jsonl"
 
@@ -45,12 +49,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from envs.opdesc import DESCRIPTIONS_FILE, write_descriptions
-    from envs.opdesc_llm import LLMDescriber
-    from envs.pool import load_pool
-    from envs.untrusted import UntrustedFileError
-    from launch.errors import UserError
-
     bad = [f"--{name} must be {rule}, got {value:g}" for name, value, ok, rule in (
         ("concurrency", args.concurrency, args.concurrency >= 1, ">= 1"),
         ("retries", args.retries, args.retries >= 0, ">= 0"),

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import argparse
 
+from launch.errors import UserError
+
 BUILTIN_NAMES = ("smollm2",)  # mirrors actors.checkpoints.BUILTINS (torch-free import here)
 
 
@@ -32,8 +34,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def run_fetch(args: argparse.Namespace) -> int:
+    # lazy: keeps envsched --help fast
     from actors.checkpoints import BUILTINS, PolicyPathError, fetch_builtin
-    from launch.errors import UserError
 
     try:
         fetch_builtin(BUILTINS[args.name], log=lambda line: print(line, flush=True))
@@ -43,8 +45,7 @@ def run_fetch(args: argparse.Namespace) -> int:
 
 
 def run_path(args: argparse.Namespace) -> int:
-    from actors.checkpoints import resolve_policy_path
-    from launch.errors import UserError
+    from actors.checkpoints import resolve_policy_path  # lazy: keeps envsched --help fast
 
     try:
         print(resolve_policy_path(args.value))

@@ -20,11 +20,16 @@ measured against a policy, ``launch.calibrate``) in ``launch/commands/pool_calib
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 import time
 from pathlib import Path
 
+from pydantic import ValidationError
+
 from envs import strict_json
+from envs.generator import generate_pool
+from envs.generator.difficulty import Difficulty
 from launch.cli import add_module_command
 from launch.errors import UserError
 
@@ -44,7 +49,7 @@ def _validate_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _validate_run(args: argparse.Namespace) -> int:
-    from envs.validate import validate_pool
+    from envs.validate import validate_pool  # lazy: keeps envsched --help fast
 
     def progress(done: int, total: int) -> None:
         if done == total or done % 500 == 0:
@@ -82,10 +87,6 @@ def _generate_arguments(p: argparse.ArgumentParser) -> None:
 
 def difficulty_from_args(args: argparse.Namespace):
     """The ``Difficulty`` of ``pool generate``'s flags; a bad value is one ``UserError`` line."""
-    from pydantic import ValidationError
-
-    from envs.generator.difficulty import Difficulty
-
     values = {"edits": args.edits, "auth_share": args.auth_share,
               "distractor_tools": args.distractor_tools, "max_calls": args.max_calls,
               "schemas": args.schemas}
@@ -98,16 +99,12 @@ def difficulty_from_args(args: argparse.Namespace):
 
 
 def _generate_run(args: argparse.Namespace) -> int:
-    from envs.generator import generate_pool
-
     if args.envs < 1 or args.tasks_per_env < 1:
         raise UserError(f"--envs and --tasks-per-env must be >= 1, got {args.envs} and "
                         f"{args.tasks_per_env}")
     if (args.out / "pool.yaml").exists() and not args.overwrite:
         raise UserError(f"{args.out} already holds a pool; pass --overwrite to replace it")
     if args.overwrite and (args.out / "environments").is_dir():
-        import shutil
-
         for sub in ("environments", "states"):
             shutil.rmtree(args.out / sub, ignore_errors=True)
     difficulty = difficulty_from_args(args)

@@ -21,9 +21,13 @@ import argparse
 import sys
 from pathlib import Path
 
+from actors.rollout.engine_args import check_engine_kwargs
 from actors.rollout.engines.base import ENGINES
 from envs import strict_json
+from envs.pool import load_pool
+from launch.config import ClusterConfig, ConfigError, load_config
 from launch.errors import UserError
+from launch.run.split import pool_split
 
 PARTS = ("all", "train", "heldout_task", "heldout_env")
 
@@ -54,6 +58,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def _settings(args: argparse.Namespace, pool):
     """(rollout, executors, user simulator, engine, task ids) from the flags and ``--config``."""
+    # lazy: keeps envsched --help fast
     from launch.rollout import (check_users, executor_config, override_tree, rollout_config,
                                 user_sim_config)
 
@@ -62,9 +67,6 @@ def _settings(args: argparse.Namespace, pool):
             raise UserError("--part needs --config (the held-out split is the config's)")
         return (rollout_config(override_tree(args.set), args.k), executor_config({}),
                 user_sim_config({}, pool), args.engine or "hf", [t.task_id for t in pool.tasks])
-    from launch.config import ConfigError, load_config
-    from launch.run.split import pool_split
-
     try:
         cfg = load_config(args.config, [f"rollout.{s}" for s in args.set] + [f"rollout.k={args.k}"])
     except ConfigError as e:
@@ -72,7 +74,7 @@ def _settings(args: argparse.Namespace, pool):
     ids = [t.task_id for t in pool.tasks]
     if args.part != "all":
         ids = list(getattr(pool_split(pool, cfg.pool), args.part))
-    return (cfg.rollout, cfg.executors, check_users(cfg.user_sim, pool),
+    return (cfg.rollout_settings(), cfg.executors, check_users(cfg.user_sim, pool),
             args.engine or cfg.policy.engine, ids)
 
 
@@ -89,16 +91,12 @@ def _only(path: Path, ids: list[str]) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from envs.pool import load_pool
-    from launch.calibrate import calibrate, format_report
-    from launch.cluster import connect, shutdown
-    from launch.config import ClusterConfig
+    from launch.calibrate import calibrate, format_report  # lazy: keeps envsched --help fast
+    from launch.cluster import connect, shutdown  # lazy: keeps envsched --help fast
 
     if args.k < 1 or args.tasks < 0 or args.workers < 1:
         raise UserError(f"--k and --workers must be >= 1 and --tasks >= 0, got {args.k}, "
                         f"{args.workers}, {args.tasks}")
-    from actors.rollout.engine_args import check_engine_kwargs
-
     pool = load_pool(args.pool)
     rollout, executors, users, engine, ids = _settings(args, pool)
     try:
@@ -112,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"no tasks to calibrate in {args.pool} (part {args.part})")
     model = None
     if args.policy != "tiny":
-        from actors.policy import resolve_model
+        from actors.policy import resolve_model  # lazy: keeps envsched --help fast
 
         try:
             model = resolve_model(args.policy)

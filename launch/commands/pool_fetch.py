@@ -11,6 +11,7 @@ wheel is data: nothing of it is installed, imported or run on the host. Hooked i
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from launch.errors import UserError
 
@@ -24,8 +25,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
+    # lazy: keeps envsched --help fast
     from envs.adapters.bfcl.source import BfclSourceError, open_source
 
     try:

@@ -8,8 +8,9 @@ Hooked into ``envsched pool`` as its ``import`` sub-command.
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
-from envs.adapters.taubench import MODES
+from envs.adapters.taubench import MODES, import_taubench
 from launch.errors import UserError
 
 
@@ -42,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
     if args.category is not None or args.limit is not None:
         raise UserError("--category and --limit are BFCL options (--format bfcl)")
     if args.format == "envscaler":
-        from envs.adapters.envscaler import import_envscaler
+        from envs.adapters.envscaler import import_envscaler  # lazy: keeps envsched --help fast
 
         if args.mode is not None:
             raise UserError("--mode is a tau-bench option (EnvScaler tasks are instructions)")
@@ -53,8 +54,6 @@ def run(args: argparse.Namespace) -> int:
         if not args.domain or not args.split:
             raise UserError("--format taubench needs --domain retail|airline and "
                             "--split train|test|dev")
-        from envs.adapters.taubench import import_taubench
-
         summary = import_taubench(args.src, args.domain, args.split, args.out,
                                   strict=args.strict, mode=args.mode or "instruction")
     print(summary.render())
@@ -63,10 +62,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run_bfcl(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    from envs.adapters.bfcl import IMPORTERS, import_bfcl
-    from envs.adapters.bfcl.source import BfclSourceError
+    from envs.adapters.bfcl import IMPORTERS, import_bfcl  # lazy: keeps envsched --help fast
+    from envs.adapters.bfcl.source import BfclSourceError  # lazy: keeps envsched --help fast
 
     if args.category not in IMPORTERS:
         raise UserError(f"--format bfcl needs --category, one of: {', '.join(IMPORTERS)}")

@@ -16,6 +16,11 @@ import argparse
 import json
 from pathlib import Path
 
+from envs.untrusted import UntrustedFileError, json_lines
+from launch.errors import UserError
+from launch.run.evaluation import eval_curves, read_eval
+from launch.run.metrics import read_metrics, summarize
+
 PANELS = {
     "reward.png": [("reward", ["reward_mean", "eval_reward"]), ("within-group variance", ["reward_var_mean"]),
                    ("zero-variance groups", ["zero_var_share", "generated_zero_var_share"])],
@@ -41,9 +46,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def panel_points(run_dir: Path) -> dict[str, dict[str, dict[str, list[tuple[int, float]]]]]:
     """What each panel of ``PANELS`` draws: file -> title -> key -> [(step, value)] (evaluation
     points come from eval.jsonl, which also holds step 0, before any training)."""
-    from launch.run.evaluation import read_eval
-    from launch.run.metrics import read_metrics
-
     rows = read_metrics(run_dir)
     series = {"eval_reward": [(r["step"], r["eval_reward"]) for r in read_eval(run_dir)
                               if r.get("eval_reward") is not None]}
@@ -55,12 +57,10 @@ def panel_points(run_dir: Path) -> dict[str, dict[str, dict[str, list[tuple[int,
 
 
 def render(run_dir: Path, out: Path) -> list[Path]:
-    import matplotlib
+    import matplotlib  # lazy: keeps envsched --help fast (matplotlib is heavy)
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from launch.run.evaluation import eval_curves, read_eval
+    import matplotlib.pyplot as plt  # lazy: after choosing the Agg backend
 
     curves = eval_curves(read_eval(run_dir))
     out.mkdir(parents=True, exist_ok=True)
@@ -102,9 +102,6 @@ def check_lines(run_dir: Path) -> None:
     """Every line of ``metrics.jsonl`` and ``eval.jsonl`` (when present) is a bounded JSON object
     (``envs.untrusted.json_lines``: depth, size, UTF-8), else a one-line ``UserError`` naming the
     file and line; run before the readers, which trust the run's own files."""
-    from envs.untrusted import UntrustedFileError, json_lines
-    from launch.errors import UserError
-
     for name in ("metrics.jsonl", "eval.jsonl"):
         path = run_dir / name
         if not path.is_file():
@@ -119,10 +116,6 @@ def check_lines(run_dir: Path) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from launch.errors import UserError
-    from launch.run.evaluation import read_eval
-    from launch.run.metrics import read_metrics, summarize
-
     run_dir = Path(args.run_dir)
     out = Path(args.out) if args.out else run_dir / "report"
     check_lines(run_dir)
@@ -133,8 +126,6 @@ def run(args: argparse.Namespace) -> int:
     if not summary:
         raise UserError(f"{run_dir}/metrics.jsonl has no steps yet")
     written = render(run_dir, out)
-    from launch.run.evaluation import eval_curves
-
     summary["eval_curves"] = {k: [s for s, _ in pts]
                               for k, pts in eval_curves(read_eval(run_dir)).items()}
     (out / "summary.json").write_text(json.dumps(summary, indent=2))

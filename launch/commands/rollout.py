@@ -27,8 +27,12 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from actors.rollout.engine_args import check_engine_kwargs, with_remote_code
 from actors.rollout.engines.base import ENGINES
 from envs import strict_json
+from envs.pool import load_pool
+from launch.config import ClusterConfig
+from launch.errors import UserError
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -57,18 +61,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # lazy (these four): keeps envsched --help fast; tests patch connect and run_groups there
+    from actors.checkpoints import remote_code
     from actors.rollout.summary import format_summary, summarize
-    from envs.pool import load_pool
-    from launch.errors import UserError
     from launch.cluster import connect, shutdown
-    from launch.config import ClusterConfig
     from launch.rollout import (executor_config, override_tree, rollout_config, run_groups,
                                 user_sim_config)
 
     pool = load_pool(args.pool)
-    from actors.checkpoints import remote_code
-    from actors.rollout.engine_args import with_remote_code
-
     config = rollout_config(override_tree(args.set), args.k)
     try:
         kwargs = with_remote_code(args.engine, config.engine_kwargs, args.trust_remote_code,
@@ -83,15 +83,13 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("--engine vllm needs --model PATH")
     model = args.model
     if model:  # a local directory, or a hub id in the local cache: resolved here, once
-        from actors.policy import resolve_model
+        from actors.policy import resolve_model  # lazy: keeps envsched --help fast
 
         try:
             model = resolve_model(model)
             remote_code(model, args.trust_remote_code)
         except FileNotFoundError as e:   # RemoteCodeError too
             raise UserError(f"--model {args.model}: {e}") from None
-    from actors.rollout.engine_args import check_engine_kwargs
-
     try:
         check_engine_kwargs(args.engine, config.engine_kwargs)
     except ValueError as e:

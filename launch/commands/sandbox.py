@@ -18,8 +18,10 @@ import argparse
 import json
 from dataclasses import asdict
 
+from pydantic import ValidationError
+
 from launch.errors import UserError
-from sandbox.config import BACKENDS
+from sandbox.config import BACKENDS, SandboxConfig
 
 ISOLATING = ("bwrap", "unshare", "docker")  # what ``--backend all`` tries, in this order
 
@@ -46,10 +48,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _config(args: argparse.Namespace, backend: str):
-    from pydantic import ValidationError
-
-    from sandbox.config import SandboxConfig
-
     try:
         return SandboxConfig(backend=backend, call_timeout_s=args.call_timeout,
                              tool_timeout_s=args.tool_timeout, memory_mb=1024)
@@ -59,7 +57,7 @@ def _config(args: argparse.Namespace, backend: str):
 
 def _case_names(args: argparse.Namespace):
     """The ``--cases`` names, checked before any sandbox starts."""
-    from sandbox.selftest import select_cases
+    from sandbox.selftest import select_cases  # lazy: keeps envsched --help fast
 
     names = [n.strip() for n in args.cases.split(",") if n.strip()] if args.cases else None
     try:
@@ -70,9 +68,9 @@ def _case_names(args: argparse.Namespace):
 
 
 def _selftest(args: argparse.Namespace) -> int:
-    from sandbox.backends import resolve_backend
-    from sandbox.errors import SandboxError
-    from sandbox.selftest import format_table, run_selftest
+    from sandbox.backends import resolve_backend  # lazy: keeps envsched --help fast
+    from sandbox.errors import SandboxError  # lazy: keeps envsched --help fast
+    from sandbox.selftest import format_table, run_selftest  # lazy: keeps envsched --help fast
 
     if args.backend == "all":
         return _selftest_all(args)
@@ -93,9 +91,9 @@ def _selftest(args: argparse.Namespace) -> int:
 
 
 def _selftest_all(args: argparse.Namespace) -> int:
-    from sandbox.backends import backend_problem
-    from sandbox.errors import SandboxError
-    from sandbox.selftest import format_matrix, run_selftest
+    from sandbox.backends import backend_problem  # lazy: keeps envsched --help fast
+    from sandbox.errors import SandboxError  # lazy: keeps envsched --help fast
+    from sandbox.selftest import format_matrix, run_selftest  # lazy: keeps envsched --help fast
 
     configs = {b: _config(args, b) for b in ISOLATING}
     names = _case_names(args)
@@ -123,7 +121,7 @@ def _selftest_all(args: argparse.Namespace) -> int:
 
 
 def _backends(args: argparse.Namespace) -> int:
-    from sandbox.backends import backend_problem
+    from sandbox.backends import backend_problem  # lazy: keeps envsched --help fast
 
     status = {b: backend_problem(b) for b in BACKENDS if b != "auto"}
     if args.json:

@@ -20,7 +20,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from launch.run.control import write_control
+    from launch.run.control import write_control  # lazy: keeps envsched --help fast
 
     if args.executors < 0:
         raise UserError(f"--executors must be >= 0, got {args.executors}")

@@ -12,13 +12,15 @@ HF model directory usable as ``rollout``/``learner`` model path.
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from envs import strict_json
+from envs.pool import load_pool
+from launch.config import SftConfig
+from launch.errors import UserError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from launch.config import SftConfig
-
     d = SftConfig()
     parser.add_argument("--pool", required=True, help="pool directory")
     parser.add_argument("--out", required=True, help="output model directory")
@@ -37,8 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from launch.errors import UserError
-    from launch.sft import run_sft
+    from launch.sft import run_sft  # lazy: keeps envsched --help fast
 
     if not 0 < args.task_fraction <= 1:
         raise UserError(f"--task-fraction must be in (0, 1], got {args.task_fraction}")
@@ -48,13 +49,9 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--target-loss must be > 0, got {args.target_loss}")
     only = None
     if args.only is not None:
-        from pathlib import Path
-
         if not Path(args.only).is_file():
             raise UserError(f"--only {args.only}: no such file")
         only = [line.strip() for line in Path(args.only).read_text().splitlines() if line.strip()]
-        from envs.pool import load_pool
-
         unknown = sorted(set(only) - {t.task_id for t in load_pool(args.pool).tasks})
         if unknown or not only:
             raise UserError(f"--only {args.only}: " + (f"{len(unknown)} task ids not in the pool, "

@@ -25,13 +25,20 @@ import os
 import time
 from pathlib import Path
 
+from tqdm import tqdm
+
+from envs.generator import generate_pool
+from envs.opdesc import OpDescriptionError
+from envs.pool import load_pool
+from envs.untrusted import UntrustedFileError, json_lines
 from launch.errors import UserError
 from launch.plain_data import PlainDataError, dump, load
 from scheduling import registry
+from scheduling.base import SchedulerError
 from scheduling.simulate.dynamics import SimParams
-from scheduling.simulate.experiment import Job, Results, Settings
+from scheduling.simulate.experiment import Job, Results, Settings, run_all
 from scheduling.simulate.runner import RunLog, StepLog
-from scheduling.simulate.world import World
+from scheduling.simulate.world import World, WorldError
 
 # the dataclasses a results file may hold (anything else is refused when it is read)
 RESULT_CLASSES = (Results, Settings, World, RunLog, StepLog, SimParams, Job)
@@ -74,8 +81,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _settings(args: argparse.Namespace):
-    from scheduling.simulate import sensitivity
-    from scheduling.simulate.experiment import Settings
+    from scheduling.simulate import sensitivity  # lazy: keeps envsched --help fast
 
     names = [n.strip() for n in args.schedulers.split(",") if n.strip()]
     if not names:
@@ -119,8 +125,6 @@ def _check_rollouts(path: Path) -> None:
     """Every line of the ``--rollouts`` file is bounded, UTF-8 JSON (``envs.untrusted.json_lines``),
     else a one-line ``UserError`` naming the line; what a line must hold is checked by
     ``scheduling.simulate.infer.read_recorded``."""
-    from envs.untrusted import UntrustedFileError, json_lines
-
     try:
         for _ in json_lines(path):
             pass
@@ -129,12 +133,8 @@ def _check_rollouts(path: Path) -> None:
 
 
 def _pool(args: argparse.Namespace):
-    from envs.pool import load_pool
-
     if args.pool is not None:
         return load_pool(args.pool)
-    from envs.generator import generate_pool
-
     n_envs, per_env = (8, 12) if args.quick else (51, 50)
     root = args.out / "pool"
     if not (root / "pool.yaml").exists():
@@ -143,7 +143,7 @@ def _pool(args: argparse.Namespace):
 
 
 def _render(out: Path) -> int:
-    from scheduling.simulate.report import write_report
+    from scheduling.simulate.report import write_report  # lazy: keeps envsched --help fast
 
     path = out / "results.json"
     if not path.exists():
@@ -162,25 +162,19 @@ def _render(out: Path) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tqdm import tqdm
-
-    from envs.opdesc import OpDescriptionError
-    from scheduling.base import SchedulerError
-    from scheduling.graph import GraphError
-    from scheduling.simulate.experiment import run_all
-    from scheduling.simulate.report import findings, write_report
-    from scheduling.simulate.world import WorldError
+    from scheduling.graph import GraphError  # lazy: keeps envsched --help fast (numba)
+    from scheduling.simulate.report import findings, write_report  # lazy: keeps --help fast
 
     if args.render_only:
         return _render(args.out)
     if args.check_against is not None:
-        from launch.commands.simulate_check import run_check
+        from launch.commands.simulate_check import run_check  # lazy: keeps --help fast
 
         return run_check(args)
     settings = _settings(args)
     args.out.mkdir(parents=True, exist_ok=True)
     pool = _pool(args)
-    from launch.commands.simulate_check import check_descriptions
+    from launch.commands.simulate_check import check_descriptions  # lazy: keeps --help fast
 
     check_descriptions(pool)
     if len(pool.tasks) < 2 * settings.batch_size:

@@ -14,15 +14,17 @@ import argparse
 import json
 from pathlib import Path
 
+from envs.opdesc import OpDescriptionError, pool_descriptions
+from envs.pool import PoolError, load_pool
 from launch.errors import UserError
+from scheduling.simulate.experiment import Settings, load_graph, pool_world
+from scheduling.simulate.world import WorldError, has_latent
 
 
 def check_descriptions(pool) -> None:
     """A bad ``op_descriptions.jsonl`` line of the pool is one line naming it, before the graph
     build (which reads it again) would raise it (``envsched simulate``, with or without
     ``--check-against``)."""
-    from envs.opdesc import pool_descriptions
-
     try:
         pool_descriptions(pool)
     except ValueError as e:   # envs.opdesc.read_descriptions; a link out of the pool too
@@ -30,12 +32,8 @@ def check_descriptions(pool) -> None:
 
 
 def run_check(args: argparse.Namespace) -> int:
-    from envs.opdesc import OpDescriptionError
-    from envs.pool import PoolError, load_pool
-    from scheduling.graph import GraphError
-    from scheduling.simulate import check
-    from scheduling.simulate.experiment import Settings, load_graph, pool_world
-    from scheduling.simulate.world import WorldError, has_latent
+    from scheduling.graph import GraphError  # lazy: keeps envsched --help fast (numba)
+    from scheduling.simulate import check  # lazy: keeps envsched --help fast
 
     run_dir: Path = args.check_against
     pool_dir = args.pool if args.pool is not None else run_dir / "pool"

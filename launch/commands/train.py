@@ -26,10 +26,12 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
-if TYPE_CHECKING:
-    from launch.config import TrainConfig
+from envs.text import printable
+from launch.config import ConfigError, TrainConfig, load_config
+from launch.errors import RunStopped, UserError
+from launch.run.metrics import format_summary
 
 
 def _terminate(signum, frame):
@@ -51,8 +53,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def preflight(cfg: TrainConfig, run_dir: Path, address: Optional[str]) -> None:
     """``envsched doctor``'s checks but the cluster's resources (checked once Ray is up):
     blockers stop here, before a pool is generated or Ray started; warnings are printed."""
-    from launch.errors import UserError
-    from launch.doctor import blockers, static_checks
+    from launch.doctor import blockers, static_checks  # lazy: keeps envsched --help fast
 
     checks = static_checks(cfg, run_dir, local=not (address or cfg.cluster.address))
     failed = blockers(checks)
@@ -60,8 +61,8 @@ def preflight(cfg: TrainConfig, run_dir: Path, address: Optional[str]) -> None:
         raise UserError("pre-flight checks failed (`envsched doctor` lists every check): "
                         + "; ".join(c.line() for c in failed))   # one line
     if cfg.policy.path:   # a model folder with code of its own: one line, before Ray starts
-        from actors.checkpoints import remote_code
-        from actors.policy import resolve_model
+        from actors.checkpoints import remote_code  # lazy: keeps envsched --help fast
+        from actors.policy import resolve_model  # lazy: keeps envsched --help fast
 
         try:
             remote_code(resolve_model(cfg.policy.path), cfg.policy.trust_remote_code)
@@ -73,33 +74,24 @@ def preflight(cfg: TrainConfig, run_dir: Path, address: Optional[str]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from launch.errors import UserError
-    from launch.config import ConfigError, load_config
-
     try:
         cfg = load_config(args.config, args.overrides)
     except ConfigError as e:
         raise UserError(str(e)) from None
     preflight(cfg, Path(args.out), args.address)
-    from launch.run.trainer import train
+    from launch.run.trainer import train  # lazy: keeps envsched --help fast (Ray, torch)
 
     # SIGTERM (ray job stop, a scheduler, kill) unwinds like Ctrl-C: the trainer's finally blocks
     # stop the actors and an embedded Ray; the latest checkpoint stays valid for --resume.
     signal.signal(signal.SIGTERM, _terminate)
-    from launch.errors import RunStopped
-
     try:
         summary = train(cfg, Path(args.out), address=args.address, resume=args.resume,
                         resume_changed=args.resume_changed)
     except RunStopped as e:
         if os.environ.get("ENVSCHED_DEBUG"):
             raise
-        from envs.text import printable
-
         print(f"envsched train: stopped: {printable(e)}", file=sys.stderr, flush=True)
         return 1
     print(json.dumps(summary, indent=2, sort_keys=True))
-    from launch.run.metrics import format_summary
-
     print(format_summary(summary), flush=True)
     return 0

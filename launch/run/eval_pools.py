@@ -26,6 +26,7 @@ from envs.pool import Pool, PoolError, load_pool
 from envs.pool_union import eval_task_id
 from launch.errors import UserError
 from launch.run.evaluation import EvalSet, eval_tasks
+from sandbox.packages import missing_packages
 
 if TYPE_CHECKING:
     from launch.config import TrainConfig
@@ -79,8 +80,6 @@ def _load(i: int, entry: EvalPoolConfig, cfg: TrainConfig, train_dir: Optional[s
 
 def _check_packages(where: str, pool: Pool, python: Optional[str]) -> None:
     """Every package the pool declares imports in the sandbox's interpreter (``python``)."""
-    from sandbox.packages import missing_packages
-
     missing = missing_packages(pool.meta.packages, python)
     if missing:
         name, why = missing[0]

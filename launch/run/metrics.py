@@ -19,7 +19,7 @@ issue is silent):
 Timings and idle shares are filled in by the controller and ``Occupancy``.
 
 May import: numpy, scheduling.base (the phases, PRED_VAR), scheduling.variance (Eq. 2), the standard
-library; tqdm and launch.loggers (its backends) lazily.
+library, tqdm and launch.loggers (its backends).
 """
 
 from __future__ import annotations
@@ -30,9 +30,11 @@ from pathlib import Path
 from typing import Any, Iterable, Optional, Sequence
 
 import numpy as np
+from tqdm import tqdm
 
 from envs import strict_json
 from envs.untrusted import json_lines
+from launch.loggers import LoggingConfig, make_backends
 from scheduling.base import PHASES, PRED_VAR
 from scheduling.variance import group_variance  # re-exported: Eq. 2 has one definition
 
@@ -107,8 +109,6 @@ class MetricsLogger:
 
     def __init__(self, run_dir: Path, total_steps: int, start_step: int = 0,
                  tensorboard: bool = True, progress: bool = True, logging: Any = None) -> None:
-        from launch.loggers import LoggingConfig, make_backends
-
         self.path = Path(run_dir) / "metrics.jsonl"
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if logging is None:
@@ -116,8 +116,6 @@ class MetricsLogger:
         self._backends = make_backends(logging, Path(run_dir), start_step)
         self._bar = None
         if progress:
-            from tqdm import tqdm
-
             self._bar = tqdm(total=total_steps, initial=start_step, desc="train", unit="step",
                              dynamic_ncols=True)
 

@@ -5,10 +5,12 @@
 - a directory with a checkpoint is continued from its newest intact one (``launch.run.checkpoint``);
   ``resume=True`` makes a missing checkpoint an error; metrics without a checkpoint are refused
   (starting over would mix two runs' logs);
-- an existing ``config.yaml`` is compared with the new config key by key (the stored one validated
-  first, so new keys count as their defaults). Changed keys other than ``RESUMABLE`` refuse the run
-  unless ``resume_changed``. Any change is recorded: the old file kept as ``config.step_N.yaml``,
-  a line appended to ``config_changes.jsonl``.
+- an existing ``config.yaml`` is compared with the new config key by key: effective values
+  (``TrainConfig.to_yaml_dict``) under the current key names (the stored one validated first, a
+  renamed key read silently under its new name, so new keys count as their defaults). Changed
+  keys other than ``RESUMABLE`` refuse the run unless ``resume_changed``. Any change is
+  recorded: the old file kept as ``config.step_N.yaml``, a line appended to
+  ``config_changes.jsonl``.
 
 Decision where the issue is silent: ``RESUMABLE`` keys (how long to train, where Ray runs, the
 progress bar) do not change what a step computes, so they need no flag.
@@ -26,7 +28,11 @@ from typing import TYPE_CHECKING, Any, Optional
 
 import yaml
 
+from launch.config import ConfigError, build_config, current_names
+from launch.errors import UserError
 from launch.run.checkpoint import Checkpoint, CheckpointError, latest_checkpoint
+from launch.run.scheduler_factory import training_pool
+from scheduling.base import pool_identity
 
 if TYPE_CHECKING:
     from launch.config import TrainConfig
@@ -36,7 +42,10 @@ _ABSENT = "<absent>"
 
 
 def config_changes(old: Any, new: Any, prefix: str = "") -> dict[str, tuple[Any, Any]]:
-    """Dotted key -> (old, new) for every leaf that differs (a missing key is ``<absent>``)."""
+    """Dotted key -> (old, new) for every leaf that differs (a missing key is ``<absent>``); two
+    whole configs are compared under the current key names (``launch.config.current_names``)."""
+    if not prefix:
+        old, new = current_names(old), current_names(new)
     if isinstance(old, dict) and isinstance(new, dict):
         out: dict[str, tuple[Any, Any]] = {}
         for key in list(old) + [k for k in new if k not in old]:
@@ -48,15 +57,12 @@ def config_changes(old: Any, new: Any, prefix: str = "") -> dict[str, tuple[Any,
 
 def _stored_tree(path: Path, force: bool) -> dict[str, Any]:
     """The stored config as the current models read it (defaults of newer keys filled in)."""
-    from launch.errors import UserError
-    from launch.config import ConfigError, build_config
-
     try:
         tree = yaml.safe_load(path.read_text()) or {}
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
         raise UserError(f"{path} is unreadable ({e}); fix it or choose another --out") from None
     try:
-        return build_config(tree, str(path)).to_yaml_dict()
+        return build_config(current_names(tree), str(path)).to_yaml_dict()
     except ConfigError as e:
         if force:
             return tree
@@ -66,8 +72,6 @@ def _stored_tree(path: Path, force: bool) -> dict[str, Any]:
 
 def open_run(cfg: TrainConfig, run_dir: Path, resume: bool = False, resume_changed: bool = False
              ) -> Optional[Checkpoint]:
-    from launch.errors import UserError
-
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     ckpt = None
@@ -92,8 +96,6 @@ def open_run(cfg: TrainConfig, run_dir: Path, resume: bool = False, resume_chang
 
 def _check_and_record(run_dir: Path, changes: dict[str, tuple[Any, Any]], step: int,
                       force: bool) -> None:
-    from launch.errors import UserError
-
     if not changes:
         return
     blocking = sorted(k for k in changes if k not in RESUMABLE)
@@ -117,10 +119,6 @@ def _check_and_record(run_dir: Path, changes: dict[str, tuple[Any, Any]], step: 
 def check_pool(ckpt: Checkpoint, cfg: TrainConfig, pool: Any, pool_dir: Path) -> None:
     """Refuse, before Ray starts, to continue a run whose checkpoint was trained on another
     pool (or training split): the scheduler state would be refused later, inside its actor."""
-    from launch.errors import UserError
-    from launch.run.scheduler_factory import training_pool
-    from scheduling.base import pool_identity
-
     saved = ckpt.scheduler.get("scheduler") if isinstance(ckpt.scheduler, dict) else None
     if not isinstance(saved, dict):
         raise UserError(f"checkpoint {ckpt.path}: scheduler.json holds no scheduler state")

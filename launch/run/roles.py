@@ -25,17 +25,24 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 import ray
 
+from actors.learner.learner_actor import LearnerGroup
+from actors.learner.weight_sync import make_weight_sync
+from actors.replay_port import WorkerReplay, identifier_check_builder
+from actors.rollout.engine_args import lora_engine_kwargs
+from actors.scheduler_actor import scheduler_actor_class
 from actors.ticket import Ticket
+from actors.user_sim_actor import start_user_sims
 from launch.cluster import role_options
+from launch.run.eval_pools import EvalPool, worker_pools
 from launch.run.restarts import PUBLISHES, RoleError, Restarts
 from launch.run.role_metrics import RoleMetrics
+from launch.run.scheduler_factory import build_scheduler
 from launch.run.scheduler_journal import SchedulerJournal
 
 if TYPE_CHECKING:
     from envs.pool import Pool
     from envs.trajectory import Group
     from launch.config import TrainConfig
-    from launch.run.eval_pools import EvalPool
 
 __all__ = ["GroupCall", "RoleError", "Roles"]
 
@@ -55,13 +62,6 @@ class Roles:
 
     def __init__(self, cfg: TrainConfig, pool: Pool, pool_dir: Path, run_dir: Path,
                  model_path: str, eval_pools: Sequence[EvalPool] = ()):
-        from actors.learner.learner_actor import LearnerGroup
-        from actors.replay_port import identifier_check_builder
-        from actors.scheduler_actor import scheduler_actor_class
-        from launch.run.scheduler_factory import build_scheduler
-
-        from launch.run.eval_pools import worker_pools
-
         self.cfg, self.pool, self.pool_dir, self.model_path = cfg, pool, str(pool_dir), model_path
         self.eval_pools = worker_pools(list(eval_pools))   # {name: directory}
         self.executors_per_worker = cfg.executors.num_executors
@@ -80,15 +80,13 @@ class Roles:
         self.liveness.workers.extend(self._new_worker(i) for i in range(cfg.cluster.rollout.num))
         self.scheduler.set_replay_port.remote(self._replay_port())
         self._start_learner = lambda: LearnerGroup(  # noqa: E731
-            cfg.learner.model_copy(update={"model_path": model_path}))
+            cfg.learner_settings().model_copy(update={"model_path": model_path}))
         self.learner = self._start_learner()
         self.sync = self._new_sync()
 
     def _new_sync(self):
         """A weight sync to the current workers, by ``cfg.weight_sync`` (rebuilt with new
         members after a worker or the learner is replaced)."""
-        from actors.learner.weight_sync import make_weight_sync
-
         return make_weight_sync(self.workers, self.cfg.weight_sync, timeout_s=self.timeout)
 
     @property
@@ -104,8 +102,6 @@ class Roles:
     @staticmethod
     def _start_user_sims(cfg: TrainConfig, pool: Pool) -> Optional[list]:
         """The user-simulator actors, or None when no task of the pool is conversational."""
-        from actors.user_sim_actor import start_user_sims
-
         if not any(t.needs_user_sim for t in pool.tasks):   # none, or all scripted (UserSpec.script)
             return None
         res = cfg.cluster.user_sim
@@ -117,7 +113,7 @@ class Roles:
                                opts["runtime_env"], opts.get("resources"))
 
     def _new_worker(self, i: int):
-        from actors.rollout.engine_args import lora_engine_kwargs
+        # lazy: the rollout worker imports transformers, which the driver's import does not need
         from actors.rollout_worker import start_rollout_worker
 
         opts = role_options(self.cfg.cluster.rollout)
@@ -125,9 +121,9 @@ class Roles:
             self.pool_dir, self.cfg.policy.engine, num_cpus=opts["num_cpus"],
             num_gpus=opts["num_gpus"], runtime_env=opts["runtime_env"],
             resources=opts.get("resources"),
-            engine_kwargs=lora_engine_kwargs(self.cfg.policy.engine, self.cfg.rollout.engine_kwargs,
+            engine_kwargs=lora_engine_kwargs(self.cfg.policy.engine, self.cfg.engine_kwargs(),
                                               self.cfg.learner.lora),
-            model_path=self.model_path, config=self.cfg.rollout,
+            model_path=self.model_path, config=self.cfg.rollout_settings(),
             executors="pool", name=f"rollout-{i}", eval_pools=self.eval_pools,
             users=self.users,
             executor_config=self.cfg.executors.model_copy(
@@ -202,8 +198,6 @@ class Roles:
 
     def _replay_port(self) -> Any:
         """The identifier filter's replay port on the workers' (shared) executor pools."""
-        from actors.replay_port import WorkerReplay
-
         return WorkerReplay(self.workers, self.timeout)
 
     def _each_worker(self, call: Callable[[Any], Any]) -> list:

@@ -5,7 +5,7 @@ construction ``envsched simulate`` uses) with B = ``run.batch_size``, K = ``roll
 seed ``run.seed``. Schedulers that ``needs_graph`` get the dual-relation graph, cached at
 ``RUN_DIR/graph.pkl`` so ``envsched explain`` and resumed runs do not recompute it.
 
-May import: scheduling, envs, the standard library; launch.run.split inside a function.
+May import: scheduling, envs, launch.run.split, the standard library.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
+from launch.run.split import pool_split
 from scheduling import registry
 from scheduling.base import Scheduler, SchedulerError
 
@@ -25,7 +26,7 @@ class SchedulerBuildError(ValueError):
 
 
 def load_or_build_graph(pool: Any, run_dir: Optional[Path]) -> Any:
-    from scheduling.graph import DualGraph
+    from scheduling.graph import DualGraph  # lazy: numba kernels only when a graph is needed
 
     path = Path(run_dir) / "graph.pkl" if run_dir is not None else None
     if path is not None:
@@ -37,8 +38,6 @@ def load_or_build_graph(pool: Any, run_dir: Optional[Path]) -> Any:
 
 def training_pool(cfg: TrainConfig, pool: Any) -> Any:
     """The pool the scheduler sees: the training split, in the pool's order."""
-    from launch.run.split import pool_split
-
     split = pool_split(pool, cfg.pool)
     return pool.subset(split.train) if len(split.train) < len(pool.tasks) else pool
 

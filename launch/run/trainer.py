@@ -112,7 +112,7 @@ def train(cfg: TrainConfig, run_dir: Path, address: Optional[str] = None, resume
                         f"{len(p.pool.tasks)} tasks" for p in eval_pools))
     users = check_users(cfg.user_sim, pool)   # who is the user
     model_path = prepare_policy(cfg, pool_dir, run_dir)
-    check_chat_format(cfg.policy.engine, model_path, cfg.rollout, users is not None)
+    check_chat_format(cfg.policy.engine, model_path, cfg.rollout_settings(), users is not None)
     t_sft = time.perf_counter()
     _progress(f"policy {model_path} ({t_sft - t_pool:.0f} s); starting Ray and the roles "
               f"({cfg.cluster.rollout.num} {cfg.policy.engine} rollout worker(s), "

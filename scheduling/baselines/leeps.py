@@ -45,7 +45,7 @@ def nontrivial_probability(p: np.ndarray, k: int) -> np.ndarray:
 
 
 def text_embedding(tasks: Sequence[TaskInfo]) -> sp.csr_matrix:
-    from sklearn.feature_extraction.text import TfidfVectorizer
+    from sklearn.feature_extraction.text import TfidfVectorizer  # lazy: scikit-learn is heavy
 
     vec = TfidfVectorizer(ngram_range=(1, 2), sublinear_tf=True, min_df=1)
     return vec.fit_transform([t.text or t.task_id for t in tasks]).tocsr()

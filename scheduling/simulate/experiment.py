@@ -19,15 +19,19 @@ the standard library.
 
 from __future__ import annotations
 
+import multiprocessing as mpc
+import signal
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
+from envs.opdesc import pool_descriptions
 from envs.pool import Pool
 from scheduling.base import Scheduler, SchedulerError, Selection
 from scheduling import registry
+from scheduling.simulate import infer
 from scheduling.simulate.dynamics import SimParams
 from scheduling.simulate.runner import RunLog, run
 from scheduling.simulate.world import World, build_world, has_latent, task_infos
@@ -96,6 +100,7 @@ class Results:
 
 
 def load_graph(pool: Pool, cache: Optional[Path]) -> Any:
+    # lazy: numba kernels only when a graph is built
     from scheduling.graph import DualGraph, GraphConfig, GraphError, content_hash
 
     expected = content_hash(pool.tasks, pool.environments, GraphConfig())
@@ -116,9 +121,6 @@ def pool_world(pool: Pool, settings: "Settings", graph: Any = None) -> tuple[Wor
     (``settings.rollouts``) fix the recorded tasks' initial skill either way. The second value is
     ``{"source", "provenance", "inference_error"}`` (the error only when an inferred world can be
     scored against the generator's truth)."""
-    from envs.opdesc import pool_descriptions
-    from scheduling.simulate import infer
-
     recorded = infer.read_recorded(settings.rollouts) if settings.rollouts else None
     latent = has_latent(pool.tasks)
     info: dict[str, Any] = {}
@@ -226,8 +228,6 @@ def _default_signals() -> None:
     """A forked worker dies on the pool's SIGTERM whatever handler its parent had installed (a
     worker that inherited one survived the multiprocessing pool's ``terminate`` and the pool's exit
     waited forever). Defence, not a tested fix: an ignoring handler alone did not reproduce it."""
-    import signal
-
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
@@ -243,8 +243,6 @@ def _forked_job(item: tuple[int, Job]) -> tuple[int, RunLog]:
 
 
 def _run_forked(fac: "Factory", jobs: list[Job], workers: int, bar: Any) -> list[RunLog]:
-    import multiprocessing as mpc
-
     global _FORKED
     ctx = mpc.get_context("fork")
     counter = ctx.Value("l", 0)

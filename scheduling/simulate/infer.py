@@ -34,7 +34,8 @@ from envs.describe import describe_task
 from envs.opdesc import OpDescription, OpDescriptionError
 from envs.spec import Environment, TaskSpec
 from scheduling.simulate.dynamics import Policy, SimParams
-from scheduling.simulate.world import World, WorldError, assemble_world, split_blocks
+from scheduling.simulate.world import (GATE_KINDS, World, WorldError, assemble_world,
+                                       split_blocks)
 
 UNCHANGED = re.compile(r"\b(unchanged|untouched|intact|not (?:been )?(?:changed|modified|touched)|"
                        r"remains?|still|preserved|as before|other\b.*\bnot)\b", re.I)
@@ -284,7 +285,6 @@ def inference_error(inferred: World, true: World) -> dict[str, Any]:
     gi = [set(r[r >= 0].tolist()) for r in inferred.gates]
     gt = [set(r[r >= 0].tolist()) for r in true.gates]
     jac = [len(a & b) / len(a | b) if a | b else 1.0 for a, b in zip(gi, gt)]
-    from scheduling.simulate.world import GATE_KINDS
     per_kind = {k: float(np.mean([(g in a) == (g in b) for a, b in zip(gi, gt)]))
                 for g, k in enumerate(GATE_KINDS)}
     pat_i = np.array([inferred.patterns[p] for p in inferred.pattern])

@@ -318,10 +318,10 @@ def write_report(res: Results, out: Path, elapsed_s: float) -> dict[str, Any]:
 
 
 def write_plots(m: dict[str, Any], out: Path) -> list[Path]:
-    import matplotlib
+    import matplotlib  # lazy: matplotlib is heavy, only when plotting
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: after choosing the Agg backend
 
     paths = []
     specs = (("variance", "batch mean reward variance (log)", True),

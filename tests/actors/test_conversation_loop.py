@@ -172,7 +172,7 @@ def test_a_failing_user_simulator_is_retried_then_dropped_never_a_reward(pool, t
                                                                          error):
     cfg = RolloutConfig(k=2, episode_retries=1, user_timeout_s=0.2)
     loop = AgentLoop(ScriptedEngine(tokenizer, {TASK: AGENT}), tokenizer, cfg, users)
-    runner = GroupRunner(loop, pool, InProcessSessions(pool, workers=2))
+    runner = GroupRunner(loop, pool, InProcessSessions(pool, slots=2))
     group = asyncio.run(runner.run_group(Ticket.direct(TASK)))
     assert group.trajectories == [] and group.rewards == [] and len(group.dropped) == 2
     for t in group.dropped:

@@ -21,7 +21,7 @@ REFERENCE = ORDER_DESK_TASK.reference_solution
 
 
 def _config(**kw) -> ExecutorConfig:
-    base = dict(num_executors=1, workers_per_executor=2, num_cpus_per_executor=0.25,
+    base = dict(num_executors=1, slots_per_executor=2, num_cpus_per_executor=0.25,
                 sandbox=SANDBOX, rpc_margin_s=30.0)
     return ExecutorConfig(**{**base, **kw})
 
@@ -91,7 +91,7 @@ def test_errors_cross_ray_typed(executors, pool):
 
 
 def test_callers_wait_for_a_free_sandbox_and_waits_are_recorded(ray_local, pool):
-    ex = ExecutorPool(pool, _config(workers_per_executor=1, acquire_timeout_s=1.0,
+    ex = ExecutorPool(pool, _config(slots_per_executor=1, acquire_timeout_s=1.0,
                                     name_prefix="wait"))
     try:
         first = ex.open_session(pool.task("od-0"), seed=0)
@@ -116,7 +116,7 @@ def test_callers_waiting_for_a_sandbox_do_not_hold_the_event_loops_threads(ray_l
     executor (at most 32 threads, 6 on 2 cores) must stay free for other work, e.g. an engine's
     weight update. The 40 take turns on one sandbox, so the last waits for all the others: its
     acquire timeout is generous (on a loaded 2-core host 40 turns took over 20 s)."""
-    ex = ExecutorPool(pool, _config(workers_per_executor=1, acquire_timeout_s=120.0,
+    ex = ExecutorPool(pool, _config(slots_per_executor=1, acquire_timeout_s=120.0,
                                     name_prefix="threads"))
 
     async def scenario():
@@ -148,7 +148,7 @@ def test_callers_waiting_for_a_sandbox_do_not_hold_the_event_loops_threads(ray_l
 
 
 def test_resize_grows_and_retires_idle_executors(ray_local, pool):
-    ex = ExecutorPool(pool, _config(num_executors=1, workers_per_executor=1, prestart=False,
+    ex = ExecutorPool(pool, _config(num_executors=1, slots_per_executor=1, prestart=False,
                                     name_prefix="resize"))
     try:
         ex.resize(2)
@@ -163,7 +163,7 @@ def test_resize_grows_and_retires_idle_executors(ray_local, pool):
 
 
 def test_killed_executor_answers_typed_error_then_next_session_is_served(ray_local, pool):
-    ex = ExecutorPool(pool, _config(workers_per_executor=1, name_prefix="doomed"))
+    ex = ExecutorPool(pool, _config(slots_per_executor=1, name_prefix="doomed"))
     try:
         session = ex.open_session(pool.task("od-0"), seed=0)
         session.step("find_customer", {"name": "Ann Lee"})
@@ -180,7 +180,7 @@ def test_killed_executor_answers_typed_error_then_next_session_is_served(ray_loc
 
 
 def test_executor_past_its_restarts_is_replaced_on_the_next_session(ray_local, pool):
-    ex = ExecutorPool(pool, _config(workers_per_executor=1, max_restarts=0, name_prefix="once"))
+    ex = ExecutorPool(pool, _config(slots_per_executor=1, max_restarts=0, name_prefix="once"))
     try:
         os.kill(ex.stats()[0]["pid"], signal.SIGKILL)
         with ex.open_session(pool.task("od-0"), seed=0) as session:
@@ -219,7 +219,7 @@ def test_an_executor_that_cannot_start_says_why_in_one_line(ray_local, tmp_path)
     caller gets names that, not only that the actor died."""
     root = write_pool(tmp_path / "needs", PoolMeta(name="desk", packages=("envsched_no_pkg_x",)),
                       [ORDER_DESK], [ORDER_DESK_TASK])
-    ex = ExecutorPool(load_pool(root), _config(workers_per_executor=1, name_prefix="nostart"))
+    ex = ExecutorPool(load_pool(root), _config(slots_per_executor=1, name_prefix="nostart"))
     try:
         with pytest.raises(SandboxError) as e:
             ex.wait_ready(120)

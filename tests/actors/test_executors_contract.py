@@ -40,12 +40,12 @@ def executors(request, pool):
     if request.param == "ray_executor_pool":
         request.getfixturevalue("ray_local")
         impl = ExecutorPool(pool, ExecutorConfig(
-            num_executors=1, workers_per_executor=2, num_cpus_per_executor=0.25, sandbox=SANDBOX,
+            num_executors=1, slots_per_executor=2, num_cpus_per_executor=0.25, sandbox=SANDBOX,
             rpc_margin_s=30.0, name_prefix="contract"))
     elif request.param == "local_sandbox_sessions":
         impl = SandboxSessions(pool, SANDBOX, workers=2)
     else:
-        impl = InProcessSessions(pool, workers=2)
+        impl = InProcessSessions(pool, slots=2)
     yield impl
     impl.shutdown()
 

@@ -61,7 +61,7 @@ def _service(pool, batch_size=2):
 def test_an_executor_killed_mid_episode_is_retried_then_dropped_never_trained_or_absorbed(
         ray_local, tmp_path, tokenizer):
     pool = make_notes_pool(tmp_path)
-    executors = ExecutorPool(pool, ExecutorConfig(num_executors=1, workers_per_executor=1,
+    executors = ExecutorPool(pool, ExecutorConfig(num_executors=1, slots_per_executor=1,
                                                   num_cpus_per_executor=0.25, max_restarts=4))
     ticket = Ticket.direct("notes-2", step=0, seed=5, ticket_id=0)
     doomed = episode_seed(ticket.seed, ticket.task_id, ticket.step, 0)
@@ -121,7 +121,7 @@ def test_a_session_that_could_not_be_opened_is_infrastructure_but_a_load_error_i
 
     loop = AgentLoop(ScriptedEngine.from_pool(tokenizer, pool), tokenizer,
                      RolloutConfig(k=1, episode_retries=2))
-    runner = GroupRunner(loop, pool, Sessions(pool, workers=1))
+    runner = GroupRunner(loop, pool, Sessions(pool, slots=1))
 
     async def both():
         return [await runner.run_group(Ticket.direct(t)) for t in ("notes-1", "notes-2")]

@@ -107,16 +107,17 @@ def test_deepspeed_is_asked_for_fp32_accumulation_and_reduction_under_bf16():
 def test_the_engine_samples_in_the_learners_dtype():
     from launch.config import REPO, ConfigError, load_config
 
-    assert load_config(None, ["learner.dtype=bf16"]).rollout.engine_kwargs["dtype"] == "bfloat16"
-    assert "dtype" not in load_config(None, []).rollout.engine_kwargs   # the HF engine's fp32
+    bf16 = load_config(None, ["learner.dtype=bf16"])
+    assert bf16.engine_kwargs()["dtype"] == "bfloat16" and bf16.rollout.engine_kwargs == {}
+    assert "dtype" not in load_config(None, []).engine_kwargs()   # the HF engine's fp32
     cfg = load_config(None, ["learner.dtype=bf16", "rollout.engine_kwargs={dtype: bf16}"])
-    assert cfg.rollout.engine_kwargs["dtype"] == "bf16"               # the user's spelling, kept
+    assert cfg.engine_kwargs()["dtype"] == "bf16"               # the user's spelling, kept
     with pytest.raises(ConfigError, match=r"engine_kwargs.dtype is 'float32' but the learner "
                                           r"trains in bfloat16.*fix"):
         load_config(REPO / "configs" / "cpu_real.yaml", ["learner.dtype=bf16"])
     real = load_config(REPO / "configs" / "cpu_real.yaml",
                        ["learner.dtype=bf16", "rollout.engine_kwargs.dtype=auto"])
-    assert real.rollout.engine_kwargs["dtype"] == "bfloat16"       # vLLM's auto: the learner's
+    assert real.engine_kwargs()["dtype"] == "bfloat16"       # vLLM's auto: the learner's
 
 
 # -- 2 gloo ranks: fp32 sums at the ZeRO stages the configs use --------------------------------

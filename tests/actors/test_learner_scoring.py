@@ -71,7 +71,7 @@ def test_greedy_and_untruncated_temperature_one_score_the_raw_distribution():
 def test_a_run_scores_the_default_sampler_and_a_learner_alone_the_raw_distribution():
     from launch.config import TrainConfig
 
-    r, lc = RolloutConfig(), TrainConfig().learner.loss
+    r, lc = RolloutConfig(), TrainConfig().learner_settings().loss
     assert (lc.temperature, lc.top_k, lc.top_p) == (r.temperature, r.top_k, r.top_p) \
         == (0.99, 100, 0.99)
     alone = GRPOConfig()
@@ -136,11 +136,12 @@ def test_run_config_copies_the_sampler_into_the_learner_and_refuses_a_different_
     cfg = TrainConfig.model_validate({"rollout": {"temperature": 0.7, "top_k": 20, "top_p": 0.9,
                                                   "max_tokens_per_turn": 512,
                                                   "max_tokens_per_sequence": 6000}})
-    lc = cfg.learner.loss
+    lc = cfg.learner_settings().loss
     assert (lc.temperature, lc.top_k, lc.top_p, lc.max_sequence_tokens) == (0.7, 20, 0.9, 6000)
+    assert cfg.learner.loss == GRPOConfig()           # the section as given
     same = TrainConfig.model_validate({"rollout": {"temperature": 0.7},
                                        "learner": {"loss": {"temperature": 0.7}}})
-    assert same.learner.loss.temperature == 0.7
+    assert same.learner_settings().loss.temperature == 0.7
     with pytest.raises(ValueError, match="learner.loss.top_p is 0.5 but rollout's is 0.99"):
         TrainConfig.model_validate({"learner": {"loss": {"top_p": 0.5}}})
 

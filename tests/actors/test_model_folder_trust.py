@@ -151,14 +151,15 @@ def test_the_config_key_is_the_one_switch():
     with pytest.raises(ConfigError, match="learner.trust_remote_code follows"):
         load_config(None, ["learner.trust_remote_code=true"])
     cfg = load_config(None, ["policy.engine=hf", "policy.trust_remote_code=true"])
-    assert cfg.rollout.engine_kwargs["trust_remote_code"] is True
-    assert cfg.learner.trust_remote_code is True
+    assert cfg.engine_kwargs()["trust_remote_code"] is True
+    assert cfg.learner_settings().trust_remote_code is True
+    assert "trust_remote_code" not in cfg.rollout.engine_kwargs   # the sections as given
     again = load_config(None, ["policy.engine=hf", "policy.trust_remote_code=true",
                                "rollout.engine_kwargs.trust_remote_code=true"])
-    assert again.rollout.engine_kwargs == cfg.rollout.engine_kwargs   # a saved config reloads
+    assert again.engine_kwargs() == cfg.engine_kwargs()   # a saved config reloads
     plain = load_config(None, ["policy.engine=hf"])
-    assert "trust_remote_code" not in plain.rollout.engine_kwargs
-    assert plain.learner.trust_remote_code is False
+    assert "trust_remote_code" not in plain.engine_kwargs()
+    assert plain.learner_settings().trust_remote_code is False
 
 
 @pytest.mark.parametrize("content, says", [

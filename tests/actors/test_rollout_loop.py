@@ -182,7 +182,7 @@ def test_group_runner_holds_at_most_capacity_sessions_and_returns_k(pool, tokeni
     live, peak = [0], [0]
     CountedSessions = counted_sessions(live, peak)
     loop = AgentLoop(ScriptedEngine.from_pool(tokenizer, pool), tokenizer, RolloutConfig(k=5))
-    runner = GroupRunner(loop, pool, CountedSessions(pool, workers=2))
+    runner = GroupRunner(loop, pool, CountedSessions(pool, slots=2))
 
     async def both():
         return await asyncio.gather(runner.run_group(Ticket.direct("notes-2", ticket_id=0)),
@@ -200,7 +200,7 @@ def test_group_runner_follows_its_executors_capacity_after_a_resize(pool, tokeni
     from actors.rollout.runner import GroupRunner
 
     live, peak = [0], [0]
-    sessions = counted_sessions(live, peak, step_s=0.05)(pool, workers=1)
+    sessions = counted_sessions(live, peak, step_s=0.05)(pool, slots=1)
     loop = AgentLoop(ScriptedEngine.from_pool(tokenizer, pool), tokenizer, RolloutConfig(k=6))
     runner = GroupRunner(loop, pool, sessions)
 
@@ -227,7 +227,7 @@ def test_a_session_that_opens_after_the_timeout_is_closed_not_leaked(pool, token
             await asyncio.sleep(0.3)
             return await super().aopen_session(task, seed)
 
-    sessions = SlowSessions(pool, workers=2)
+    sessions = SlowSessions(pool, slots=2)
     loop = AgentLoop(ScriptedEngine.from_pool(tokenizer, pool), tokenizer,
                      RolloutConfig(k=2, session_timeout_s=0.05, episode_retries=0))
     runner = GroupRunner(loop, pool, sessions)
@@ -265,7 +265,7 @@ def test_the_first_turn_is_generated_while_the_session_opens(pool, tokenizer):
 
     engine = Logged(tokenizer, ScriptedEngine.from_pool(tokenizer, pool).scripts)
     runner = GroupRunner(AgentLoop(engine, tokenizer, RolloutConfig(k=1)), pool,
-                         SlowSessions(pool, workers=1))
+                         SlowSessions(pool, slots=1))
     traj = asyncio.run(runner.run_group(Ticket.direct("notes-2"))).trajectories[0]
     assert sorted(events[:2]) == ["generate", "open"] and events[2] == "opened"
     reference = run(ScriptedEngine.from_pool(tokenizer, pool), tokenizer, pool, "notes-2",
@@ -289,7 +289,7 @@ def test_a_failed_open_ends_the_episode_and_is_retried(pool, tokenizer, failure,
                 await asyncio.sleep(1)
             raise SandboxError("executor", "executor actor died", f"env {task.env_id}")
 
-    sessions = FailingSessions(pool, workers=1)
+    sessions = FailingSessions(pool, slots=1)
     loop = AgentLoop(ScriptedEngine.from_pool(tokenizer, pool), tokenizer,
                      RolloutConfig(k=1, episode_retries=1, session_timeout_s=0.1))
     group = asyncio.run(GroupRunner(loop, pool, sessions).run_group(Ticket.direct("notes-1")))
@@ -338,7 +338,7 @@ def test_a_session_still_opening_when_the_episode_ends_is_closed(pool, tokenizer
             session.aclose = aclose
             return session
 
-    sessions = SlowSessions(pool, workers=2)
+    sessions = SlowSessions(pool, slots=2)
     engine = ScriptedEngine(tokenizer, {"notes-1": [MALFORMED["invalid_json"]]})
     loop = AgentLoop(engine, tokenizer, RolloutConfig(k=2, malformed="end_zero"))
     group = asyncio.run(GroupRunner(loop, pool, sessions).run_group(Ticket.direct("notes-1")))

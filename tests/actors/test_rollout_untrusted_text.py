@@ -113,7 +113,7 @@ def test_a_group_with_garbled_tool_text_is_tokenized_and_scored(pool, tokenizer)
 
 def test_without_the_sandbox_boundary_the_same_text_breaks_the_tokenizer(pool, tokenizer):
     """The probe is live: unsanitised, the tokenizer refuses the first observation."""
-    runner = _runner(pool, tokenizer, InProcessSessions(pool, workers=2))
+    runner = _runner(pool, tokenizer, InProcessSessions(pool, slots=2))
     with pytest.raises(TypeError, match="TextEncodeInput|TextInputSequence"):
         asyncio.run(runner.run_group(Ticket.direct("garbled-1")))
 

@@ -23,7 +23,7 @@ from rollout_pool import make_fragile_pool, make_notes_pool
 
 EXECUTORS = "pool"  # the sandboxed ExecutorPool, owned by each worker
 # validated here, handed to the actor as the model (pickled by Ray, not dumped and re-validated)
-EXECUTOR_CONFIG = ExecutorConfig(num_executors=1, workers_per_executor=2,
+EXECUTOR_CONFIG = ExecutorConfig(num_executors=1, slots_per_executor=2,
                                  num_cpus_per_executor=0.25)
 
 

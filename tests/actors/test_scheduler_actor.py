@@ -27,7 +27,7 @@ def test_streams_whole_steps_in_order_and_credits_groups_to_their_step():
     assert len({a.task_id for a in first + second[:1]}) == 4
     for a in first + second:
         svc.absorb(_group(a))
-    assert svc.next_step == 2
+    assert svc.next_selection_step == 2
 
 
 def test_identifier_filter_runs_off_the_call_and_excludes_before_the_next_selection():

@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "servers"))
 from openai_servers import scripted_server, stats  # noqa: E402
 
 TAU = Path(__file__).resolve().parents[1] / "fixtures" / "tau_bench_mini"
-EXECUTOR_CONFIG = {"num_executors": 1, "workers_per_executor": 2, "num_cpus_per_executor": 0.25}
+EXECUTOR_CONFIG = {"num_executors": 1, "slots_per_executor": 2, "num_cpus_per_executor": 0.25}
 # keyed by a piece of each task's instruction (the user's persona), which only the user sees
 SCRIPTS = {"Ana Lee": ["Hi, I need to cancel my pending order; my email is ana.lee@example.com.",
                        "Thanks, that is all."],

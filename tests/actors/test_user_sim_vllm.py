@@ -22,7 +22,7 @@ from openai_servers import vllm_python, vllm_server  # noqa: E402
 
 pytestmark = pytest.mark.slow
 TAU = Path(__file__).resolve().parents[1] / "fixtures" / "tau_bench_mini"
-EXECUTOR_CONFIG = {"num_executors": 1, "workers_per_executor": 2, "num_cpus_per_executor": 0.25}
+EXECUTOR_CONFIG = {"num_executors": 1, "slots_per_executor": 2, "num_cpus_per_executor": 0.25}
 
 
 def _smollm2() -> Path:

@@ -103,7 +103,7 @@ def _config_dict():
         "policy": {"engine": "hf", "path": None},
         "sft": {"enabled": True, "epochs": 1, "lr": 0.003},
         "eval": {"enabled": True, "every": 0, "tasks": 3, "k": 2},
-        "executors": {"num_executors": 1, "workers_per_executor": 2,
+        "executors": {"num_executors": 1, "slots_per_executor": 2,
                       "num_cpus_per_executor": 0.1},
         "rollout": {"k": 2, "max_turns": 2, "max_tokens_per_turn": 32, "enable_thinking": False,
                     "temperature": 0.7, "top_p": 1.0, "top_k": -1},

@@ -138,7 +138,7 @@ def test_a_run_whose_checkpoint_disk_fills_stops_with_one_line_and_resumes_from_
                        "checkpoint_every": 1, "keep_checkpoints": 0, "progress_bar": False},
         "cluster": {"rollout": {"num": 1, "num_cpus": 0.25}, "scheduler": {"num_cpus": 0.1}},
         "policy": {"engine": "scripted"}, "sft": {"enabled": False},
-        "executors": {"num_executors": 1, "workers_per_executor": 2,
+        "executors": {"num_executors": 1, "slots_per_executor": 2,
                       "num_cpus_per_executor": 0.1},
         "rollout": {"k": 2, "max_turns": 3, "enable_thinking": False},
         "learner": {"ranks": 1, "lr": 1e-4, "warmup_steps": 0, "total_steps": 4,

@@ -108,7 +108,7 @@ def resize_driver(address: str, pool_dir: str) -> None:
     ray.init(address=address, log_to_driver=False)
     pool = load_pool(pool_dir)
     task = pool.tasks[0]
-    cfg = ExecutorConfig(num_executors=1, workers_per_executor=1, num_cpus_per_executor=0.25,
+    cfg = ExecutorConfig(num_executors=1, slots_per_executor=1, num_cpus_per_executor=0.25,
                          resources={RESOURCE: 1}, acquire_timeout_s=120)
     out: dict = {}
     with ExecutorPool(pool, cfg) as ex:
@@ -199,7 +199,7 @@ def _train_config(pool_dir: Path, steps: int) -> dict:
                     "scheduler": {"num_cpus": 0.1, "custom": {"node:__internal_head__": 0.01}}},
         "policy": {"engine": "scripted"},
         "sft": {"enabled": False},
-        "executors": {"num_executors": 2, "workers_per_executor": 1,
+        "executors": {"num_executors": 2, "slots_per_executor": 1,
                       "num_cpus_per_executor": 0.5, "resources": {RESOURCE: 1}},
         "rollout": {"k": 2, "max_turns": 3, "enable_thinking": False},
         "learner": {"ranks": 1, "lr": 1e-4, "warmup_steps": 0, "total_steps": steps,

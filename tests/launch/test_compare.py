@@ -26,7 +26,7 @@ def _cfg(**over):
         "policy": {"engine": "scripted"},
         "sft": {"enabled": False},
         "eval": {"enabled": True, "every": 0, "tasks": 2, "k": 2},
-        "executors": {"num_executors": 1, "workers_per_executor": 2,
+        "executors": {"num_executors": 1, "slots_per_executor": 2,
                       "num_cpus_per_executor": 0.1},
         "rollout": {"k": 2, "max_turns": 3, "enable_thinking": False},
         "learner": {"ranks": 1, "lr": 1e-4, "warmup_steps": 0, "num_cpus_per_rank": 0.25,

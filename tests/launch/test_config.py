@@ -5,7 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
 
+from actors.learner.config import LearnerConfig
 from launch.config import ConfigError, build_config, load_config, set_dotted
 
 REPO = Path(__file__).resolve().parents[2]
@@ -73,12 +75,91 @@ def test_cli_reports_config_error_as_one_line(capsys):
 
 
 def test_learner_total_steps_is_derived_from_run_steps_unless_set():
-    assert build_config({"run": {"steps": 40}}).learner.total_steps == 40
+    assert build_config({"run": {"steps": 40}}).learner_settings().total_steps == 40
     # shorter than the default warm-up (10): the cosine is never reached, the schedule stays valid
-    assert build_config({"run": {"steps": 4}}).learner.total_steps == 11
+    assert build_config({"run": {"steps": 4}}).learner_settings().total_steps == 11
     given = build_config({"run": {"steps": 40}, "learner": {"total_steps": 7, "warmup_steps": 0}})
-    assert given.learner.total_steps == 7
-    assert load_config(None, ["run.steps=12"]).learner.total_steps == 12
+    assert given.learner_settings().total_steps == 7
+    assert load_config(None, ["run.steps=12"]).learner_settings().total_steps == 12
+
+
+TREE = {"run": {"steps": 30}, "policy": {"engine": "vllm", "trust_remote_code": True},
+        "cluster": {"rollout": {"num_gpus": 1}},
+        "rollout": {"temperature": 0.7, "top_k": 20, "top_p": 0.9, "max_tokens_per_sequence": 6000,
+                    "engine_kwargs": {"gpu_memory_utilization": 0.5}},
+        "learner": {"num_gpus_per_rank": 1, "warmup_steps": 2, "loss": {"kl_coef": 0.1}}}
+
+
+def test_validation_leaves_every_section_as_given():
+    """No validator writes into a section: each holds what was set (defaults for the rest)."""
+    cfg = build_config(TREE)
+    for name, section in cfg:
+        given = TREE.get(name, {})
+        assert section == type(section).model_validate(given), name
+        assert section.model_fields_set == set(given), name
+    assert cfg.rollout.model_dump()["engine_kwargs"] == {"gpu_memory_utilization": 0.5}
+    assert cfg.learner.model_dump() == LearnerConfig.model_validate(TREE["learner"]).model_dump()
+
+
+def test_the_resolved_accessors_give_the_derived_values():
+    cfg = build_config(TREE)
+    assert cfg.engine_kwargs() == {"gpu_memory_utilization": 0.5, "trust_remote_code": True,
+                                   "dtype": "bfloat16"}       # the GPU learner's dtype
+    assert cfg.rollout_settings().engine_kwargs == cfg.engine_kwargs()
+    learner = cfg.learner_settings()
+    assert (learner.total_steps, learner.trust_remote_code) == (30, True)
+    loss = learner.loss
+    assert (loss.temperature, loss.top_k, loss.top_p, loss.max_sequence_tokens, loss.kl_coef) \
+        == (0.7, 20, 0.9, 6000, 0.1)
+    assert learner.model_copy(update={"total_steps": 0, "trust_remote_code": False,
+                                      "loss": cfg.learner.loss}) == cfg.learner.model_copy(
+        update={"total_steps": 0, "trust_remote_code": False})   # nothing else differs
+
+
+def test_a_dumped_config_reloads_to_the_same_effective_values():
+    for cfg in (build_config(TREE), load_config(None), load_config(REPO / "configs" /
+                                                                    "gpu_single_node.yaml")):
+        stored = cfg.to_yaml_dict()      # RUN_DIR/config.yaml: the effective values
+        assert stored["learner"] == cfg.learner_settings().model_dump(mode="json")
+        assert stored["rollout"]["engine_kwargs"] == cfg.engine_kwargs()
+        back = build_config(yaml.safe_load(yaml.safe_dump(stored)))
+        assert back.to_yaml_dict() == stored
+        assert back.learner_settings() == cfg.learner_settings()
+        assert back.engine_kwargs() == cfg.engine_kwargs()
+
+
+def test_the_old_executor_key_is_read_as_the_new_one_with_one_warning(caplog):
+    with caplog.at_level("WARNING"):
+        cfg = build_config({"executors": {"workers_per_executor": 5}})
+        over = load_config(None, ["executors.workers_per_executor=3"])   # the file has the new key
+    assert cfg.executors.slots_per_executor == 5 and over.executors.slots_per_executor == 3
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines == ["executors.workers_per_executor is renamed executors.slots_per_executor; it "
+                     "is read as that for now"] * 2
+    assert "workers_per_executor" not in cfg.to_yaml_dict()["executors"]
+
+
+def test_an_old_config_file_takes_either_name_as_an_override(tmp_path, caplog):
+    old = tmp_path / "old.yaml"
+    old.write_text("executors:\n  workers_per_executor: 4\n")
+    with caplog.at_level("WARNING"):
+        assert load_config(old).executors.slots_per_executor == 4
+        for key in ("workers_per_executor", "slots_per_executor"):
+            assert load_config(old, [f"executors.{key}=7"]).executors.slots_per_executor == 7
+    assert {r.getMessage() for r in caplog.records} == {
+        "executors.workers_per_executor is renamed executors.slots_per_executor; it is read as "
+        "that for now"}
+
+
+def test_the_old_and_the_new_executor_key_together_are_refused_in_one_line(tmp_path):
+    both = tmp_path / "both.yaml"
+    both.write_text("executors:\n  workers_per_executor: 2\n  slots_per_executor: 2\n")
+    for load in (lambda: build_config(yaml.safe_load(both.read_text())), lambda: load_config(both)):
+        with pytest.raises(ConfigError) as e:
+            load()
+        assert "\n" not in str(e.value)
+        assert "executors.workers_per_executor and executors.slots_per_executor are both set" \
+            in str(e.value) and "fix: remove executors.workers_per_executor" in str(e.value)
 
 
 def test_the_scheduler_selects_run_batch_size_tasks(tmp_path):

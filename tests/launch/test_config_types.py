@@ -49,14 +49,17 @@ def test_every_section_is_a_declared_field_of_its_owners_class():
 
 
 def test_a_section_pickles_as_the_validated_object():
-    """What Ray does to an actor's arguments: the section arrives equal, its derived values and
-    its set-fields record intact (``learner.total_steps`` stays derived, not set), and the
-    receiving side's ``model_validate`` keeps the object as it is (no second validation)."""
+    """What Ray does to an actor's arguments: the section arrives equal, its resolved values
+    and its set-fields record intact (``learner.total_steps`` resolved, the section's unset),
+    and the receiving side's ``model_validate`` keeps the object as it is (no second
+    validation)."""
     import ray.cloudpickle
 
     cfg = load_config(None, ["run.steps=7", "rollout.k=3"])
-    assert cfg.learner.total_steps == 7 and "total_steps" not in cfg.learner.model_fields_set
-    for section in (cfg.learner, cfg.rollout, cfg.executors, cfg.user_sim):
+    assert cfg.learner_settings().total_steps == 7
+    assert "total_steps" not in cfg.learner.model_fields_set
+    for section in (cfg.learner, cfg.learner_settings(), cfg.rollout, cfg.rollout_settings(),
+                    cfg.executors, cfg.user_sim):
         for dumps, loads in ((pickle.dumps, pickle.loads),
                              (ray.cloudpickle.dumps, ray.cloudpickle.loads)):
             back = loads(dumps(section))

@@ -66,7 +66,7 @@ def test_worker_resizes_its_executor_pool_mid_run(ray_local, tmp_path):
     pool = generate_pool(tmp_path / "pool", 2, 2, seed=3)
     worker = start_rollout_worker(
         str(pool), "scripted", num_cpus=0.25, executors="pool", config={"k": 2},
-        executor_config={"num_executors": 1, "workers_per_executor": 1,
+        executor_config={"num_executors": 1, "slots_per_executor": 1,
                          "num_cpus_per_executor": 0.1})
     first = ray_local.get(worker.run_group.remote(Ticket.direct("env_000_hotel-task_1")),
                           timeout=300)

@@ -46,7 +46,7 @@ class LocalRoles:
         tok = load_tokenizer(build_tiny_policy())
         loop = AgentLoop(ScriptedEngine.from_pool(tok, pool), tok, cfg.rollout)
         self.runner = GroupRunner(loop, pool, InProcessSessions(
-            pool, workers=cfg.rollout.max_concurrent_episodes))
+            pool, slots=cfg.rollout.max_concurrent_episodes))
         self.service = SchedulerService(build_scheduler(cfg, pool, run_dir))
         self.fail_first = set(fail_first)
         self.done: dict[object, object] = {}

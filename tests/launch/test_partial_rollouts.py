@@ -32,7 +32,7 @@ def _cfg(pool_dir, partial: bool):
         "cluster": {"rollout": {"num": 1, "num_cpus": 0.25}, "scheduler": {"num_cpus": 0.1}},
         "policy": {"engine": "hf"},
         "sft": {"enabled": False},
-        "executors": {"num_executors": 1, "workers_per_executor": 6,
+        "executors": {"num_executors": 1, "slots_per_executor": 6,
                       "num_cpus_per_executor": 0.1},
         "rollout": {"k": 2, "max_turns": 12, "max_tokens_per_turn": 48,
                     "max_tokens_per_sequence": 8192, "temperature": 1.0, "top_p": 1.0,

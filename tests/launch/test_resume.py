@@ -118,3 +118,41 @@ def test_a_run_resumed_on_another_pool_is_refused_in_one_line_before_ray_starts(
     with pytest.raises(UserError, match="trained on another pool") as e:
         train(cfg, run_dir)
     assert "task_ids_hash" in str(e.value) and "\n" not in str(e.value)
+
+
+def _old_names(tree: dict) -> dict:
+    """``tree`` as a config stored before ``executors.workers_per_executor`` was renamed."""
+    ex = dict(tree["executors"])
+    ex["workers_per_executor"] = ex.pop("slots_per_executor")
+    return {**tree, "executors": ex}
+
+
+def test_a_run_stored_under_a_renamed_key_resumes_silently_under_the_new_name(tmp_path, caplog):
+    _started(tmp_path, _cfg(executors__slots_per_executor=3))
+    stored = yaml.safe_load((tmp_path / "config.yaml").read_text())
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(_old_names(stored)))
+    with caplog.at_level("WARNING"):
+        assert open_run(_cfg(executors__slots_per_executor=3), tmp_path).step == 2
+    assert not (tmp_path / "config_changes.jsonl").exists() and not caplog.records
+    assert config_changes(_old_names(stored), stored) == {}
+    assert config_changes(_old_names(stored), _cfg(executors__slots_per_executor=4).to_yaml_dict()
+                          ) == {"executors.slots_per_executor": (3, 4)}
+
+
+def test_a_stored_config_holding_only_the_set_keys_resumes_silently(tmp_path):
+    """Compared on effective values: a config.yaml of the set keys alone (the derived ones
+    absent) is the same run as the full one written now."""
+    tree = {"run": {"steps": 4, "batch_size": 2, "seed": 3},
+            "controller": {"max_staleness": 1, "progress_bar": False},
+            "rollout": {"temperature": 0.7, "max_tokens_per_sequence": 8000}}
+    _started(tmp_path, build_config(tree))
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(tree))
+    assert open_run(build_config(tree), tmp_path).step == 2
+    assert not (tmp_path / "config_changes.jsonl").exists()
+
+
+def test_compare_shares_step0_across_a_renamed_key():
+    from launch.compare import _inputs_key
+
+    d = _cfg().to_yaml_dict()
+    assert _inputs_key(_old_names(d)) == _inputs_key(d)

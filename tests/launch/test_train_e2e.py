@@ -24,7 +24,7 @@ def _cfg(pool_dir, steps):
         "cluster": {"rollout": {"num": 2, "num_cpus": 0.25}, "scheduler": {"num_cpus": 0.1}},
         "policy": {"engine": "scripted"},
         "sft": {"enabled": False},
-        "executors": {"num_executors": 1, "workers_per_executor": 2,
+        "executors": {"num_executors": 1, "slots_per_executor": 2,
                       "num_cpus_per_executor": 0.1},
         "rollout": {"k": 2, "max_turns": 3, "enable_thinking": False},
         "learner": {"ranks": 1, "lr": 1e-4, "warmup_steps": 0, "total_steps": 4,

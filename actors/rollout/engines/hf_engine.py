@@ -34,7 +34,8 @@ import numpy as np
 import torch
 from transformers.cache_utils import DynamicCache
 
-from actors.policy import cache_kwargs
+from actors import lora
+from actors.policy import build_tiny_policy, cache_kwargs, load_policy
 
 from actors.rollout.engines.base import Engine, Generation, SamplingParams, WeightUpdateError
 from actors.rollout.engines.hf_batch import KV, _Batch, _BatchLayer, _DrawAhead, _warp  # noqa: F401
@@ -71,8 +72,6 @@ class HFEngine(Engine):
                  prefix_cache: int = 64, max_batch_size: int = 32,
                  trust_remote_code: bool = False):
         super().__init__()
-        from actors.policy import build_tiny_policy, load_policy
-
         if max_batch_size < 1:
             raise ValueError(f"the max_batch_size parameter of HFEngine must be >= 1, "
                              f"got {max_batch_size}")
@@ -317,8 +316,6 @@ class HFEngine(Engine):
         injects LoRA layers of its rank and targets; every later one is copied into them. An
         adapter of another rank or targets, or with unknown names, raises ``WeightUpdateError``
         and leaves the version (and the adapter in use) unchanged."""
-        from actors import lora
-
         shape = (adapter.rank, adapter.alpha, tuple(sorted(adapter.target_modules)))
         where = f"HFEngine({self.model_path})"
         if self._adapter_shape is not None and shape != self._adapter_shape:

@@ -29,8 +29,11 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import shutil
+import tempfile
 from typing import Any, Optional
 
+from actors.checkpoints import remote_code
 from actors.rollout.engines.base import Engine, EngineError, Generation, SamplingParams
 
 from actors.learner.weight_sync import VLLMWorkerExtension, load_into_runner
@@ -44,7 +47,7 @@ class RolloutWorkerExtension(VLLMWorkerExtension):
 
     def load_named_tensors(self, items: list) -> int:
         """``items``: ``[(name, dtype, shape, raw bytes)]`` (see ``_pack``)."""
-        import torch
+        import torch  # lazy: torch only inside vLLM workers
 
         weights = [(name, torch.frombuffer(bytearray(raw), dtype=torch.uint8)
                     .view(getattr(torch, dtype)).reshape(shape).to(self.device))
@@ -56,7 +59,7 @@ class RolloutWorkerExtension(VLLMWorkerExtension):
 def _pack(named_tensors: dict[str, Any]) -> list:
     """Tensors as raw bytes: vLLM's engine-to-worker channel pickles, and CPU tensors' shared
     storage does not pickle there ("cannot pickle memoryview")."""
-    import torch
+    import torch  # lazy: torch only where weights are packed
 
     out = []
     for name, tensor in named_tensors.items():
@@ -73,10 +76,8 @@ class VLLMEngine(Engine):
                  enable_prefix_caching: bool = True, trust_remote_code: bool = False,
                  **engine_args: Any):
         super().__init__()
-        from vllm import AsyncEngineArgs
-        from vllm.v1.engine.async_llm import AsyncLLM
-
-        from actors.checkpoints import remote_code
+        from vllm import AsyncEngineArgs  # lazy: vllm is optional (importable without it)
+        from vllm.v1.engine.async_llm import AsyncLLM  # lazy: vllm is optional
 
         if not model_path:
             raise ValueError("VLLMEngine needs a model path")
@@ -109,8 +110,8 @@ class VLLMEngine(Engine):
 
     async def generate(self, prompt_token_ids: list[int], sampling: SamplingParams,
                        task_id: Optional[str] = None) -> Generation:
-        from vllm import SamplingParams as VLLMSampling
-        from vllm.inputs import TokensPrompt
+        from vllm import SamplingParams as VLLMSampling  # lazy: vllm is optional
+        from vllm.inputs import TokensPrompt  # lazy: vllm is optional
 
         self._bind_loop()
         params = VLLMSampling(max_tokens=sampling.max_tokens, temperature=sampling.temperature,
@@ -178,10 +179,7 @@ class VLLMEngine(Engine):
         it as a new ``LoRARequest`` (id version + 1), switch every later generation to it and
         drop the previous one. Needs the engine built with ``enable_lora`` and a
         ``max_lora_rank`` >= the adapter's (``engine_args.lora_engine_kwargs``)."""
-        import shutil
-        import tempfile
-
-        from vllm.lora.request import LoRARequest
+        from vllm.lora.request import LoRARequest  # lazy: vllm is optional
 
         if self._lora_dir is None:
             self._lora_dir = tempfile.mkdtemp(prefix="envsched-lora-")
@@ -223,6 +221,4 @@ class VLLMEngine(Engine):
     def close(self) -> None:
         self.llm.shutdown()
         if self._lora_dir is not None:
-            import shutil
-
             shutil.rmtree(self._lora_dir, ignore_errors=True)

@@ -18,6 +18,8 @@ import importlib
 from pathlib import Path
 from typing import Any, Optional
 
+from envs.adapters.bfcl.source import open_source
+
 IMPORTERS: dict[str, str] = {
     **{c: "envs.adapters.bfcl.single_turn" for c in (
         "simple_python", "multiple", "parallel", "parallel_multiple", "irrelevance",
@@ -33,8 +35,6 @@ def import_bfcl(src: Optional[Path], category: str, out: Path, name: Optional[st
                 strict: bool = False, limit: Optional[int] = None) -> Any:
     """Import one BFCL ``category`` from ``src`` (``source.open_source``) into a pool at ``out``;
     the ``ImportSummary``."""
-    from envs.adapters.bfcl.source import open_source
-
     if category not in IMPORTERS:
         raise ValueError(f"unknown BFCL category {category!r}; known: {sorted(IMPORTERS)}")
     module = importlib.import_module(IMPORTERS[category])
