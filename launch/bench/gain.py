@@ -139,10 +139,14 @@ def warm_start(cfg: TrainConfig, pool_dir: Path, out: Path, task_ids: Sequence[s
 
 
 def warm_dir(out: Path, seed: int, one_warm_start: bool) -> Path:
-    """Where seed ``seed``'s warm start lives: ``out/warm_start/s<seed>``, or ``s0`` for every
-    seed under ``--one-warm-start`` (the gain's interval then spans GRPO's randomness, the
-    sampling and the scheduler's draws, from one fixed starting policy, not the warm start's)."""
-    return out / "warm_start" / f"s{0 if one_warm_start else seed}"
+    """Where seed ``seed``'s warm start lives: ``out/warm_start/s<seed>``; under
+    ``--one-warm-start`` every seed's is ``out/sft``, where ``envsched compare`` keeps (and
+    reuses) its one warm start. The gain's interval then spans GRPO's randomness (sampling, the
+    scheduler's draws) from one fixed starting policy, not the warm start's; and the runs are
+    ``envsched compare --out DIR`` runs (``launch.compare.run_config``, the step-0 evaluation
+    shared), so a comparison in the same DIR takes them as its runs of the config's scheduler
+    when the config sets ``run.episodes`` to ``run.steps`` x B x K."""
+    return out / "sft" if one_warm_start else out / "warm_start" / f"s{seed}"
 
 
 def write_sets(out: Path, parts: Sequence[Part], warm_ids: Sequence[str]) -> None:
@@ -156,9 +160,12 @@ def write_sets(out: Path, parts: Sequence[Part], warm_ids: Sequence[str]) -> Non
 
 def run_seed(cfg: TrainConfig, spec: RunSpec, pool_dir: Path, out: Path, warm_ids: list[str],
              parts: Sequence[Part], timeout_s: Optional[float], log,
-             one_warm_start: bool = False) -> dict[str, Any]:
-    """One seed end to end (module docstring); its figures, cached in ``spec.dir/gain.json``."""
-    from launch.compare import _train, run_config, start_over, status
+             one_warm_start: bool = False, specs: Sequence[RunSpec] = ()) -> dict[str, Any]:
+    """One seed end to end (module docstring); its figures, cached in ``spec.dir/gain.json``.
+    Under ``one_warm_start`` a new seed takes the step-0 evaluation another seed (of ``specs``)
+    made from the same warm start (``launch.compare._share_step0``: the evaluation's episode
+    seeds are ``eval.seed``'s, so it would compute the same record)."""
+    from launch.compare import _share_step0, _train, run_config, start_over, status
     from launch.run.checkpoint import has_checkpoint
 
     cache, state = spec.dir / "gain.json", status(spec)
@@ -188,9 +195,11 @@ def run_seed(cfg: TrainConfig, spec: RunSpec, pool_dir: Path, out: Path, warm_id
             log(f"[gain] seed {spec.seed}: no checkpoint to resume from; its earlier attempt is "
                 f"kept in {kept}, the seed starts over")
             state = "new"
+        source = (_share_step0(out, spec, specs, config) if one_warm_start and state == "new"
+                  else None)
         log(f"[gain] seed {spec.seed}: {'training' if state == 'new' else 'resuming'}: step-0 "
-            f"evaluation, {cfg.run.steps} GRPO steps, final evaluation "
-            f"(log: {spec.dir / 'train.log'})")
+            f"evaluation{f' (shared from {source})' if source else ''}, {cfg.run.steps} GRPO "
+            f"steps, final evaluation (log: {spec.dir / 'train.log'})")
         t = time.perf_counter()
         err = _train(spec, config, timeout_s)
         if err is not None:
@@ -230,7 +239,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--seeds must be >= 1, got {args.seeds}")
     if args.steps is not None and args.steps < 1:
         raise UserError(f"--steps must be >= 1, got {args.steps}")
-    over = [*args.overrides, *([f"run.steps={args.steps}"] if args.steps else [])]
+    over = [*args.overrides, *([f"run.steps={args.steps}", "run.episodes=0"] if args.steps else [])]
     try:
         cfg = load_config(args.config, over)
     except ConfigError as e:
@@ -275,7 +284,8 @@ def run(args: argparse.Namespace) -> int:
     results = []
     for spec in specs:
         results.append(_none_to_nan(run_seed(cfg, spec, pool_dir, out, warm_ids, parts,
-                                             args.timeout_per_run, log, args.one_warm_start)))
+                                             args.timeout_per_run, log, args.one_warm_start,
+                                             specs)))
     agg = aggregate(results, parts)
     pool_parts = [p.name for p in parts if p.name not in PARTS]
     result: dict[str, Any] = {

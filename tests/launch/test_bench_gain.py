@@ -175,3 +175,37 @@ def test_bench_gain_end_to_end_two_seeds_then_rerun_skips(tmp_path, capsys):
     assert main([*argv[:7], "2", *argv[8:]]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "seed 0" in err and "run.steps: 1 -> 2" in err
+
+
+@pytest.mark.slow
+def test_one_warm_start_prepared_first_then_seeds_share_it_and_step0(tmp_path, capsys):
+    """``--prepare-only`` stops before GRPO with the id lists a calibration takes and the one
+    warm start in ``OUT/sft`` (compare's place); the seeds then train from it, and the second
+    takes the first's step-0 evaluation instead of running it again."""
+    from launch.cli import main
+
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(_config_dict()))
+    out = tmp_path / "out"
+    base = ["bench", "gain", "--out", str(out), "--seeds", "2", "--steps", "1", "--config",
+            str(tmp_path / "c.yaml"), "--no-bounds", "--one-warm-start",
+            "--timeout-per-run", "600"]
+    assert main([*base, "--prepare-only"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert sum("warm start on 6 training tasks" in x for x in lines) == 1
+    assert "envsched pool calibrate" in lines[-1] and not (out / "runs").exists()
+    evaluated = (out / "eval_train.txt").read_text().split()
+    warm = (out / "warm_start_tasks.txt").read_text().split()
+    assert len(evaluated) == 3 and len(warm) == 6 and not set(evaluated) & set(warm)
+    assert (out / "sft" / "sft_summary.json").is_file()
+    assert main([*base, "--json"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert not any("the evaluation never uses" in x for x in lines)   # prepared: reused
+    assert any("seed 1: training: step-0 evaluation (shared from envsched-s0)" in x
+               for x in lines)
+    result = json.loads(lines[-1])
+    assert result["finished"] == 2 and result["one_warm_start"] is True
+    step0 = [s["parts"]["train"]["step0"]["success"] for s in result["per_seed"]]
+    assert step0[0] == step0[1]
+    for s in (0, 1):
+        stored = yaml.safe_load((out / "runs" / f"envsched-s{s}" / "config.yaml").read_text())
+        assert stored["policy"]["path"] == str(out / "sft")
