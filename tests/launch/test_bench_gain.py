@@ -136,18 +136,42 @@ def test_a_config_that_evaluates_every_training_task_is_refused_in_one_line(tmp_
 
 
 @pytest.mark.slow
-def test_bench_gain_end_to_end_two_seeds_then_rerun_skips(tmp_path, capsys):
+def test_bench_gain_end_to_end_prepared_then_two_seeds_then_rerun_skips(tmp_path, capsys):
+    """Per-seed warm starts (``--prepare-only``: one a seed, nothing trained); then one warm
+    start (``--one-warm-start``) prepared first, in ``OUT/sft`` (compare's place), with the id
+    lists a calibration takes; two seeds trained from it, the second taking the first's step-0
+    evaluation; the result; a rerun that trains nothing; other steps refused in one line."""
     from launch.cli import main
 
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(_config_dict()))
-    argv = ["bench", "gain", "--out", str(tmp_path / "out"), "--seeds", "2", "--steps", "1",
-            "--config", str(tmp_path / "c.yaml"), "--no-bounds", "--json",
-            "--timeout-per-run", "600"]
-    assert main(argv) == 0
+    common = ["--seeds", "2", "--steps", "1", "--config", str(tmp_path / "c.yaml"),
+              "--no-bounds", "--timeout-per-run", "600"]
+    each = tmp_path / "each"
+    assert main(["bench", "gain", "--out", str(each), *common, "--prepare-only"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
+    for s in (0, 1):   # each seed its own warm start, never on an evaluated task
+        assert any(x.startswith(f"[gain] seed {s}: warm start on 6 training tasks") for x in lines)
+        assert (each / "warm_start" / f"s{s}" / "sft_summary.json").is_file()
+    assert not (each / "runs").exists() and not (each / "sft").exists()
+
+    out = tmp_path / "out"
+    argv = ["bench", "gain", "--out", str(out), *common, "--one-warm-start"]
+    assert main([*argv, "--prepare-only"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert sum("warm start on 6 training tasks" in x for x in lines) == 1
+    assert "envsched pool calibrate" in lines[-1] and not (out / "runs").exists()
+    evaluated = (out / "eval_train.txt").read_text().split()
+    warm = (out / "warm_start_tasks.txt").read_text().split()
+    assert len(evaluated) == 3 and len(warm) == 6 and not set(evaluated) & set(warm)
+    assert (out / "sft" / "sft_summary.json").is_file()
+
+    assert main([*argv, "--json"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert not any("the evaluation never uses" in x for x in lines)   # prepared: reused
+    assert any("seed 1: training: step-0 evaluation (shared from envsched-s0)" in x
+               for x in lines)
     result = json.loads(lines[-1])
-    assert any(x.startswith("[gain] seed 1: warm start on 6 training tasks") for x in lines)
-    assert result["finished"] == 2 and result["steps"] == 1
+    assert result["finished"] == 2 and result["steps"] == 1 and result["one_warm_start"] is True
     assert result["seconds"] > 0 and result["seconds_per_step"] > 0
     for name in ("train", "heldout_tasks", "heldout_env"):
         p = result[name]
@@ -159,53 +183,21 @@ def test_bench_gain_end_to_end_two_seeds_then_rerun_skips(tmp_path, capsys):
         assert 0.0 <= p["se"]["step0"] <= 0.5
     seeds = result["per_seed"]
     assert [s["seed"] for s in seeds] == [0, 1] and {s["status"] for s in seeds} == {"finished"}
+    step0 = [s["parts"]["train"]["step0"]["success"] for s in seeds]
+    assert step0[0] == step0[1]   # one warm start, one shared step-0 record
     gains = [s["parts"]["train"]["final"]["success"] - s["parts"]["train"]["step0"]["success"]
              for s in seeds]
     assert result["train"]["gain"] == pytest.approx(sum(gains) / 2)
-    for s in (0, 1):   # each seed trained from its own warm start, never on held-out tasks
-        run = tmp_path / "out" / "runs" / f"envsched-s{s}"
-        stored = yaml.safe_load((run / "config.yaml").read_text())
-        assert stored["policy"]["path"] == str(tmp_path / "out" / "warm_start" / f"s{s}")
+    for s in (0, 1):
+        stored = yaml.safe_load((out / "runs" / f"envsched-s{s}" / "config.yaml").read_text())
+        assert stored["policy"]["path"] == str(out / "sft")
     # a rerun trains nothing: the cached figures, the same result
-    assert main(argv) == 0
+    assert main([*argv, "--json"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     assert sum("finished earlier, skipped" in x for x in lines) == 2
     assert json.loads(lines[-1]) == result
     # other steps on the same directory: refused in one line, before anything runs
-    assert main([*argv[:7], "2", *argv[8:]]) == 2
+    argv[argv.index("--steps") + 1] = "2"
+    assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "seed 0" in err and "run.steps: 1 -> 2" in err
-
-
-@pytest.mark.slow
-def test_one_warm_start_prepared_first_then_seeds_share_it_and_step0(tmp_path, capsys):
-    """``--prepare-only`` stops before GRPO with the id lists a calibration takes and the one
-    warm start in ``OUT/sft`` (compare's place); the seeds then train from it, and the second
-    takes the first's step-0 evaluation instead of running it again."""
-    from launch.cli import main
-
-    (tmp_path / "c.yaml").write_text(yaml.safe_dump(_config_dict()))
-    out = tmp_path / "out"
-    base = ["bench", "gain", "--out", str(out), "--seeds", "2", "--steps", "1", "--config",
-            str(tmp_path / "c.yaml"), "--no-bounds", "--one-warm-start",
-            "--timeout-per-run", "600"]
-    assert main([*base, "--prepare-only"]) == 0
-    lines = capsys.readouterr().out.strip().splitlines()
-    assert sum("warm start on 6 training tasks" in x for x in lines) == 1
-    assert "envsched pool calibrate" in lines[-1] and not (out / "runs").exists()
-    evaluated = (out / "eval_train.txt").read_text().split()
-    warm = (out / "warm_start_tasks.txt").read_text().split()
-    assert len(evaluated) == 3 and len(warm) == 6 and not set(evaluated) & set(warm)
-    assert (out / "sft" / "sft_summary.json").is_file()
-    assert main([*base, "--json"]) == 0
-    lines = capsys.readouterr().out.strip().splitlines()
-    assert not any("the evaluation never uses" in x for x in lines)   # prepared: reused
-    assert any("seed 1: training: step-0 evaluation (shared from envsched-s0)" in x
-               for x in lines)
-    result = json.loads(lines[-1])
-    assert result["finished"] == 2 and result["one_warm_start"] is True
-    step0 = [s["parts"]["train"]["step0"]["success"] for s in result["per_seed"]]
-    assert step0[0] == step0[1]
-    for s in (0, 1):
-        stored = yaml.safe_load((out / "runs" / f"envsched-s{s}" / "config.yaml").read_text())
-        assert stored["policy"]["path"] == str(out / "sft")
