@@ -1,7 +1,8 @@
 """``envsched simulate --pool P --check-against RUN_DIR``: how well the simulator predicts a real
 run, next to a naive predictor, fitting nothing (``scheduling.simulate.check``).
 
-Reads ``RUN_DIR/groups.jsonl`` (an ``envsched train`` or ``compare`` run), builds the world of
+Reads ``RUN_DIR/groups.jsonl`` (an ``envsched train`` or ``compare`` run) and the groups dynamic
+sampling dropped (``discarded.jsonl``; ``scheduling.simulate.check.read_groups``), builds the world of
 ``--pool`` (default ``RUN_DIR/pool``, where a run with a generated pool keeps it) as
 ``envsched simulate`` does, plus the inferred world when the pool also has generator metadata,
 and writes ``OUT/check.md`` and ``OUT/check.json``; prints the table. ``--seeds`` simulated runs
@@ -56,7 +57,8 @@ def run_check(args: argparse.Namespace) -> int:
         raise UserError(str(e)) from None
     steps = sorted({g["step"] for g in groups})
     lines = [f"# Simulator vs real run: {run_dir}", "",
-             f"Pool {pool_dir} ({len(pool.tasks)} tasks); run: {len(groups)} groups over "
+             f"Pool {pool_dir} ({len(pool.tasks)} tasks); run: {len(groups)} groups "
+             f"({sum(g['dropped'] for g in groups)} of them dropped by dynamic sampling) over "
              f"{len(steps)} learner steps ({steps[0]}-{steps[-1]}), K = "
              f"{int(round(sum(g['rewards'].size for g in groups) / len(groups)))}. Scored on "
              f"the {next(iter(scores.values()))['groups_scored']} groups after each task's "

@@ -41,7 +41,10 @@ from launch.plain_data import PlainDataError, dump, load
 
 STEP_DIR = re.compile(r"^step_(\d+)$")
 # per-step logs with a "step" field, cut back to the checkpoint's step on resume
-LOGS = ("metrics.jsonl", "eval.jsonl", "groups.jsonl")
+# per-step logs and the key that holds each row's learner step (``discarded.jsonl``: the
+# version a dropped group was dropped under, launch/run/controller.py)
+LOGS = {"metrics.jsonl": "step", "eval.jsonl": "step", "groups.jsonl": "step",
+        "discarded.jsonl": "version"}
 # free bytes below which a failed write is taken to have filled the disk (see ``_abandon``)
 SPACE_MARGIN = 1 << 20
 FORMAT = 2     # meta.json "format": 2 = plain data (JSON + npz); none = pickles (refused)
@@ -295,10 +298,11 @@ def find_checkpoint(run_dir: Path, step: Optional[int] = None) -> Path:
 
 
 def truncate_logs(run_dir: Path, step: int) -> dict[str, int]:
-    """Drop rows with ``step`` > ``step`` (and a partial last line) from the per-step logs; returns
-    the rows dropped per file. Rewritten through a temporary file, so a crash here loses nothing."""
+    """Drop rows whose learner step (``LOGS``: ``step``, or ``version`` in ``discarded.jsonl``) is
+    after ``step`` (and a partial last line) from the per-step logs; returns the rows dropped per
+    file. Rewritten through a temporary file, so a crash here loses nothing."""
     dropped = {}
-    for name in LOGS:
+    for name, key in LOGS.items():
         path = Path(run_dir) / name
         if not path.is_file():
             continue
@@ -312,7 +316,7 @@ def truncate_logs(run_dir: Path, step: int) -> dict[str, int]:
                     continue   # a line cut short by the crash
                 raise CheckpointError(f"{path}:{i + 1}: not JSON; fix or remove the line") \
                     from None
-            if row is None or not isinstance(row, dict) or int(row.get("step", 0)) <= step:
+            if row is None or not isinstance(row, dict) or int(row.get(key, 0)) <= step:
                 keep.append(line)
         if len(keep) != len(lines):
             tmp = path.with_name(path.name + ".tmp")

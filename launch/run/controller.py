@@ -222,7 +222,10 @@ class Controller:
         t0, episodes = time.perf_counter(), self.ledger.sampling.totals["episodes"]
         self.eval_groups = {}
         self.ledger.dropped[EVAL].clear()
-        for t in eval_tickets(self.eval_sets, self.cfg.eval):
+        tickets = eval_tickets(self.eval_sets, self.cfg.eval)
+        print(f"envsched train: evaluating policy version {self.step}: {len(tickets)} groups",
+              flush=True)
+        for t in tickets:
             self._submit(t)
         self.occupancy.update(len(self.ledger.flights))
         while self.ledger.open(EVAL):

@@ -105,7 +105,9 @@ def _jsonable(v: Any) -> Any:
 
 class MetricsLogger:
     """``RUN_DIR/metrics.jsonl`` (one object per learner step), the ``logging`` section's backends
-    (``launch.loggers``: TensorBoard, wandb, MLflow), a tqdm bar."""
+    (``launch.loggers``: TensorBoard, wandb, MLflow), a tqdm bar; without the bar
+    (``controller.progress_bar: false``, as compare and the benchmarks log to a file) one plain
+    line a step."""
 
     def __init__(self, run_dir: Path, total_steps: int, start_step: int = 0,
                  tensorboard: bool = True, progress: bool = True, logging: Any = None) -> None:
@@ -114,7 +116,7 @@ class MetricsLogger:
         if logging is None:
             logging = LoggingConfig(backends=["tensorboard"] if tensorboard else [])
         self._backends = make_backends(logging, Path(run_dir), start_step)
-        self._bar = None
+        self._bar, self._total = None, total_steps
         if progress:
             self._bar = tqdm(total=total_steps, initial=start_step, desc="train", unit="step",
                              dynamic_ncols=True)
@@ -130,6 +132,11 @@ class MetricsLogger:
             self._bar.update(1)
             self._bar.set_postfix(reward=f"{row.get('reward_mean') or 0:.3f}",
                                   var=f"{row.get('reward_var_mean') or 0:.4f}")
+        else:   # no bar (a log file: compare, bench): one plain line a step
+            print(f"envsched train: step {step}/{self._total}: reward "
+                  f"{row.get('reward_mean') or 0:.3f}, group variance "
+                  f"{row.get('reward_var_mean') or 0:.4f}, {row.get('time_step_s') or 0:.0f} s",
+                  flush=True)
 
     def log_backends(self, step: int, record: dict[str, Any]) -> None:
         """The numeric fields of ``record`` to the backends alone, not to ``metrics.jsonl`` (one

@@ -32,24 +32,42 @@ from scheduling.variance import group_variance
 
 
 def read_groups(run_dir: str | Path) -> list[dict[str, Any]]:
-    """``[{"step", "task_id", "rewards"}]`` from ``RUN_DIR/groups.jsonl``, in learner-step order."""
+    """``[{"step", "task_id", "rewards", "dropped"}]``, in learner-step order: the trained groups
+    of ``RUN_DIR/groups.jsonl`` and the groups dynamic sampling dropped, of
+    ``RUN_DIR/discarded.jsonl`` when the run has one (at the learner version they were dropped
+    under; a ticket logged twice by a resumed run counts once, its last line). A dropped group
+    is as much an observation of its task as a trained one: leaving it out would hide exactly
+    the zero-variance groups a simulator must predict."""
     path = Path(run_dir) / "groups.jsonl"
     if not path.is_file():
         raise WorldError(f"--check-against: {path} not found (a run directory of `envsched "
                          "train` or `envsched compare` holds one)")
+    out = [{**g, "dropped": False} for g in _read(path, "step", "not a trained group")]
+    extra = Path(run_dir) / "discarded.jsonl"
+    if extra.is_file():
+        last = {g["ticket"]: g for g in _read(extra, "version", "not a dropped group", "ticket")}
+        out += [{"step": g["step"], "task_id": g["task_id"], "rewards": g["rewards"],
+                 "dropped": True} for g in last.values()]
+    if not out:
+        raise WorldError(f"{path} holds no groups")
+    return sorted(out, key=lambda g: g["step"])
+
+
+def _read(path: Path, step_key: str, what: str, *extra: str) -> list[dict[str, Any]]:
+    """The rows of one group log: ``step`` (from ``step_key``), ``task_id``, ``rewards`` and the
+    ``extra`` keys as given; a bad line is one error naming the file and line."""
     out = []
     for n, line in enumerate(path.read_bytes().splitlines(), 1):
         if not line.strip():
             continue
         try:
             rec = json.loads(line.decode("utf-8"))
-            out.append({"step": int(rec["step"]), "task_id": str(rec["task_id"]),
-                        "rewards": np.asarray([float(r) for r in rec["rewards"]])})
+            out.append({"step": int(rec[step_key]), "task_id": str(rec["task_id"]),
+                        "rewards": np.asarray([float(r) for r in rec["rewards"]]),
+                        **{k: rec[k] for k in extra}})
         except (ValueError, KeyError, TypeError, RecursionError) as e:  # ValueError: not UTF-8
-            raise WorldError(f"{path}:{n}: not a trained group ({str(e)[:200]})") from None
-    if not out:
-        raise WorldError(f"{path} holds no groups")
-    return sorted(out, key=lambda g: g["step"])
+            raise WorldError(f"{path}:{n}: {what} ({str(e)[:200]})") from None
+    return out
 
 
 def _schedule(groups: list[dict], world: World) -> tuple[list[tuple[int, np.ndarray]], int]:

@@ -195,7 +195,13 @@ def test_truncate_logs_drops_rows_after_the_step_and_a_partial_last_line(tmp_pat
         "".join(json.dumps(r) + "\n" for r in rows) + '{"step": 5, "rew')
     (tmp_path / "eval.jsonl").write_text(json.dumps({"step": 0}) + "\n"
                                          + json.dumps({"step": 4}) + "\n")
-    assert truncate_logs(tmp_path, 2) == {"metrics.jsonl": 3, "eval.jsonl": 1}
+    (tmp_path / "discarded.jsonl").write_text(  # dynamic sampling's dropped groups, by version
+        "".join(json.dumps({"version": v, "ticket": v, "rewards": [0.0, 0.0]}) + "\n"
+                for v in (1, 2, 3)))
+    assert truncate_logs(tmp_path, 2) == {"metrics.jsonl": 3, "eval.jsonl": 1,
+                                          "discarded.jsonl": 1}
+    assert [json.loads(x)["version"] for x in
+            (tmp_path / "discarded.jsonl").read_text().splitlines()] == [1, 2]
     assert [json.loads(x)["step"] for x in
             (tmp_path / "metrics.jsonl").read_text().splitlines()] == [1, 2]
     assert [json.loads(x)["step"] for x in

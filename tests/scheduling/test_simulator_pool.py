@@ -177,6 +177,23 @@ def test_check_scores_a_perfect_predictor_zero_and_rejects_bad_runs(tmp_path):
         check.read_groups(tmp_path)
 
 
+def test_check_reads_the_groups_dynamic_sampling_dropped_once_each(tmp_path):
+    import json
+
+    (tmp_path / "groups.jsonl").write_text(
+        json.dumps({"step": 2, "task_id": "a", "rewards": [0, 1]}) + "\n")
+    dropped = [{"version": 1, "ticket": 7, "task_id": "b", "rewards": [1, 1]},
+               {"version": 1, "ticket": 8, "task_id": "a", "rewards": [0, 0]},
+               {"version": 1, "ticket": 7, "task_id": "b", "rewards": [1, 1]}]  # resumed: again
+    (tmp_path / "discarded.jsonl").write_text("".join(json.dumps(r) + "\n" for r in dropped))
+    groups = check.read_groups(tmp_path)
+    assert [(g["step"], g["task_id"], g["dropped"]) for g in groups] == [
+        (1, "b", True), (1, "a", True), (2, "a", False)]
+    (tmp_path / "discarded.jsonl").write_text('{"version": 1}\n')
+    with pytest.raises(WorldError, match=r"discarded.jsonl:1: not a dropped group"):
+        check.read_groups(tmp_path)
+
+
 def test_sensitivity_variants_are_plus_minus_half_and_defaults_stay_appendix_d():
     v = {label: (base, p) for label, base, p in sensitivity.variants(["envsched",
                                                                       "envsched-bayes"])}
