@@ -371,3 +371,38 @@ def test_a_row_sampled_without_its_draws_made_ahead_is_an_error_not_a_silent_dra
         assert req.tokens == [] and req.logprobs == []
     finally:
         loop.close()
+
+
+def test_the_prefix_cache_is_bounded_in_bytes_and_keeps_no_prefix_twice():
+    """A multi-turn episode stores each turn's longer sequence: the shorter ones it holds go;
+    past ``prefix_cache_bytes`` the least recently used go (the newest stays). A count alone
+    let 64 long episodes' caches hold 15 GB of SmolLM2's KV."""
+    eng = HFEngine(prefix_cache=64, prefix_cache_bytes=3 * 64 * 1024)
+    try:
+        layers = eng.model.config.num_hidden_layers
+
+        def kv(n):   # one row's keys and values for n positions: 1 KiB a position, all layers
+            shape = (1, 1, n, 512 // layers // 4 * 4 or 4)
+            return [(torch.zeros(shape), torch.zeros(shape)) for _ in range(layers)]
+
+        per_token = sum(2 * t.numel() * 4 for t, _ in kv(1))
+        turn1, turn2 = list(range(1, 41)), list(range(1, 81))
+        eng._store(turn1, kv(40))
+        eng._store(turn2, kv(80))   # turn 2 extends turn 1: turn 1's cache goes
+        assert list(eng._caches) == [tuple(turn2)]
+        assert eng._cached_bytes == 80 * per_token
+        assert eng._lookup(turn1 + [999])[0][0].shape[2] == 40   # still served from turn 2's
+        budget = eng.prefix_cache_bytes // per_token
+        others = [[1000 + i] + list(range(2, budget // 3 + 2)) for i in range(6)]
+        for seq in others:
+            eng._store(seq, kv(len(seq)))
+        assert eng._cached_bytes <= eng.prefix_cache_bytes
+        assert tuple(others[-1]) in eng._caches and tuple(turn2) not in eng._caches
+        assert eng._cached_bytes == sum(len(k) for k in eng._caches) * per_token
+        big = list(range(5000, 5000 + budget + 10))   # larger than the budget alone: kept
+        eng._store(big, kv(len(big)))
+        assert list(eng._caches) == [tuple(big)]
+    finally:
+        eng.close()
+    with pytest.raises(ValueError, match="prefix_cache_bytes parameter of HFEngine must be >= 0"):
+        HFEngine(prefix_cache_bytes=-1)

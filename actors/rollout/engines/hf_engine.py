@@ -7,8 +7,9 @@ the rows that stay. Per request: stop ids, token limit, a ``torch.Generator`` se
 ``sampling.seed`` (the same tokens whatever else is in the batch) and temperature / top-k / top-p
 in transformers' order; each token's log-prob is under the distribution it was drawn from
 (temperature, top-k, top-p applied; the raw one for greedy rows), what the learner scores
-(``actors.learner.grpo.target_logprobs``). An LRU of ``prefix_cache`` KV caches, never modified
-in place, resumes a request from its longest common prefix with any stored sequence.
+(``actors.learner.grpo.target_logprobs``). An LRU of at most ``prefix_cache`` KV caches and
+``prefix_cache_bytes`` bytes (``HFEngine._store``), never modified in place, resumes a request
+from its longest common prefix with any stored sequence.
 
 The model loads with ``trust_remote_code`` explicit (``actors.policy.load_policy``; the engine
 kwarg is set only from ``policy.trust_remote_code``).
@@ -41,6 +42,10 @@ from actors.rollout.engines.base import Engine, Generation, SamplingParams, Weig
 from actors.rollout.engines.hf_batch import KV, _Batch, _BatchLayer, _DrawAhead, _warp  # noqa: F401
 
 
+def _nbytes(kv: KV) -> int:
+    return sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in kv)
+
+
 @dataclass(eq=False)
 class _Request:
     prompt: list[int]
@@ -70,7 +75,7 @@ class _Request:
 class HFEngine(Engine):
     def __init__(self, model_path: Optional[str] = None, dtype: Any = None, num_threads: int = 0,
                  prefix_cache: int = 64, max_batch_size: int = 32,
-                 trust_remote_code: bool = False):
+                 trust_remote_code: bool = False, prefix_cache_bytes: int = 2 << 30):
         super().__init__()
         if max_batch_size < 1:
             raise ValueError(f"the max_batch_size parameter of HFEngine must be >= 1, "
@@ -83,7 +88,11 @@ class HFEngine(Engine):
         gen = self.model.generation_config
         self.stop_ids = tuple(gen.eos_token_id if isinstance(gen.eos_token_id, list)
                               else [gen.eos_token_id])
+        if prefix_cache_bytes < 0:
+            raise ValueError(f"the prefix_cache_bytes parameter of HFEngine must be >= 0, "
+                             f"got {prefix_cache_bytes}")
         self.prefix_cache, self.max_batch_size = prefix_cache, max_batch_size
+        self.prefix_cache_bytes, self._cached_bytes = prefix_cache_bytes, 0
         # sequence -> (its tokens as an array, for _lookup's compare; its KV cache)
         self._caches: "OrderedDict[tuple[int, ...], tuple[np.ndarray, KV]]" = OrderedDict()
         self._cond = threading.Condition()
@@ -284,13 +293,27 @@ class HFEngine(Engine):
         return [(k[:, :, :n], v[:, :, :n]) for k, v in self._caches[best][1]]
 
     def _store(self, sequence: list[int], kv: Optional[KV]) -> None:
+        """Keep ``sequence``'s cache, most recent last. A stored sequence that is a prefix of
+        this one goes: this cache holds its cache (``_lookup``), and a multi-turn episode
+        stores each turn's longer sequence. Then the least recently used go while more than
+        ``prefix_cache`` sequences or ``prefix_cache_bytes`` of keys and values are kept (the
+        newest always stays): a count alone let 64 caches of 5,000-token episodes hold 15 GB
+        of SmolLM2's fp32 KV."""
         if not self.prefix_cache or not kv:
             return
         key = tuple(sequence[:kv[0][0].shape[2]])
-        self._caches[key] = (np.asarray(key, dtype=np.int64), kv)
-        self._caches.move_to_end(key)
-        while len(self._caches) > self.prefix_cache:
-            self._caches.popitem(last=False)
+        tokens = np.asarray(key, dtype=np.int64)
+        for other in [o for o, (t, _) in self._caches.items() if len(t) <= len(tokens)
+                      and np.array_equal(t, tokens[:len(t)])]:
+            self._drop(other)
+        self._caches[key] = (tokens, kv)
+        self._cached_bytes += _nbytes(kv)
+        while len(self._caches) > 1 and (len(self._caches) > self.prefix_cache
+                                         or self._cached_bytes > self.prefix_cache_bytes):
+            self._drop(next(iter(self._caches)))
+
+    def _drop(self, key: tuple[int, ...]) -> None:
+        self._cached_bytes -= _nbytes(self._caches.pop(key)[1])
 
     def update_weights(self, named_tensors: dict[str, Any], version: int) -> None:
         """Validate, then wait until the engine thread has drained its batch and loaded them."""
@@ -355,6 +378,7 @@ class HFEngine(Engine):
             self._update_error = e
             return
         self._caches.clear()
+        self._cached_bytes = 0
         self._version = version
 
     def close(self) -> None:
