@@ -240,7 +240,7 @@ def check_run_dir(cfg: TrainConfig, run_dir: Optional[Path]) -> list[Check]:
     existing = next(p for p in (target, *target.parents) if p.exists())
     out = []
     if registry.get(cfg.scheduler.name).needs_graph:     # envsched, envsched-bayes, leeps, ...
-        graph = target / "graph.pkl" if run_dir else Path("RUN_DIR/graph.pkl")
+        graph = target / "graph.npz" if run_dir else Path("RUN_DIR/graph.npz")
         detail = (f"{graph} ({graph.stat().st_size / 1e6:.1f} MB; rebuilt if the pool changed)"
                   if graph.is_file() else f"built at start into {graph}")
         out.append(Check("graph cache", "ok", detail))

@@ -3,7 +3,7 @@
 envsched explain RUN_DIR --task ID [--step N] [--json]
 
 Rebuilds the run's scheduler from RUN_DIR/config.yaml, its pool and the cached graph
-(RUN_DIR/graph.pkl), restores the scheduler state saved in the checkpoint of step N (default:
+(RUN_DIR/graph.npz), restores the scheduler state saved in the checkpoint of step N (default:
 the latest) and prints what it knew and predicted for the task: its own history, each relation's
 neighbours with similarity, observations, variance and weight, the fused prediction, q, phase and
 batch rank (EnvSched; baselines print what they keep).

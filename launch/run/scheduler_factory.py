@@ -3,7 +3,7 @@
 ``build_scheduler(cfg, pool, run_dir)`` returns ``registry.build(cfg.scheduler.name, ...)`` (the
 construction ``envsched simulate`` uses) with B = ``run.batch_size``, K = ``rollout.k`` and the
 seed ``run.seed``. Schedulers that ``needs_graph`` get the dual-relation graph, cached at
-``RUN_DIR/graph.pkl`` so ``envsched explain`` and resumed runs do not recompute it.
+``RUN_DIR/graph.npz`` so ``envsched explain`` and resumed runs do not recompute it.
 
 May import: scheduling, envs, launch.run.split, the standard library.
 """
@@ -28,7 +28,7 @@ class SchedulerBuildError(ValueError):
 def load_or_build_graph(pool: Any, run_dir: Optional[Path]) -> Any:
     from scheduling.graph import DualGraph  # lazy: numba kernels only when a graph is needed
 
-    path = Path(run_dir) / "graph.pkl" if run_dir is not None else None
+    path = Path(run_dir) / "graph.npz" if run_dir is not None else None
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
     # from_pool resolves shared initial states, uses an LLM pre-pass's descriptions when the pool
