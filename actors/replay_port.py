@@ -37,6 +37,8 @@ class WorkerReplay:
     def __call__(self, task_id: str, actions: Sequence[Any], seed: Optional[int]) -> float:
         import ray  # lazy: Ray only inside calls here (tests/test_layout.py)
 
+        from actors.ray_errors import ACTOR_GONE  # lazy: imports Ray, as above
+
         errors = []
         for _ in range(len(self.workers)):
             worker = self.workers[self._next % len(self.workers)]
@@ -44,7 +46,7 @@ class WorkerReplay:
             try:
                 return float(ray.get(worker.replay.remote(task_id, list(actions), seed),
                                      timeout=self.timeout_s))
-            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as e:
+            except (*ACTOR_GONE, ray.exceptions.GetTimeoutError) as e:
                 errors.append(f"{type(e).__name__}: {e}"[:200])
         raise ReplayUnavailable(f"replay of task {task_id}: no rollout worker answered "
                                 f"({len(self.workers)} tried): {errors}")

@@ -18,6 +18,7 @@ from typing import Any, Optional, Sequence, Union
 
 import ray
 
+from actors.ray_errors import ACTOR_GONE
 from actors.user_sim.config import UserSimConfig
 from actors.user_sim.simulator import UserSimError, UserTurn, make_user_simulator
 
@@ -79,7 +80,7 @@ class RemoteUsers:
                 cause = getattr(e, "cause", None)
                 raise UserSimError(str(cause) if isinstance(cause, UserSimError)
                                    else f"user-sim-{i}: {cause!r}"[:500]) from None
-            except ray.exceptions.RayActorError as e:
+            except ACTOR_GONE as e:
                 errors.append(f"user-sim-{i}: {type(e).__name__}")
                 self._failovers += 1
             finally:

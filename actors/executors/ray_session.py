@@ -20,14 +20,15 @@ import asyncio
 import re
 from typing import Any, Callable, Coroutine, Optional, TypeVar
 
-from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
+from ray.exceptions import GetTimeoutError, RayTaskError
 
+from actors.ray_errors import ACTOR_GONE
 from envs.spec import TaskSpec
 from envs.trajectory import ActionStep, VerifyResult
 from sandbox.config import SandboxConfig
 from sandbox.errors import SandboxError
 
-RAY_ERRORS = (RayTaskError, RayActorError, GetTimeoutError)
+RAY_ERRORS = (RayTaskError, *ACTOR_GONE, GetTimeoutError)
 _RAISED = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b")
 
 

@@ -36,6 +36,7 @@ from actors.learner.precision import precision_refusal
 from actors.learner.step import step_advantages, step_shards
 from actors.learner.weight_sync import learner_sync_broadcast, learner_sync_init
 from actors.policy import resolve_model
+from actors.ray_errors import ACTOR_GONE
 from envs.trajectory import Group, Trajectory
 from envs.cache import cache_dir
 
@@ -189,7 +190,7 @@ class LearnerGroup:
             raise LearnerError(f"learner {what} timed out after {self.cfg.timeout_s} s "
                                f"(ranks {self.cfg.ranks}, master {getattr(self, 'master', None)})"
                                ) from e
-        except ray.exceptions.RayActorError as e:
+        except ACTOR_GONE as e:
             rank = next((r for r, a in enumerate(self.actors)
                          if getattr(e, "actor_id", None) == a._actor_id.hex()), "?")
             first = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 import ray
 
+from actors.ray_errors import ACTOR_GONE
 from actors.learner.learner_actor import LearnerGroup
 from actors.learner.weight_sync import make_weight_sync
 from actors.replay_port import WorkerReplay, identifier_check_builder
@@ -159,7 +160,7 @@ class Roles:
     def _result(self, call: GroupCall) -> Any:
         try:
             return ray.get(call.ref, timeout=self.timeout)
-        except ray.exceptions.RayActorError as e:
+        except ACTOR_GONE as e:
             self._restart(call.worker, call.actor)
             return e
         except (ray.exceptions.RayTaskError, ray.exceptions.GetTimeoutError) as e:
@@ -176,7 +177,7 @@ class Roles:
                 if ref not in ready:
                     raise TimeoutError(f"rollout worker {i}: no ping answer in {self.timeout} s")
                 ray.get(ref, timeout=self.timeout)
-            except (ray.exceptions.RayActorError, TimeoutError):
+            except (*ACTOR_GONE, TimeoutError):
                 out.append(i)
         return out
 
@@ -208,7 +209,7 @@ class Roles:
         for i, ref in enumerate(refs):
             try:
                 out.append(ray.get(ref, timeout=self.timeout))
-            except ray.exceptions.RayActorError:
+            except ACTOR_GONE:
                 self._restart(i, actors[i])
                 out.append(None)
         return out
@@ -226,7 +227,7 @@ class Roles:
                     if not retry:
                         return None
                 return ray.get(call(), timeout=self.timeout)
-            except ray.exceptions.RayActorError as e:
+            except ACTOR_GONE as e:
                 self.liveness.check_rebuild(what, rebuilds, e)
                 rebuilds += 1
                 print(f"[envsched] scheduler actor died during {what} ({type(e).__name__}); "
@@ -291,7 +292,7 @@ class Roles:
             try:
                 self.sync.publish(self.learner, version)
                 break
-            except (ray.exceptions.RayActorError, TimeoutError) as e:
+            except (*ACTOR_GONE, TimeoutError) as e:
                 dead = self._unresponsive()
                 self.liveness.check_publish(version, attempt, dead, e)
                 for w in dead:
