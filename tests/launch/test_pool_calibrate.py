@@ -117,3 +117,25 @@ def test_a_warm_start_can_be_kept_off_the_measured_tasks(tmp_path, capsys):
                      "--only", str(tmp_path / path)]) == 2
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and "--only" in err, err
+
+
+@pytest.mark.slow
+def test_calibrate_measures_an_imported_pool(ray_local, tmp_path, capsys):
+    """An imported pool (BFCL's single-turn ``simple_python`` category, from the cached wheel)
+    is measured the same way: its reference solutions, played by the scripted engine, solve
+    every task, and the floor (no call at all) is BFCL's 0."""
+    from envs.adapters.bfcl import import_bfcl
+    from envs.adapters.bfcl.source import open_source
+    from launch.cli import main
+
+    pool = tmp_path / "bfcl"
+    assert import_bfcl(open_source(None), "simple_python", pool, limit=3).tasks == 3
+    out = tmp_path / "report.json"
+    assert main(["pool", "calibrate", "--pool", str(pool), "--policy", "tiny", "--engine",
+                 "scripted", "--k", "2", "--out", str(out)]) == 0
+    assert "groups 3/3" in capsys.readouterr().err
+    r = json.loads(out.read_text())
+    assert r["tasks"] == 3 and r["episodes"] == 6
+    assert r["success"] == r["ceiling"]["success"] == 1.0 and r["frontier"]["always"] == 1.0
+    assert r["floor"] == {"reward": 0.0, "success": 0.0}
+    assert {row["env_id"] for row in r["per_task"]} and r["lengths"]["prompt_tokens"]["mean"] > 50
