@@ -51,7 +51,7 @@ ENVS_USING_THE_SANDBOX = ("envs/validate.py", "envs/adapters/taubench.py")
 RAY_AT_MODULE_LEVEL = ("actors/rollout_worker.py", "actors/executors/pool.py",
                        "actors/executors/ray_session.py",
                        "actors/learner/learner_actor.py", "actors/learner/weight_sync.py",
-                       "actors/user_sim_actor.py")
+                       "actors/user_sim_actor.py", "actors/ray_errors.py")
 RAY_IN_FUNCTIONS = ("actors/scheduler_actor.py", "actors/replay_port.py")
 PLAIN_ACTOR_FILES = ("actors/rollout/agent_loop.py", "actors/rollout/runner.py",
                      "actors/executors/in_process.py", "actors/executors/local_sandbox.py",
