@@ -33,7 +33,10 @@ def test_without_an_active_venv_setup_creates_and_uses_dot_venv(tmp_path):
 def test_test_and_demo_run_the_venv_python_and_scripts():
     venv = REPO / ".venv"
     lines = _dry_run("test")
-    assert f"{venv}/bin/python -m pytest -q --timeout=900" in lines
+    assert (f"{venv}/bin/python -m pytest -q --timeout=900 -n 2 --dist loadfile "
+            "--no-loadscope-reorder") in lines
+    assert (f"{venv}/bin/python -m pytest -q --timeout=900 -n 0 --dist loadfile "
+            "--no-loadscope-reorder") in _dry_run("test", TEST_WORKERS="0")
     assert "envsched train --out runs/demo" in _dry_run("demo")
     path = subprocess.run(["make", "-s", "-C", str(REPO), "-f", "-", "show"], input=(
         REPO / "Makefile").read_text() + "\nshow:\n\t@echo $$PATH\n", capture_output=True,
@@ -44,7 +47,7 @@ def test_test_and_demo_run_the_venv_python_and_scripts():
 def test_an_active_venv_is_used_as_it_is(tmp_path):
     env_dir = tmp_path / "active"
     lines = _dry_run("test", VIRTUAL_ENV=str(env_dir))
-    assert f"{env_dir}/bin/python -m pytest -q --timeout=900" in lines
+    assert any(ln.startswith(f"{env_dir}/bin/python -m pytest -q --timeout=900") for ln in lines)
     assert not any(" -m venv " in ln and str(env_dir) in ln for ln in lines)
 
 
@@ -80,4 +83,6 @@ def test_make_model_fetches_smollm2_and_make_test_runs_it_first():
     assert any(ln.startswith(fetch) for ln in _dry_run("model"))
     lines = _dry_run("test")
     first_fetch = next(i for i, ln in enumerate(lines) if ln.startswith(fetch))
-    assert first_fetch < lines.index(f"{REPO / '.venv'}/bin/python -m pytest -q --timeout=900")
+    first_test = next(i for i, ln in enumerate(lines)
+                      if ln.startswith(f"{REPO / '.venv'}/bin/python -m pytest -q --timeout=900"))
+    assert first_fetch < first_test

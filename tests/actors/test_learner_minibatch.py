@@ -59,6 +59,7 @@ def groups():
     return path, out
 
 
+@pytest.mark.slow
 def test_two_mini_batches_equal_two_single_group_steps(ray_local, groups):
     from actors.learner.step import step_shards
 

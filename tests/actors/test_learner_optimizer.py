@@ -66,6 +66,7 @@ def _delta(path: str, vocab: int, scale: float, **kw) -> dict[str, torch.Tensor]
     return {name: after[name] - before[name] for name in before}
 
 
+@pytest.mark.slow
 def test_sgd_steps_scale_with_the_gradient_and_adam_steps_do_not(ray_local, tiny):
     path, vocab = tiny
     one = _delta(path, vocab, 1.0, optimizer="sgd", lr=50.0)

@@ -34,6 +34,7 @@ def _smollm2() -> Path:
         pytest.skip("SmolLM2-135M-Instruct is not in the model cache (make model)")
 
 
+@pytest.mark.slow
 def test_smollm2_on_vllm_plays_the_user_of_a_conversational_task(ray_local, tmp_path,
                                                                  free_port):
     python = vllm_python()

@@ -114,6 +114,7 @@ def _chaos_roles(killed: dict[str, int], absorbed: Counter):
     return ChaosRoles
 
 
+@pytest.mark.slow
 def test_run_survives_killed_worker_executor_and_scheduler(ray_local, tmp_path, monkeypatch):
     from envs.generator import generate_pool
     from launch.run.checkpoint import latest_checkpoint

@@ -51,6 +51,7 @@ def cluster(tmp_path_factory):
         c.close()
 
 
+@pytest.mark.slow
 def test_job_submit_with_overrides(cluster, tmp_path):
     """The documented form: ``ray job submit -- envsched train --address auto key=value ...``
     (the integrator's single-head check, on this module's cluster)."""
@@ -229,6 +230,7 @@ def _rows(run_dir: Path) -> list[dict]:
     return [json.loads(ln) for ln in path.read_text().splitlines()] if path.exists() else []
 
 
+@pytest.mark.slow
 def test_job_submit_survives_node_loss(cluster, tmp_path):
     import yaml
 

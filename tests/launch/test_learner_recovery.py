@@ -68,6 +68,7 @@ def _rows(run_dir) -> list[dict]:
     return [json.loads(x) for x in path.read_text().splitlines()] if path.is_file() else []
 
 
+@pytest.mark.slow
 def test_a_learner_killed_mid_step_is_rebuilt_from_the_checkpoint_and_the_run_finishes(
         ray_local, tmp_path, monkeypatch):
     from envs.generator import generate_pool

@@ -81,6 +81,7 @@ def _check_versions(trained, max_staleness=1):
             assert max(sampled) <= version
 
 
+@pytest.mark.slow
 def test_partial_rollouts_change_weights_mid_episode_within_the_staleness_bound(
         ray_local, tmp_path):
     trained, rows = _train(tmp_path, partial=True)
@@ -100,6 +101,7 @@ def test_partial_rollouts_change_weights_mid_episode_within_the_staleness_bound(
     fresh = [r for r in rows if r.get("learner_fresh_mismatch_logprob_abs_mean") is not None]
     assert fresh and all(r["learner_fresh_mismatch_logprob_abs_mean"] < 1e-3 for r in fresh)
 
+@pytest.mark.slow
 def test_without_partial_rollouts_every_episode_has_one_version(ray_local, tmp_path):
     trained, rows = _train(tmp_path, partial=False)
     _check_versions(trained)

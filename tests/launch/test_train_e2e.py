@@ -32,6 +32,7 @@ def _cfg(pool_dir, steps):
     })
 
 
+@pytest.mark.slow
 def test_worker_killed_mid_step_then_resume(ray_local, tmp_path):
     import ray
 

@@ -46,6 +46,7 @@ def _tensorboard_steps(run_dir: Path, tag: str) -> list[int]:
     return sorted({e.step for e in acc.Scalars(tag)})
 
 
+@pytest.mark.slow
 def test_eval_pools_are_evaluated_apart_in_a_training_run(ray_local, tmp_path):
     from envs.generator import generate_pool
     from envs.pool import load_pool
