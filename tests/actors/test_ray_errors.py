@@ -3,7 +3,9 @@
 The call in flight when Ray's memory monitor kills a worker raises ``OutOfMemoryError``, which
 is not a ``RayActorError``. A real kill needs the whole node near its memory limit, which a test
 on a shared CI machine must not provoke, so ``ray.get`` is patched to raise what Ray raises then
-(its message as a real benchmark run recorded it)."""
+(its message as a real benchmark run recorded it). Covered: the learner group, executor sessions,
+replay, and the run's roles (a rollout worker's group, a call on every worker, the scheduler
+actor, a publish) and the user simulators."""
 
 from __future__ import annotations
 
@@ -57,3 +59,121 @@ def test_a_replay_worker_killed_for_memory_is_skipped_then_reported(monkeypatch)
     monkeypatch.setattr(ray, "get", _raise_oom)
     with pytest.raises(ReplayUnavailable, match="task t1: no rollout worker answered .2 tried"):
         WorkerReplay([_Worker(), _Worker()], timeout_s=1.0)("t1", [], 0)
+
+
+# ---- the run's roles (launch/run/roles.py) and the user simulators ----------------------------
+# ``Roles`` built without its actors: only the calls and the restart decisions are exercised; the
+# replacement itself (``_replace``: ray.kill and a new actor) and the scheduler's rebuild from
+# its journal are recorded instead of made (tests/launch/test_chaos.py makes them for real).
+
+def _roles(monkeypatch, workers=("w0", "w1")):
+    from launch.run.restarts import Restarts
+    from launch.run.roles import Roles
+    from launch.run.scheduler_journal import SchedulerJournal
+
+    roles = Roles.__new__(Roles)
+    roles.journal = SchedulerJournal()
+    roles.timeout = 1.0
+    roles.liveness = Restarts()
+    roles.liveness.workers.extend(workers)
+    roles.learner = type("Learner", (), {"step": 0})()
+    roles.replaced, roles.rebuilt = [], 0
+
+    def replace(w):
+        roles.replaced.append(w)
+        roles.liveness.replaced(w, f"new-w{w}")
+
+    def rebuild():
+        roles.rebuilt += 1
+
+    monkeypatch.setattr(roles, "_replace", replace)
+    monkeypatch.setattr(roles, "_rebuild_scheduler", rebuild)
+    return roles
+
+
+def test_a_rollout_worker_killed_for_memory_fails_its_group_and_is_replaced_once(monkeypatch):
+    from launch.run.roles import GroupCall
+
+    roles = _roles(monkeypatch)
+    monkeypatch.setattr(ray, "get", _raise_oom)
+    first, second = (GroupCall(object(), 1, "w1") for _ in range(2))
+    assert roles._result(first) is OOM and roles._result(second) is OOM
+    assert roles.replaced == [1] and roles.workers == ["w0", "new-w1"] and roles.restarts == 1
+
+
+def test_a_worker_killed_for_memory_answers_none_to_a_call_on_every_worker(monkeypatch):
+    roles = _roles(monkeypatch)
+    monkeypatch.setattr(ray, "get", lambda ref, timeout: _raise_oom() if ref == "w0" else ref)
+    assert roles._each_worker(lambda w: w) == [None, "w1"]
+    assert roles.replaced == [0]
+
+
+def test_a_scheduler_actor_killed_for_memory_is_rebuilt_and_the_call_made_again(monkeypatch):
+    roles = _roles(monkeypatch)
+    answers = iter([OOM, ["t1", "t2"]])
+
+    def get(ref, timeout):
+        a = next(answers)
+        if isinstance(a, Exception):
+            raise a
+        return a
+
+    monkeypatch.setattr(ray, "get", get)
+    assert roles._sched(lambda: object(), "next_tasks(2)") == ["t1", "t2"]
+    assert roles.rebuilt == 1 and roles.liveness.scheduler_restarts == 0  # counted by the rebuild
+
+
+def test_a_scheduler_killed_for_memory_on_every_rebuild_stops_the_run_with_one_line(monkeypatch):
+    from launch.run.restarts import REBUILDS, RoleError
+
+    roles = _roles(monkeypatch)
+    monkeypatch.setattr(ray, "get", _raise_oom)
+    with pytest.raises(RoleError, match=rf"next_tasks\(2\) failed after {REBUILDS} rebuilds"):
+        roles._sched(lambda: object(), "next_tasks(2)")
+    assert roles.rebuilt == REBUILDS
+
+
+def test_a_publish_that_meets_a_worker_killed_for_memory_replaces_it_and_publishes_again(
+        monkeypatch):
+    roles = _roles(monkeypatch)
+    published = []
+
+    class Sync:
+        targets: list = []
+
+        def publish(self, learner, version):
+            if "w1" in self.targets:
+                raise OOM
+            published.append((version, list(self.targets)))
+
+    roles.sync = Sync()
+    monkeypatch.setattr(roles, "_new_sync", Sync)
+    monkeypatch.setattr(roles, "_unresponsive", lambda: [1])
+    roles.publish(3)
+    assert roles.replaced == [1] and published == [(3, ["w0", "new-w1"])]
+
+
+def test_a_user_simulator_killed_for_memory_fails_over_to_the_next(monkeypatch):
+    import asyncio
+
+    from actors.user_sim_actor import RemoteUsers
+
+    class Reply:
+        def __init__(self, answer):
+            self.answer = answer
+
+        def remote(self, turn):
+            async def call():
+                if isinstance(self.answer, Exception):
+                    raise self.answer
+                return self.answer
+            return call()
+
+    class Sim:
+        def __init__(self, answer):
+            self.reply = Reply(answer)
+
+    users = RemoteUsers([Sim(OOM), Sim("fine, book it")])
+    turn = type("Turn", (), {"task_id": "t1"})()
+    assert asyncio.run(users.reply(turn)) == "fine, book it"
+    assert users.stats() == {"failovers": 1.0}
