@@ -75,8 +75,8 @@ from launch.compare_budget import (budget_curves, budget_summary, episode_budget
                                    step_cap)
 from launch.config import current_names
 from launch.run.checkpoint import has_checkpoint
-from launch.compare_report import (BUDGET_COLUMNS, COLUMNS, GAINS, report_md,  # noqa: F401
-                                   write_report)
+from launch.compare_report import (BUDGET_COLUMNS, COLUMNS, GAINS, REFERENCE,  # noqa: F401
+                                   report_md, write_report)
 from launch.run.evaluation import read_eval
 from launch.run.metrics import read_jsonl
 from launch.run.split import SPLITS
@@ -334,7 +334,7 @@ def build_metrics(specs: Sequence[RunSpec], cfg: TrainConfig) -> dict[str, Any]:
                      "dir": str(spec.dir), **s})
         if state == "finished":
             by.setdefault(spec.scheduler, {})[spec.seed] = s
-    summary = paired_summary(by, METRICS, "random") if by else {}
+    summary = paired_summary(by, METRICS, REFERENCE) if by else {}
     order = list(dict.fromkeys(s.scheduler for s in specs))
     return {"settings": {"schedulers": order, "seeds": sorted({s.seed for s in specs}),
                          "episodes": budget, "batch_size": cfg.run.batch_size,

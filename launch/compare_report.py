@@ -21,6 +21,8 @@ import numpy as np
 
 from launch.run.split import SPLITS
 
+REFERENCE = "random"   # the scheduler every other is paired with (launch.compare.build_metrics)
+
 # (key, header, decimals): the simulator's Table 2 columns, then what only real training has.
 COLUMNS = (("mean_reward_variance", "Mean reward var.", 5),
            ("median_reward_variance", "Median reward var.", 5),
@@ -38,8 +40,10 @@ BUDGET_COLUMNS = tuple((f"{key}_{split}", f"{head} {part}", 3) for split, part i
                                          ("auc_reward", "Reward area")))
 
 
-def _cell(row: dict[str, Any], k: str, nd: int) -> str:
-    """value [95 % interval over seeds] (change vs Random [95 % interval of the paired change])."""
+def _cell(row: dict[str, Any], k: str, nd: int, paired: bool = True) -> str:
+    """value [95 % interval over seeds] (change vs Random [95 % interval of the paired change]);
+    the change is given for every scheduler but Random itself (``paired`` false), a change of
+    exactly 0 included: a zero with its interval is a result, not a missing cell."""
     v = row.get(k, float("nan"))
     if v is None or math.isnan(v):
         return "n/a"
@@ -48,7 +52,7 @@ def _cell(row: dict[str, Any], k: str, nd: int) -> str:
     if not math.isnan(lo):
         s += f" [{lo:.{nd}f}, {hi:.{nd}f}]"
     d = row.get(f"{k}_diff")
-    if d is not None and not math.isnan(d) and d != 0.0:
+    if paired and d is not None and not math.isnan(d):
         dlo, dhi = row.get(f"{k}_diff_ci", [float("nan"), float("nan")])
         ci = "" if math.isnan(dlo) else f" [{dlo:+.{nd}f}, {dhi:+.{nd}f}]"
         s += f" ({d:+.{nd}f}{ci})"
@@ -68,19 +72,21 @@ def report_md(m: dict[str, Any]) -> str:
              "", "| Scheduler | seeds | " + " | ".join(h for _, h, _ in COLUMNS) + " |",
              "|---|---" + "|---" * len(COLUMNS) + "|"]
     for name, row in m["summary"].items():
+        paired = name != REFERENCE
         lines.append(f"| {name} | {row['seeds']} | "
-                     + " | ".join(_cell(row, k, nd) for k, _, nd in COLUMNS) + " |")
+                     + " | ".join(_cell(row, k, nd, paired) for k, _, nd in COLUMNS) + " |")
     lines += ["", "Evaluation gain (last - step 0):", "",
               "| Scheduler | train | held-out tasks | held-out envs |", "|---|---|---|---|"]
     for name, row in m["summary"].items():
-        lines.append(f"| {name} | " + " | ".join(_cell(row, k, 3) for k in GAINS) + " |")
+        lines.append(f"| {name} | "
+                     + " | ".join(_cell(row, k, 3, name != REFERENCE) for k in GAINS) + " |")
     lines += ["", "Against rollouts consumed (final fixed-set success; areas: the mean over the "
               "episode budget):", "",
               "| Scheduler | " + " | ".join(h for _, h, _ in BUDGET_COLUMNS) + " |",
               "|---" + "|---" * len(BUDGET_COLUMNS) + "|"]
     for name, row in m["summary"].items():
-        lines.append(f"| {name} | "
-                     + " | ".join(_cell(row, k, nd) for k, _, nd in BUDGET_COLUMNS) + " |")
+        lines.append(f"| {name} | " + " | ".join(_cell(row, k, nd, name != REFERENCE)
+                                                  for k, _, nd in BUDGET_COLUMNS) + " |")
     bad = [r for r in m["runs"] if r["status"] != "finished"]
     lines += ["", "Runs: " + ", ".join(f"{r['scheduler']}-s{r['seed']} {r['status']}"
                                        for r in m["runs"])]

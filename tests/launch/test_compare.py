@@ -292,3 +292,13 @@ def test_the_command_accepts_dapo_names_as_dynamic_sampling_and_refuses_unknown_
     with pytest.raises(UserError, match="scheduler.name") as e:
         run("random,dapo+nonsense")
     assert len(str(e.value).splitlines()) == 1
+
+
+def test_a_paired_change_of_zero_is_shown_and_random_has_none():
+    """A real comparison's held-out environment gave envsched and Random the same mean (a paired
+    change of exactly 0 with an interval): the cell shows it instead of dropping it."""
+    from launch.compare_report import _cell
+
+    row = {"x": 0.271, "x_ci": [0.248, 0.293], "x_diff": 0.0, "x_diff_ci": [-0.04, 0.04]}
+    assert _cell(row, "x", 3) == "0.271 [0.248, 0.293] (+0.000 [-0.040, +0.040])"
+    assert _cell(row, "x", 3, paired=False) == "0.271 [0.248, 0.293]"
