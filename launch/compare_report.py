@@ -125,7 +125,9 @@ def _plot(out: Path, m: dict[str, Any]) -> None:
             drawn = False
             for name, c in m["curves"].items():
                 if key in c:
-                    line, = ax.plot(c["episodes"], c[key], marker="o", label=name)
+                    # no markers: the curve is each seed's evaluations interpolated on a grid
+                    # (launch.compare_budget.budget_curves), not a measurement at every point
+                    line, = ax.plot(c["episodes"], c[key], label=name)
                     lo, hi = np.array(c.get(f"{key}_ci", []), dtype=float).reshape(-1, 2).T
                     if lo.size and not np.isnan(lo).all():   # the 95 % interval over seeds
                         ax.fill_between(c["episodes"], lo, hi, color=line.get_color(), alpha=0.2)

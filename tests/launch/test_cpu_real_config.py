@@ -1,7 +1,8 @@
-"""configs/cpu_real.yaml is configs/gpu_single_node.yaml on a CPU: the same keys and values except
-the ones listed here, each for a reason of device or size. A key added to one config and not the
-other, or a value changed that is not on the list, fails this test, so the CPU path keeps
-exercising what the GPU config runs."""
+"""configs/cpu_real.yaml is configs/gpu_single_node.yaml on a CPU (and configs/gain_gpu.yaml is
+configs/gain_cpu.yaml on a GPU, below): the same keys and values except the ones listed here,
+each for a reason of device or size. A key added to one config and not the other, or a value
+changed that is not on the list, fails this test, so the CPU path keeps exercising what the GPU
+config runs."""
 
 from __future__ import annotations
 
@@ -72,3 +73,25 @@ def test_the_cpu_real_config_loads_and_keeps_the_real_path():
     assert cfg.policy.engine == "vllm" and cfg.learner.zero_stage == 3 and cfg.learner.ranks == 2
     assert cfg.cluster.rollout.python.endswith("/vllm-cpu/bin/python")
     assert Path(cfg.cluster.rollout.python).is_absolute()
+
+
+# configs/gain_gpu.yaml is the gain benchmark's config (configs/gain_cpu.yaml) on one GPU: the
+# same pool, warm start, sampling, GRPO and evaluation, so the two measure the same thing; only
+# where the roles run and the engine (vLLM with its GPU settings instead of the HF engine) change.
+GAIN_DEVICE_KEYS = {"cluster.num_cpus", "cluster.rollout.num_cpus", "cluster.rollout.num_gpus",
+                    "learner.num_cpus_per_rank", "learner.num_gpus_per_rank", "policy.engine"}
+GAIN_ONLY_ON_GPU = {"rollout.engine_kwargs.enable_prefix_caching",
+                    "rollout.engine_kwargs.gpu_memory_utilization",
+                    "rollout.engine_kwargs.max_model_len"}
+
+
+def test_the_gain_gpu_config_differs_from_the_gain_cpu_config_only_in_device_and_engine():
+    cpu, gpu = _read("gain_cpu.yaml"), _read("gain_gpu.yaml")
+    assert set(cpu) - set(gpu) == {"rollout.engine_kwargs"}   # {} on the HF engine
+    assert set(gpu) - set(cpu) == GAIN_ONLY_ON_GPU
+    differ = {k for k in set(cpu) & set(gpu) if cpu[k] != gpu[k]}
+    assert differ == GAIN_DEVICE_KEYS, f"unexpected: {sorted(differ - GAIN_DEVICE_KEYS)}"
+    gpu_cfg = load_config(CONFIGS / "gain_gpu.yaml")
+    cpu_cfg = load_config(CONFIGS / "gain_cpu.yaml")
+    assert (gpu_cfg.policy.engine, cpu_cfg.policy.engine) == ("vllm", "hf")
+    assert gpu_cfg.learner.num_gpus_per_rank + gpu_cfg.cluster.rollout.num_gpus <= 1   # one GPU
