@@ -186,6 +186,16 @@ def test_invariants_under_random_protocol(batch, staleness, max_conc, ops):
 @example(batch=1, staleness=1, max_conc=4, partial=True,
          ops=[op for op in _LONG_TAIL for op in ([op, ("publish", 0)] if op[0] == "train"
                                                  else [op])])
+# Found by CI (2026-12-06): a publish still pending in the engine while the model trained again
+# queued version 1 twice, then delivered 2 before 1 ("policy version went backwards").
+@example(batch=3, staleness=3, max_conc=9, partial=False, ops=[
+    op for op, n in [(("issue", 0), 5), (("turn", 0), 1), (("turn", 22), 1), (("newest", 0), 1),
+                     (("issue", 0), 23), (("accept", 0), 1), (("issue", 0), 8),
+                     (("accept", 32), 1), (("newest", 0), 1), (("issue", 0), 1),
+                     (("train", 0), 1), (("issue", 0), 3), (("newest", 0), 4),
+                     (("publish", 0), 1), (("accept", 0), 1), (("train", 0), 1),
+                     (("publish", 0), 1), (("train", 0), 1), (("release", 0), 1),
+                     (("publish", 0), 1), (("issue", 0), 2)] for _ in range(n)])
 def test_the_oldest_token_of_every_trained_group_is_within_max_staleness(
         batch, staleness, max_conc, partial, ops):
     """Partial rollouts: a group's turns sample whatever version its engine has when each turn
@@ -221,7 +231,11 @@ def test_the_oldest_token_of_every_trained_group_is_within_max_staleness(
                 buffer[ticket] = versions
             else:
                 adm.release(ticket)
-        elif op == "train" and not learning and adm.batch_ready():
+        # the learner's next step starts only once its last publish reached the ledger
+        # (controller: roles.publish, then ledger.published, then the next take_batch); without
+        # this the model could train on version v twice and queue v+1 twice, then deliver v+2
+        # before v+1
+        elif op == "train" and not learning and not pending and adm.batch_ready():
             taken = [buffer.pop(t) for t in adm.consume()]   # its own check never fires
             assert all(adm.version - min(v) <= staleness for v in taken)
             assert all(max(v) <= adm.version for v in taken)
