@@ -71,22 +71,22 @@ def report_md(m: dict[str, Any]) -> str:
              "measured.",
              "", "| Scheduler | seeds | " + " | ".join(h for _, h, _ in COLUMNS) + " |",
              "|---|---" + "|---" * len(COLUMNS) + "|"]
+    def cells(name: str, row: dict[str, Any], keys) -> str:   # keys: (key, decimals)
+        return " | ".join(_cell(row, k, nd, name != REFERENCE) for k, nd in keys) + " |"
+
     for name, row in m["summary"].items():
-        paired = name != REFERENCE
         lines.append(f"| {name} | {row['seeds']} | "
-                     + " | ".join(_cell(row, k, nd, paired) for k, _, nd in COLUMNS) + " |")
+                     + cells(name, row, [(k, nd) for k, _, nd in COLUMNS]))
     lines += ["", "Evaluation gain (last - step 0):", "",
               "| Scheduler | train | held-out tasks | held-out envs |", "|---|---|---|---|"]
     for name, row in m["summary"].items():
-        lines.append(f"| {name} | "
-                     + " | ".join(_cell(row, k, 3, name != REFERENCE) for k in GAINS) + " |")
+        lines.append(f"| {name} | " + cells(name, row, [(k, 3) for k in GAINS]))
     lines += ["", "Against rollouts consumed (final fixed-set success; areas: the mean over the "
               "episode budget):", "",
               "| Scheduler | " + " | ".join(h for _, h, _ in BUDGET_COLUMNS) + " |",
               "|---" + "|---" * len(BUDGET_COLUMNS) + "|"]
     for name, row in m["summary"].items():
-        lines.append(f"| {name} | " + " | ".join(_cell(row, k, nd, name != REFERENCE)
-                                                  for k, _, nd in BUDGET_COLUMNS) + " |")
+        lines.append(f"| {name} | " + cells(name, row, [(k, nd) for k, _, nd in BUDGET_COLUMNS]))
     bad = [r for r in m["runs"] if r["status"] != "finished"]
     lines += ["", "Runs: " + ", ".join(f"{r['scheduler']}-s{r['seed']} {r['status']}"
                                        for r in m["runs"])]
