@@ -21,6 +21,9 @@ it would import; it is refused in one line naming the file (``RemoteCodeError``)
 or not GGUF (``check_gguf``: the magic, then the conversion's own errors) is one
 ``PolicyPathError`` line naming the file.
 
+``safetensors_params(file)``: a ``.safetensors`` file's parameter count from its header alone
+(what ``envsched doctor`` sizes a checkpoint by); ``None`` for anything unreadable.
+
 ``fetch_builtin(SMOLLM2)`` (``envsched model fetch smollm2``) is the explicit, sha256-checked
 download. The conversion, the cache location and the fetch: docs/real-model.md, "Getting a real
 checkpoint". Conversions write a temporary directory renamed into place, so concurrent builders
@@ -110,6 +113,32 @@ def remote_code(model_dir: Union[str, Path], trust: bool = False) -> bool:
     log.warning("%s: policy.trust_remote_code is true: loading runs this folder's code (%s)",
                 path, ", ".join(names)[:200])
     return True
+
+
+def safetensors_params(path: Path, max_header: int = 100 * 1024 ** 2) -> Optional[int]:
+    """Number of parameters a ``.safetensors`` file holds, from its header alone (8-byte
+    little-endian length, then JSON ``{name: {"dtype", "shape", ...}}``); ``None`` when the
+    header is unreadable, over ``max_header`` bytes or not that shape (a model folder is
+    untrusted: nothing here raises)."""
+    try:
+        with open(path, "rb") as f:
+            size = int.from_bytes(f.read(8), "little")
+            if not 0 < size <= max_header:
+                return None
+            header = json.loads(f.read(size))
+        total = 0
+        for name, entry in header.items():
+            if name == "__metadata__":
+                continue
+            count = 1
+            for dim in entry["shape"]:
+                if not isinstance(dim, int) or dim < 0:
+                    return None
+                count *= dim
+            total += count
+        return total
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return None
 
 
 def check_gguf(path: Union[str, Path]) -> None:

@@ -33,10 +33,12 @@ runs with its own defaults (parameters are chosen once, before the comparison, n
 
 Runs live in ``OUT/runs/<scheduler>-s<seed>/``, each a normal ``envsched train`` run directory,
 trained in its own process (``python -m launch.cli train``; output in ``train.log``). A run with a
-``summary.json`` is finished and skipped; an unfinished one resumes from its checkpoint, or, when it
-stopped before its first one, starts over with its earlier files kept in ``attempt-N/``
-(``start_over``); a run whose process fails is recorded (``crashed.txt``) and reported in the
-table, never dropped.
+``summary.json`` is finished and skipped, and an unfinished one resumes, only when its stored
+``compare_config.yaml`` is the config this invocation would give it (``check_same_config``, every
+run checked before the first trains; else one error naming the changed keys); an unfinished run
+resumes from its checkpoint, or, when it stopped before its first one, starts over with its
+earlier files kept in ``attempt-N/`` (``start_over``); a run whose process fails is recorded
+(``crashed.txt``) and reported in the table, never dropped.
 
 Per run (``run_summary``): ``mean_reward_variance`` / ``median_reward_variance`` over every trained
 group (Eq. 2, population variance; from ``groups.jsonl`` when the run wrote one, else the
@@ -73,12 +75,14 @@ import yaml
 from envs import strict_json
 from launch.compare_budget import (budget_curves, budget_summary, episode_budget, eval_points,
                                    step_cap)
-from launch.config import current_names
+from launch.config import ConfigError, build_config, current_names
+from launch.errors import UserError
 from launch.run.checkpoint import has_checkpoint
 from launch.compare_report import (BUDGET_COLUMNS, COLUMNS, GAINS, REFERENCE,  # noqa: F401
                                    report_md, write_report)
 from launch.run.evaluation import read_eval
 from launch.run.metrics import read_jsonl
+from launch.run.resume import config_changes
 from launch.run.split import SPLITS
 from scheduling.registry import DAPO_PREFIX
 from scheduling.variance import group_variance
@@ -148,6 +152,38 @@ def start_over(spec: RunSpec) -> Path:
         if p != dest and not (p.is_dir() and p.name.startswith("attempt-")):
             p.rename(dest / p.name)
     return dest
+
+
+def _normalised(tree: Any) -> Any:
+    """A config tree under the current key names with every default filled in (a run stored
+    before a key existed reads as having its default); a tree that no longer validates as is."""
+    try:
+        return build_config(current_names(tree), "compare_config.yaml").to_yaml_dict()
+    except (ConfigError, TypeError, ValueError):
+        return tree
+
+
+def check_same_config(spec: RunSpec, config: dict[str, Any], who: str = "compare") -> None:
+    """Refuse (``UserError``) to skip or resume ``spec``'s run when its stored
+    ``compare_config.yaml`` differs from ``config``, the one this invocation would train it with:
+    a finished run is otherwise skipped and its figures would sit in one table beside runs of
+    other settings. A run with neither a finished summary nor a checkpoint is not checked (it
+    starts over, ``start_over``). Used by ``compare`` and ``launch.bench.gain.run_seed``."""
+    stored = spec.dir / "compare_config.yaml"
+    if not stored.is_file() or not (status(spec) == "finished" or has_checkpoint(spec.dir)):
+        return
+    try:
+        old = yaml.safe_load(stored.read_text()) or {}
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+        raise UserError(f"{who}: {stored} is unreadable ({e}); move the run away or choose "
+                        f"another --out") from None
+    changed = config_changes(_normalised(old), _normalised(yaml.safe_load(yaml.safe_dump(config))))
+    if changed:
+        raise UserError(
+            f"{who}: {spec.name} ({spec.dir}) was run with another config ("
+            + "; ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in list(changed.items())[:3])
+            + (f"; {len(changed) - 3} more" if len(changed) > 3 else "")
+            + "); rerun with the options it started with, or choose another --out")
 
 
 def _train(spec: RunSpec, config: dict[str, Any], timeout_s: Optional[float]) -> Optional[str]:
@@ -231,6 +267,8 @@ def compare(cfg: TrainConfig, schedulers: Sequence[str], seeds: Sequence[int], o
     log(f"[compare] shared pool {pool_dir}, warm start {policy_dir} "
         f"({time.perf_counter() - t0:.0f} s)")
     specs = plan(schedulers, seeds, out)
+    for spec in specs:      # every run first: a mismatch found after hours of training is late
+        check_same_config(spec, run_config(cfg, spec, pool_dir, policy_dir))
     for n, spec in enumerate(specs, 1):
         state = status(spec)
         if state == "finished":

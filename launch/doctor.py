@@ -33,7 +33,7 @@ from typing import Iterable, Optional, Sequence
 
 from packaging.requirements import Requirement
 
-from actors.checkpoints import PolicyPathError, RemoteCodeError, remote_code
+from actors.checkpoints import PolicyPathError, RemoteCodeError, remote_code, safetensors_params
 from actors.executors.config import ExecutorConfig
 from actors.policy import resolve_model
 from envs.pool import PoolError, load_pool
@@ -255,18 +255,26 @@ def check_run_dir(cfg: TrainConfig, run_dir: Optional[Path]) -> list[Check]:
 
 
 def checkpoint_bytes(cfg: TrainConfig) -> int:
-    """~Size of one checkpoint: bf16/fp32 weights + fp32 master copy + Adam's two moments."""
+    """~Size of one checkpoint: the weights in the learner's dtype + fp32 master copy + Adam's two
+    moments, i.e. parameters x (2 or 4 + 12) bytes.
+
+    The parameter count comes from the ``*.safetensors`` headers (shapes, whatever dtype is on
+    disk: SmolLM2 built from its GGUF is fp32, hub checkpoints are mostly bf16); a folder with
+    only ``*.bin`` or an unreadable header falls back to its bytes / 2 (bf16 assumed). Measured:
+    SmolLM2-135M gives 2.15 GB here, its ZeRO-3 checkpoints take 1.77 GB."""
     try:
         model = Path(resolve_model(cfg.policy.path)) if cfg.policy.path else None
     except FileNotFoundError:
         model = None
     if model is None:
         return 64 * 1024 ** 2
-    weights = sum(f.stat().st_size for pattern in ("*.safetensors", "*.bin")
-                  for f in model.glob(pattern))
+    params = 0
+    for f in model.glob("*.safetensors"):
+        counted = safetensors_params(f)
+        params += counted if counted is not None else f.stat().st_size // 2
+    params += sum(f.stat().st_size for f in model.glob("*.bin")) // 2
     bytes_per_param = 2 if cfg.learner.torch_dtype_name(cfg.learner.num_gpus_per_rank > 0) \
         == "bfloat16" else 4
-    params = weights / 2  # hub checkpoints are mostly bf16 on disk
     return int(params * (bytes_per_param + 12))
 
 

@@ -165,7 +165,8 @@ def run_seed(cfg: TrainConfig, spec: RunSpec, pool_dir: Path, out: Path, warm_id
     Under ``one_warm_start`` a new seed takes the step-0 evaluation another seed (of ``specs``)
     made from the same warm start (``launch.compare._share_step0``: the evaluation's episode
     seeds are ``eval.seed``'s, so it would compute the same record)."""
-    from launch.compare import _share_step0, _train, run_config, start_over, status
+    from launch.compare import (_share_step0, _train, check_same_config, run_config,
+                                start_over, status)
     from launch.run.checkpoint import has_checkpoint
 
     cache, state = spec.dir / "gain.json", status(spec)
@@ -173,19 +174,7 @@ def run_seed(cfg: TrainConfig, spec: RunSpec, pool_dir: Path, out: Path, warm_id
                                 0 if one_warm_start else spec.seed, log)
     config = run_config(cfg, spec, pool_dir, policy)
     config["run"]["episodes"] = cfg.run.episodes   # steps, not compare's episode budget
-    stored = spec.dir / "compare_config.yaml"
-    if stored.is_file() and (state == "finished" or has_checkpoint(spec.dir)):
-        from launch.errors import UserError
-        from launch.run.resume import config_changes
-
-        changed = config_changes(yaml.safe_load(stored.read_text()),
-                                 yaml.safe_load(yaml.safe_dump(config)))
-        if changed:
-            raise UserError(
-                f"bench gain: seed {spec.seed} ({spec.dir}) was run with another config ("
-                + "; ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in list(changed.items())[:3])
-                + (f"; {len(changed) - 3} more" if len(changed) > 3 else "")
-                + "); rerun with the options it started with, or choose another --out")
+    check_same_config(spec, config, "bench gain")
     if state == "finished" and cache.is_file():
         log(f"[gain] seed {spec.seed}: finished earlier, skipped")
         return json.loads(cache.read_text())

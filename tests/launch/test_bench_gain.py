@@ -200,4 +200,4 @@ def test_bench_gain_end_to_end_prepared_then_two_seeds_then_rerun_skips(tmp_path
     argv[argv.index("--steps") + 1] = "2"
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "seed 0" in err and "run.steps: 1 -> 2" in err
+    assert len(err.splitlines()) == 1 and "envsched-s0" in err and "run.steps: 1 -> 2" in err

@@ -102,6 +102,34 @@ def test_a_run_that_stopped_before_its_first_checkpoint_starts_over_keeping_its_
     assert (spec.dir / "attempt-1" / "metrics.jsonl").read_text() == '{"step": 1}\n'
 
 
+def test_a_finished_or_resumable_run_with_another_config_is_refused_naming_the_keys(tmp_path):
+    """``check_same_config``: what ``compare`` and ``bench gain`` check before they skip a finished
+    run or resume one. Older key names and keys stored before they existed (their default) are
+    the same config; a changed value is one error naming it; a run with neither a summary nor a
+    checkpoint starts over and is not checked."""
+    from launch.compare import check_same_config, plan, run_config
+    from launch.errors import UserError
+
+    spec = plan(["envsched"], [0], tmp_path)[0]
+    config = run_config(_cfg(), spec, tmp_path / "pool", "/p/sft")
+    spec.dir.mkdir(parents=True)
+    stored = yaml.safe_load(yaml.safe_dump(config))
+    stored["executors"]["workers_per_executor"] = stored["executors"].pop("slots_per_executor")
+    del stored["controller"]["retries"]
+    stored["controller"]["retries"] = _cfg().controller.retries      # as written: unchanged
+    del stored["eval"]["seed"]                                       # a default added later
+    (spec.dir / "compare_config.yaml").write_text(yaml.safe_dump(stored))
+    changed = {**config, "rollout": {**config["rollout"], "max_turns": 2}}
+    check_same_config(spec, changed)                  # started, no checkpoint: starts over
+    (spec.dir / "summary.json").write_text("{}")
+    check_same_config(spec, config)
+    with pytest.raises(UserError,
+                       match=r"envsched-s0 .*another config \(rollout.max_turns: 3 -> 2\)"):
+        check_same_config(spec, changed)
+    with pytest.raises(UserError, match="bench gain: "):
+        check_same_config(spec, changed, "bench gain")
+
+
 def test_step0_evaluation_is_shared_only_between_runs_with_the_same_inputs(tmp_path):
     from launch.compare import _share_step0, plan, run_config
     from launch.run.metrics import read_jsonl
@@ -249,6 +277,10 @@ def test_compare_end_to_end_two_schedulers_then_rerun_skips_then_restarts(tmp_pa
     lines.clear()
     compare(cfg, ["envsched", "random"], [0], tmp_path, log=lines.append)
     assert sum("finished earlier, skipped" in x for x in lines) == 2
+    # A changed config is refused before anything trains, never skipped into one table.
+    from launch.errors import UserError
+    with pytest.raises(UserError, match="random-s0 .*another config.*rollout.max_turns"):
+        compare(_cfg(rollout={"max_turns": 2}), ["random"], [0], tmp_path, log=lines.append)
     # The premise of sharing: a run that evaluates its own step 0 gets the shared record exactly.
     shared = read_jsonl(tmp_path / "runs" / "random-s0" / "eval.jsonl")[0]
     shutil.rmtree(tmp_path / "runs" / "random-s0")

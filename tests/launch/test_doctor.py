@@ -139,3 +139,31 @@ def test_the_graph_cache_check_covers_every_scheduler_that_needs_the_graph(tmp_p
     cfg = load_config(None, [f"scheduler.name={name}", "scheduler.params={}"])
     names = [c.name for c in check_run_dir(cfg, tmp_path / "run")]
     assert ("graph cache" in names) == cached, names
+
+
+def test_checkpoint_size_counts_parameters_from_the_safetensors_header(tmp_path):
+    """The disk check's size comes from the parameter count, whatever dtype is on disk: an fp32
+    folder (SmolLM2 built from its GGUF) is not counted as twice its parameters (CI once refused a
+    resume with 4.0 GiB free against an estimate of 4.01 GiB for a 1.8 GiB checkpoint)."""
+    import torch
+    from safetensors.torch import save_file
+    from actors.checkpoints import safetensors_params
+    from launch.doctor import checkpoint_bytes
+
+    params = 1000 * 64 + 64
+    tensors = {"w": torch.zeros(1000, 64), "b": torch.zeros(64)}
+    for dtype in (torch.float32, torch.bfloat16):
+        folder = tmp_path / str(dtype)
+        folder.mkdir()
+        (folder / "config.json").write_text("{}")
+        save_file({k: v.to(dtype) for k, v in tensors.items()}, str(folder / "model.safetensors"))
+        assert safetensors_params(folder / "model.safetensors") == params
+        cfg = load_config(overrides=[f"policy.path={folder}"])
+        per_param = 2 if cfg.learner.torch_dtype_name(False) == "bfloat16" else 4
+        assert checkpoint_bytes(cfg) == params * (per_param + 12)
+
+    hostile = tmp_path / "hostile.safetensors"
+    for body in (b"\xff" * 8 + b"{}", (5).to_bytes(8, "little") + b"[1,2]",
+                 (20).to_bytes(8, "little") + b'{"w": {"shape": [-1]}}', b"\x01"):
+        hostile.write_bytes(body)
+        assert safetensors_params(hostile) is None    # the caller falls back to bytes / 2
