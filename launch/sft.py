@@ -22,36 +22,50 @@ epochs almost never gets past its first tool call (zero within-group variance); 
 on all tasks (masked loss ~0.1 / 0.03) gives partial and
 full solves with reward differences: a GRPO start near 0.2-0.35 mean reward (docs/demo.md).
 
+``warm_start(cfg, pool_dir, out, task_ids, seed)`` is the one place a run, a comparison and the gain
+benchmark get the policy GRPO starts from (what ``cfg.warm_starts()`` says: ``policy.path`` or the
+tiny policy as is, else a warm start into ``out``). A finished warm start (its
+``sft_summary.json``, the last file ``run_sft`` writes) is reused when every task it showed is one
+the caller allows: a benchmark that keeps evaluated tasks out of its warm start refuses, in one
+line, one made by a comparison on every training task. A folder without the summary (interrupted
+while saving) is trained again; one written before the summary listed its tasks is reused.
+
 ``run_sft_apart`` runs ``run_sft`` in a fresh (spawned) process and returns its summary: the
 caller (the training or comparing driver) does not keep the warm start's model, optimiser and
 allocator arenas for the rest of the run (SmolLM2's left ~6 GB in the ``envsched compare``
 driver), and its progress lines still reach the same terminal.
 
 May import: torch, transformers, actors.policy, actors.rollout, actors.user_sim, envs,
-sandbox.errors.
+sandbox.errors, launch.errors (launch.config for types only).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import multiprocessing
 import os
 import random
+import shutil
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 from actors.executors.local_sandbox import SandboxSessions
-from actors.policy import build_tiny_policy, cache_kwargs, load_policy
+from actors.policy import build_tiny_policy, cache_kwargs, load_policy, resolve_model
 from actors.rollout.agent_loop import AgentLoop
 from actors.rollout.config import RolloutConfig
 from actors.rollout.engines.scripted_engine import ScriptedEngine
 from actors.user_sim.simulator import ScriptedUser
 from envs import strict_json
 from envs.pool import TASKS_FILE, PoolError, PoolProblem, load_pool
+from launch.errors import UserError
 from sandbox.errors import EnvLoadError
+
+if TYPE_CHECKING:
+    from launch.config import TrainConfig
 
 
 def reference_sequences(pool: Any, tokenizer: Any, task_ids: list[str],
@@ -189,7 +203,8 @@ def run_sft(pool_dir: Path, out_dir: Path, epochs: int, lr: float, task_fraction
     out_dir.mkdir(parents=True, exist_ok=True)
     model.to(torch.float32).save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
-    summary = {"tasks": len(task_ids), "tokens": sum(len(s) for s, _ in seqs),
+    summary = {"tasks": len(task_ids), "task_ids": sorted(task_ids),
+               "tokens": sum(len(s) for s, _ in seqs),
                "model_tokens": sum(sum(m) for _, m in seqs), "epoch_loss": losses,
                "seconds": round(time.perf_counter() - t0, 1), "out": str(out_dir),
                "pid": os.getpid()}
@@ -202,3 +217,42 @@ def run_sft_apart(*args: Any, **kwargs: Any) -> dict[str, Any]:
     raises is raised here."""
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as child:
         return child.submit(run_sft, *args, **kwargs).result()
+
+
+def warm_start(cfg: "TrainConfig", pool_dir: Path, out: Path, task_ids: Sequence[str], seed: int,
+               log: Callable[[str], None] = print, what: str = "training tasks"
+               ) -> tuple[str, float]:
+    """The policy GRPO starts from and the warm start's seconds (0 without one; a reused one's
+    own): ``policy.path`` resolved or the tiny policy of ``seed`` when ``cfg.warm_starts()`` is
+    false, else ``run_sft_apart`` from that base on ``task_ids`` (``what`` names them in the
+    progress line) into ``out``, reused as the module docstring says."""
+    base = resolve_model(cfg.policy.path) if cfg.policy.path else None
+    if not cfg.warm_starts():
+        return base if base is not None else str(build_tiny_policy(seed=seed)), 0.0
+    out = Path(out)
+    done = out / "sft_summary.json"
+    if done.is_file():
+        try:
+            summary = json.loads(done.read_text())
+            seconds = float(summary.get("seconds", 0.0))
+        except (OSError, UnicodeDecodeError, ValueError, TypeError, AttributeError) as e:
+            raise UserError(f"{done} is unreadable ({e}); remove {out} or choose another "
+                            f"--out") from None
+        shown = summary.get("task_ids")
+        extra = sorted(set(shown) - set(task_ids)) if isinstance(shown, list) else []
+        if extra:
+            raise UserError(f"{out} holds a warm start that showed {len(extra)} task(s) this "
+                            f"run keeps out of it (e.g. {extra[0]}); remove it or choose "
+                            f"another --out")
+        return str(out), seconds
+    if out.exists():   # interrupted while saving: its files are incomplete
+        shutil.rmtree(out)
+    s = cfg.sft
+    log(f"warm start on {len(task_ids)} {what} ({s.epochs} epochs at most)")
+    r = run_sft_apart(pool_dir, out, s.epochs, s.lr, s.task_fraction, s.max_examples, seed,
+                      batch=s.batch, target_loss=s.target_loss, sandbox=cfg.executors.sandbox,
+                      only=list(task_ids), base=base,
+                      trust_remote_code=cfg.policy.trust_remote_code)
+    log(f"warm start done: {r['tasks']} tasks, loss {r['epoch_loss'][0]:.3f} -> "
+        f"{r['epoch_loss'][-1]:.3f} in {r['seconds']} s")
+    return str(out), float(r["seconds"])

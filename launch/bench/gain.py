@@ -11,15 +11,16 @@ it; a missing one is a one-line error) gives the pool, its held-out split (``poo
 evaluated sets and the floor and ceiling of each part (``launch.bench.fixedset.bounds``, cached in
 ``DIR/bounds.json``; ``--no-bounds`` skips them). Then per seed s (``run.seed``):
 
-1. a warm start (``launch.sft.run_sft``, when the config warm-starts: ``sft.enabled``) into
+1. a warm start (``launch.sft.warm_start``, when the config warm-starts: ``sft.enabled``) into
    ``DIR/warm_start/s<s>`` on the tasks of the training split that the evaluation does not use
    (``warm_start_tasks``): no evaluated task is ever shown to it. So the training tasks need more
    than ``eval.tasks`` of them; a config that evaluates every training task is refused in one
    line. GRPO's scheduler still draws from the whole training split;
 2. ``envsched train`` through the real path (``launch.run.trainer.train``, in its own process as
    ``envsched compare`` runs it: ``launch.compare.run_config``, in ``DIR/runs/<scheduler>-s<s>``,
-   but on the config's own ``run.episodes``, not compare's episode budget) from that warm start: the step-0 fixed-set evaluation, ``run.steps`` GRPO steps (``--steps``
-   overrides), the final evaluation, on the parts ``train``, ``heldout_tasks``, ``heldout_env``
+   but on the config's own ``run.episodes``, not compare's episode budget) from that warm
+   start: the step-0 fixed-set evaluation, ``run.steps`` GRPO steps (``--steps`` overrides), the
+   final evaluation, on the parts ``train``, ``heldout_tasks``, ``heldout_env``
    and each pool of ``eval.pools`` (reported beside, under ``eval_pools``);
 3. its figures (``launch.bench.gain_report.seed_result``) cached in the run directory's
    ``gain.json``.
@@ -30,11 +31,14 @@ the warm start (``write_sets``: ``DIR/eval_<part>.txt``, ``DIR/warm_start_tasks.
 bounds and the warm start(s): the pool is measured (``envsched pool calibrate``) before any
 training.
 
-A rerun skips finished seeds (their cached figures) and warm starts, and resumes an interrupted
+A rerun skips finished seeds (their cached figures) and warm starts (a warm start found in
+``DIR/sft`` that showed an evaluated task, one ``envsched compare`` made on every training task, is
+refused in one line), and resumes an interrupted
 seed from its checkpoint (or starts it over, earlier files kept, when it stopped before its first:
 ``launch.compare.start_over``). A seed begun with another run config (other ``--steps``, other
 overrides: the learning-rate schedule spans the steps, so a run cannot be extended) is refused in
-one line naming the changed keys, before anything runs for it. A seed whose training fails is reported and left out of the means.
+one line naming the changed keys (``launch.compare.check_same_config``), before anything runs
+for it. A seed whose training fails is reported and left out of the means.
 
 The result (``DIR/gain.json``, ``DIR/gain.md``; ``--json``: the last line of stdout): per part,
 ``step0``, ``final``, ``gain`` and ``ci95`` (the gain's 95 % Student-t interval over seeds) of
@@ -50,7 +54,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional, Sequence
@@ -106,36 +109,16 @@ def parts_of(cfg: TrainConfig, sets: dict[str, list[str]], eval_pools: Sequence[
     return out
 
 
-def warm_start(cfg: TrainConfig, pool_dir: Path, out: Path, task_ids: Sequence[str], seed: int,
-               log) -> tuple[str, float]:
-    """The policy seed ``seed`` starts GRPO from, and the warm start's seconds (0 without one):
-    ``launch.sft.run_sft`` on ``task_ids`` into ``out`` (kept once its ``sft_summary.json``, the
-    last file it writes, exists), else ``policy.path`` or the tiny policy of that seed."""
-    from launch.bench.fixedset import policy_path
+def seed_warm_start(cfg: TrainConfig, pool_dir: Path, out: Path, warm_ids: Sequence[str], seed: int,
+                    one_warm_start: bool, log) -> tuple[str, float]:
+    """Seed ``seed``'s starting policy and warm-start seconds (``launch.sft.warm_start`` into
+    ``warm_dir``, on ``warm_ids``: the training tasks the evaluation never uses)."""
+    from launch.sft import warm_start   # lazy: torch and transformers
 
-    if not cfg.warm_starts():
-        if cfg.policy.path:
-            return str(policy_path(cfg)), 0.0
-        from actors.policy import build_tiny_policy
-
-        return str(build_tiny_policy(seed=seed)), 0.0
-    done = out / "sft_summary.json"
-    if done.is_file():
-        return str(out), float(json.loads(done.read_text()).get("seconds", 0.0))
-    if out.exists():   # interrupted while saving: its files are incomplete
-        shutil.rmtree(out)
-    from launch.sft import run_sft_apart
-
-    s = cfg.sft
-    log(f"[gain] seed {seed}: warm start on {len(task_ids)} training tasks the evaluation "
-        f"never uses ({s.epochs} epochs at most)")
-    r = run_sft_apart(pool_dir, out, s.epochs, s.lr, s.task_fraction, s.max_examples, seed,
-                      batch=s.batch, target_loss=s.target_loss, sandbox=cfg.executors.sandbox,
-                      only=list(task_ids), base=policy_path(cfg),
-                      trust_remote_code=cfg.policy.trust_remote_code)
-    log(f"[gain] seed {seed}: warm start done: {r['tasks']} tasks, loss "
-        f"{r['epoch_loss'][0]:.3f} -> {r['epoch_loss'][-1]:.3f} in {r['seconds']} s")
-    return str(out), float(r["seconds"])
+    return warm_start(cfg, pool_dir, warm_dir(out, seed, one_warm_start), warm_ids,
+                      0 if one_warm_start else seed,
+                      lambda line: log(f"[gain] seed {seed}: {line}"),
+                      "training tasks the evaluation never uses")
 
 
 def warm_dir(out: Path, seed: int, one_warm_start: bool) -> Path:
@@ -170,8 +153,7 @@ def run_seed(cfg: TrainConfig, spec: RunSpec, pool_dir: Path, out: Path, warm_id
     from launch.run.checkpoint import has_checkpoint
 
     cache, state = spec.dir / "gain.json", status(spec)
-    policy, warm_s = warm_start(cfg, pool_dir, warm_dir(out, spec.seed, one_warm_start), warm_ids,
-                                0 if one_warm_start else spec.seed, log)
+    policy, warm_s = seed_warm_start(cfg, pool_dir, out, warm_ids, spec.seed, one_warm_start, log)
     config = run_config(cfg, spec, pool_dir, policy)
     config["run"]["episodes"] = cfg.run.episodes   # steps, not compare's episode budget
     check_same_config(spec, config, "bench gain")
@@ -265,7 +247,7 @@ def run(args: argparse.Namespace) -> int:
     if args.prepare_only:
         seeds = [0] if args.one_warm_start else range(args.seeds)
         for s in seeds:
-            warm_start(cfg, pool_dir, warm_dir(out, s, args.one_warm_start), warm_ids, s, log)
+            seed_warm_start(cfg, pool_dir, out, warm_ids, s, args.one_warm_start, log)
         log(f"[gain] prepared {out}; measure the pool before training, e.g. envsched pool "
             f"calibrate --pool {pool_dir} --policy {warm_dir(out, 0, args.one_warm_start)} "
             f"--config {args.config} --only {out / 'eval_train.txt'} --k {cfg.eval.k}")

@@ -4,8 +4,9 @@
 
 1. pool: ``pool.path``, or a pool generated into ``RUN_DIR/pool`` (``envs.generator``); the
    evaluation pools of ``eval.pools`` loaded and checked (``launch.run.eval_pools``);
-2. policy: ``policy.path``, or the tiny local policy warm-started by ``launch.sft`` into
-   ``RUN_DIR/sft`` (skipped when it exists, so a resumed or repeated run reuses it);
+2. policy: ``policy.path``, or the tiny local policy, warm-started when ``cfg.warm_starts()`` by
+   ``launch.sft.warm_start`` into ``RUN_DIR/sft`` on the training split (a finished one is
+   reused, so a resumed or repeated run takes it again);
 3. Ray: embedded or joined (``launch.cluster``); roles started (``launch.run.roles``);
 4. the controller runs to ``run.steps`` (with the fixed-set evaluation of ``eval`` when enabled);
    a run directory that already has a checkpoint is continued from its newest intact one, if the
@@ -31,7 +32,6 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from actors.policy import build_tiny_policy, resolve_model
 from envs import strict_json
 from envs.generator import generate_pool
 from envs.pool import load_pool
@@ -48,7 +48,7 @@ from launch.run.recovery import Recovery, next_command
 from launch.run.resume import check_pool, open_run
 from launch.run.roles import Roles
 from launch.run.split import eval_sets, pool_split
-from launch.sft import run_sft_apart
+from launch.sft import warm_start
 
 
 def prepare_pool(cfg: PoolConfig, run_dir: Path) -> Path:
@@ -66,24 +66,11 @@ def _progress(line: str) -> None:
 
 
 def prepare_policy(cfg: TrainConfig, pool_dir: Path, run_dir: Path) -> str:
-    base = None
-    if cfg.policy.path:  # a directory, or a hub id in the local cache: resolved once, here
-        base = resolve_model(cfg.policy.path)
-    if not cfg.warm_starts():
-        if base is not None:
-            return base
-        return str(build_tiny_policy(seed=cfg.run.seed))
-    out = run_dir / "sft"
-    if not (out / "config.json").is_file():
-        s = cfg.sft
-        train_ids = pool_split(load_pool(pool_dir), cfg.pool).train  # held-out tasks stay unseen
-        summary = run_sft_apart(pool_dir, out, s.epochs, s.lr, s.task_fraction, s.max_examples,
-                                cfg.run.seed, batch=s.batch, target_loss=s.target_loss,
-                                sandbox=cfg.executors.sandbox, only=train_ids, base=base,
-                                trust_remote_code=cfg.policy.trust_remote_code)
-        print(f"sft: {summary['tasks']} tasks, loss {summary['epoch_loss'][0]:.3f} -> "
-              f"{summary['epoch_loss'][-1]:.3f} in {summary['seconds']} s", flush=True)
-    return str(out)
+    """The policy this run starts from (``launch.sft.warm_start`` into ``RUN_DIR/sft`` on the
+    training split: held-out tasks stay unseen)."""
+    train_ids = pool_split(load_pool(pool_dir), cfg.pool).train
+    return warm_start(cfg, pool_dir, run_dir / "sft", train_ids, cfg.run.seed,
+                      lambda line: print(f"sft: {line}", flush=True))[0]
 
 
 def _write_jsonl(path: Path, rows: list) -> None:

@@ -171,3 +171,25 @@ def test_sft_enabled_warm_starts_a_given_policy_path(tmp_path):
              if not torch.equal(p, q)]
     assert moved, "the warm start trained nothing"
     assert after.config.vocab_size == before.config.vocab_size   # the base's tokenizer, not a new one
+    # Reused, never retrained; refused where it showed a task the caller keeps out; a folder
+    # without its summary (interrupted while saving) trained again.
+    from envs.pool import load_pool
+    from launch.errors import UserError
+    from launch.sft import warm_start
+
+    cfg = load_config(None, [*common, "sft.enabled=true"])
+    shown = summary["task_ids"]
+    assert shown == sorted(t.task_id for t in load_pool(pool).tasks)
+    weights = Path(warm) / "model.safetensors"
+    stamp = weights.stat().st_mtime_ns
+    assert prepare_policy(cfg, pool, tmp_path / "b") == warm and weights.stat().st_mtime_ns == stamp
+    lines: list[str] = []
+    with pytest.raises(UserError, match=rf"showed 1 task\(s\) this run keeps out of it "
+                                        rf"\(e.g. {shown[0]}\)"):
+        warm_start(cfg, pool, Path(warm), shown[1:], 0, lines.append)
+    assert lines == []
+    (Path(warm) / "sft_summary.json").unlink()
+    again, seconds = warm_start(cfg, pool, Path(warm), shown[1:], 0, lines.append)
+    assert again == warm and seconds > 0
+    assert lines[0] == "warm start on 1 training tasks (1 epochs at most)"
+    assert json.loads((Path(warm) / "sft_summary.json").read_text())["task_ids"] == shown[1:]
