@@ -68,7 +68,7 @@ def _progress(line: str) -> None:
 def prepare_policy(cfg: TrainConfig, pool_dir: Path, run_dir: Path) -> str:
     """The policy this run starts from (``launch.sft.warm_start`` into ``RUN_DIR/sft`` on the
     training split: held-out tasks stay unseen)."""
-    train_ids = pool_split(load_pool(pool_dir), cfg.pool).train
+    train_ids = pool_split(load_pool(pool_dir), cfg.pool).train if cfg.warm_starts() else []
     return warm_start(cfg, pool_dir, run_dir / "sft", train_ids, cfg.run.seed,
                       lambda line: print(f"sft: {line}", flush=True))[0]
 
