@@ -75,14 +75,14 @@ import yaml
 from envs import strict_json
 from launch.compare_budget import (budget_curves, budget_summary, episode_budget, eval_points,
                                    step_cap)
-from launch.config import ConfigError, build_config, current_names
+from launch.config import ConfigError, current_names
 from launch.errors import UserError
 from launch.run.checkpoint import has_checkpoint
 from launch.compare_report import (BUDGET_COLUMNS, COLUMNS, GAINS, REFERENCE,  # noqa: F401
                                    report_md, write_report)
 from launch.run.evaluation import read_eval
 from launch.run.metrics import read_jsonl
-from launch.run.resume import config_changes
+from launch.run.resume import as_current, config_changes
 from launch.run.split import SPLITS
 from scheduling.registry import DAPO_PREFIX
 from scheduling.variance import group_variance
@@ -158,7 +158,7 @@ def _normalised(tree: Any) -> Any:
     """A config tree under the current key names with every default filled in (a run stored
     before a key existed reads as having its default); a tree that no longer validates as is."""
     try:
-        return build_config(current_names(tree), "compare_config.yaml").to_yaml_dict()
+        return as_current(tree, "compare_config.yaml")
     except (ConfigError, TypeError, ValueError):
         return tree
 

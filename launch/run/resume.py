@@ -55,6 +55,12 @@ def config_changes(old: Any, new: Any, prefix: str = "") -> dict[str, tuple[Any,
     return {} if old == new else {prefix.rstrip("."): (old, new)}
 
 
+def as_current(tree: Any, source: str = "config") -> dict[str, Any]:
+    """A stored config tree as the current models read it: keys under their current names,
+    defaults of newer keys filled in (``ConfigError`` when it no longer validates)."""
+    return build_config(current_names(tree), source).to_yaml_dict()
+
+
 def _stored_tree(path: Path, force: bool) -> dict[str, Any]:
     """The stored config as the current models read it (defaults of newer keys filled in)."""
     try:
@@ -62,7 +68,7 @@ def _stored_tree(path: Path, force: bool) -> dict[str, Any]:
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
         raise UserError(f"{path} is unreadable ({e}); fix it or choose another --out") from None
     try:
-        return build_config(current_names(tree), str(path)).to_yaml_dict()
+        return as_current(tree, str(path))
     except ConfigError as e:
         if force:
             return tree

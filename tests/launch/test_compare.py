@@ -115,8 +115,6 @@ def test_a_finished_or_resumable_run_with_another_config_is_refused_naming_the_k
     spec.dir.mkdir(parents=True)
     stored = yaml.safe_load(yaml.safe_dump(config))
     stored["executors"]["workers_per_executor"] = stored["executors"].pop("slots_per_executor")
-    del stored["controller"]["retries"]
-    stored["controller"]["retries"] = _cfg().controller.retries      # as written: unchanged
     del stored["eval"]["seed"]                                       # a default added later
     (spec.dir / "compare_config.yaml").write_text(yaml.safe_dump(stored))
     changed = {**config, "rollout": {**config["rollout"], "max_turns": 2}}
