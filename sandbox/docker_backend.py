@@ -29,6 +29,7 @@ import io
 import itertools
 import json
 import os
+import re
 import secrets
 import shutil
 import socket
@@ -79,6 +80,26 @@ def read_only_binds() -> list[str]:
     nested = {point for point, _ in _mount_points() if os.path.lexists(point)
               and any(point.startswith(root + "/") for root in roots)}
     return sorted(set(roots) | nested, key=lambda p: (p.count("/"), p))
+
+
+# How a ``docker run`` reports a bind whose source is gone: the daemon when it makes the
+# container, runc when it mounts (the path was there a moment before)
+_GONE = (re.compile(r'error mounting "([^"]+)" to rootfs'),
+         re.compile(r"bind source path does not exist: (\S+)"))
+
+
+def vanished_bind(stderr: str) -> Optional[str]:
+    """The host path a failed ``docker run`` could not bind because it no longer exists, or None.
+
+    ``read_only_binds`` lists the host's mount points when the container is made; one unmounted
+    and removed before runc binds it (an automount expiring, another process's temporary mount
+    under the project) fails that start only: the caller starts again, which lists the mounts
+    again. A path that still exists is a real failure and gives None."""
+    for pattern in _GONE:
+        for match in pattern.finditer(stderr):
+            if not os.path.lexists(match.group(1)):
+                return match.group(1)
+    return None
 
 
 def _bind(path: str) -> str:

@@ -34,12 +34,14 @@ from envs.spec import Check, Environment, ToolCall
 from envs.trajectory import ActionStep, CheckResult, VerifyResult
 from sandbox.backends import is_root, resolve_backend, start_child
 from sandbox.config import SandboxConfig
+from sandbox.docker_backend import vanished_bind
 from sandbox.errors import EPISODE_ENDING_KINDS, EnvLoadError, SandboxError
 from sandbox.episode import status_text
 from sandbox.protocol import FrameError, argument_depth_error, read_reply, send_request
 
 _UIDS = itertools.count()
 _REPLY_SLACK = 4096
+_VANISHED_BIND_RETRIES = 2  # docker starts again when a listed host mount went away meanwhile
 # ops that run the task's code: what goes wrong during them is the sandbox's report (errors.py)
 _TASK_OPS = frozenset({"load", "reset", "step", "verify", "snapshot", "replay"})
 
@@ -105,15 +107,20 @@ class SandboxWorker:
         os.makedirs(scratch, mode=0o700)
         if self.uid is not None:
             os.chown(scratch, self.uid, self.uid)
-        child = start_child(self.config, self.backend, scratch, self.uid,
-                            os.path.join(self._workdir, "stderr.log"))
-        try:
-            ready = read_reply(child.read_fd, _REPLY_SLACK, t0 + self.config.start_timeout_s,
-                               "ready")
-        except FrameError as e:
-            child.kill()
-            raise SandboxError("unavailable", f"the {self.backend} worker did not start ({e}): "
-                                              f"{child.stderr_tail() or 'no stderr'}") from None
+        for attempt in itertools.count():
+            child = start_child(self.config, self.backend, scratch, self.uid,
+                                os.path.join(self._workdir, "stderr.log"))
+            try:
+                ready = read_reply(child.read_fd, _REPLY_SLACK,
+                                   time.monotonic() + self.config.start_timeout_s, "ready")
+                break
+            except FrameError as e:
+                child.kill()
+                if (self.backend == "docker" and attempt < _VANISHED_BIND_RETRIES
+                        and vanished_bind(child.stderr_tail(4000))):
+                    continue
+                raise SandboxError("unavailable", f"the {self.backend} worker did not start "
+                                   f"({e}): {child.stderr_tail() or 'no stderr'}") from None
         self._child, self._loaded, self._sent_states = child, {}, set()
         self._cpu = float(ready["cpu"])
         elapsed = time.monotonic() - t0

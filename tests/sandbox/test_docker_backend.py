@@ -201,6 +201,40 @@ def test_worker_container_runs_confined(docker):
     assert facts["cpu_quota"] in ("100000", "100000 100000")
 
 
+def test_a_bind_gone_before_the_container_starts_is_named_only_while_it_is_gone(tmp_path):
+    gone, there = str(tmp_path / "gone, \u00e9"), str(tmp_path)
+    # as CI saw it: another test's nested mount under the project unmounted and removed between
+    # read_only_binds and runc's mount
+    runc = (f'OCI runtime create failed: error mounting "{gone}" to rootfs at "{gone}": stat '
+            f"{gone}: no such file or directory: unknown")
+    daemon = f"invalid mount config for type \"bind\": bind source path does not exist: {there}"
+    assert docker_backend.vanished_bind(runc) == gone
+    assert docker_backend.vanished_bind(daemon) is None  # it exists: a real failure
+    assert docker_backend.vanished_bind("OCI runtime create failed: no space left") is None
+
+
+def test_a_worker_starts_again_when_a_listed_host_mount_went_away(docker, monkeypatch, tmp_path):
+    real, lists = docker_backend.read_only_binds, []
+
+    def listing() -> list[str]:  # the first start lists a mount point removed before docker binds
+        lists.append(real() + ([str(tmp_path / "gone")] if not lists else []))
+        return lists[-1]
+    monkeypatch.setattr(docker_backend, "read_only_binds", listing)
+    env = Environment(env_id="probe", class_name="Probe", source=PROBE,
+                      tools=[{"type": "function", "function": {"name": "facts"}}])
+    with SandboxWorker(DOCKER) as w:
+        w.reset(env, {}, seed=0)
+        assert w.step("facts", {}).error is None
+    assert len(lists) == 2
+    lists.clear()
+    monkeypatch.setattr(docker_backend, "read_only_binds",
+                        lambda: lists.append(1) or real() + [str(tmp_path / "g")])
+    with pytest.raises(SandboxError, match="(?s)did not start.*source path does not exist"):
+        with SandboxWorker(DOCKER) as w:  # gone at every listing: given up after two retries
+            w.reset(env, {}, seed=0)
+    assert len(lists) == 3
+
+
 def test_docker_worker_episode_equals_the_in_process_episode(docker):
     with SandboxWorker(DOCKER) as w:
         assert w.backend == "docker"
