@@ -248,7 +248,7 @@ def test_compare_end_to_end_two_schedulers_then_rerun_skips_then_restarts(tmp_pa
     ``plan``'s and the report's own tests above): trained through the real path with the
     step-0 evaluation shared, a rerun that trains nothing, a run evaluating its own step 0
     getting the shared record exactly, and a run killed before its first checkpoint started
-    over with its files kept. Four trainings in all."""
+    over with its files kept (the same rerun: three trainings in all)."""
     from launch.compare import compare
     from launch.run.split import pool_split
     from envs.pool import load_pool
@@ -279,28 +279,26 @@ def test_compare_end_to_end_two_schedulers_then_rerun_skips_then_restarts(tmp_pa
     from launch.errors import UserError
     with pytest.raises(UserError, match="random-s0 .*another config.*rollout.max_turns"):
         compare(_cfg(rollout={"max_turns": 2}), ["random"], [0], tmp_path, log=lines.append)
-    # The premise of sharing: a run that evaluates its own step 0 gets the shared record exactly.
-    shared = read_jsonl(tmp_path / "runs" / "random-s0" / "eval.jsonl")[0]
-    shutil.rmtree(tmp_path / "runs" / "random-s0")
-    compare(cfg, ["envsched", "random"], [0], tmp_path, log=lines.append, share_step0=False)
-    own = read_jsonl(tmp_path / "runs" / "random-s0" / "eval.jsonl")[0]
-    assert "shared_from" not in own and own["step"] == 0
-    for key in ("eval_reward", "eval_reward_train", "eval_reward_heldout_task",
-                "eval_reward_heldout_env", "eval_success", "task_rewards"):
-        assert own[key] == shared[key], key
     # A run killed before its first checkpoint (Ray's memory monitor, 2026-12-05): the rerun
-    # starts it over, its earlier files kept, instead of crashing at once on every rerun.
+    # starts it over, its earlier files kept, instead of crashing at once on every rerun. Rerun
+    # here evaluating its own step 0, which tests the premise of sharing: the record it gets
+    # is the shared one exactly.
     dead = tmp_path / "runs" / "random-s0"
+    shared = read_jsonl(dead / "eval.jsonl")[0]
     shutil.rmtree(dead / "checkpoints")
     (dead / "summary.json").unlink()
     (dead / "crashed.txt").write_text("killed by the memory monitor\n")
     lines.clear()
-    m = compare(cfg, ["envsched", "random"], [0], tmp_path, log=lines.append)
+    m = compare(cfg, ["envsched", "random"], [0], tmp_path, log=lines.append, share_step0=False)
     assert any("random-s0: no checkpoint to resume from" in x for x in lines), lines
     assert [r["status"] for r in m["runs"]] == ["finished"] * 2
     assert (dead / "attempt-1" / "crashed.txt").read_text() == "killed by the memory monitor\n"
     assert (dead / "attempt-1" / "metrics.jsonl").is_file() and (dead / "summary.json").is_file()
-    assert read_jsonl(dead / "eval.jsonl")[0].get("shared_from") == "envsched-s0"
+    own = read_jsonl(dead / "eval.jsonl")[0]
+    assert "shared_from" not in own and own["step"] == 0
+    for key in ("eval_reward", "eval_reward_train", "eval_reward_heldout_task",
+                "eval_reward_heldout_env", "eval_success", "task_rewards"):
+        assert own[key] == shared[key], key
 
 
 def test_the_command_accepts_dapo_names_as_dynamic_sampling_and_refuses_unknown_ones(tmp_path):
