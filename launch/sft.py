@@ -235,11 +235,14 @@ def warm_start(cfg: "TrainConfig", pool_dir: Path, out: Path, task_ids: Sequence
         try:
             summary = json.loads(done.read_text())
             seconds = float(summary.get("seconds", 0.0))
+            shown = summary.get("task_ids")
+            if shown is not None and not (isinstance(shown, list)
+                                          and all(isinstance(t, str) for t in shown)):
+                raise ValueError("task_ids is not a list of task ids")
         except (OSError, UnicodeDecodeError, ValueError, TypeError, AttributeError) as e:
             raise UserError(f"{done} is unreadable ({e}); remove {out} or choose another "
                             f"--out") from None
-        shown = summary.get("task_ids")
-        extra = sorted(set(shown) - set(task_ids)) if isinstance(shown, list) else []
+        extra = sorted(set(shown) - set(task_ids)) if shown is not None else []
         if extra:
             raise UserError(f"{out} holds a warm start that showed {len(extra)} task(s) this "
                             f"run keeps out of it (e.g. {extra[0]}); remove it or choose "

@@ -193,3 +193,9 @@ def test_sft_enabled_warm_starts_a_given_policy_path(tmp_path):
     assert again == warm and seconds > 0
     assert lines[0] == "warm start on 1 training tasks (1 epochs at most)"
     assert json.loads((Path(warm) / "sft_summary.json").read_text())["task_ids"] == shown[1:]
+    # a hostile or damaged summary: one line naming the file, never a traceback or a reuse
+    for text in ("{not json", "[1, 2]", '{"seconds": "x"}', '{"task_ids": [{"a": 1}]}',
+                 '{"task_ids": "notes-1"}'):
+        (Path(warm) / "sft_summary.json").write_text(text)
+        with pytest.raises(UserError, match=r"sft_summary.json is unreadable .*remove "):
+            warm_start(cfg, pool, Path(warm), shown, 0, lines.append)
