@@ -28,6 +28,11 @@ def test_without_an_active_venv_setup_creates_and_uses_dot_venv(tmp_path):
     pips = [ln for ln in lines if "-m pip install -q" in ln]
     assert pips and all(ln.startswith(f"{venv}/bin/python -m pip install") for ln in pips)
     assert all("'torch==2.13.0'" in ln for ln in pips)  # nothing can move torch
+    # pip writes no bytecode; compileall writes it all, on every core, once pip is done
+    assert all("--no-compile" in ln for ln in pips)
+    compiles = [i for i, ln in enumerate(lines)
+                if ln.startswith(f"{venv}/bin/python -m compileall")]
+    assert compiles and compiles[0] > max(lines.index(ln) for ln in pips)
 
 
 def test_test_and_demo_run_the_venv_python_and_scripts():
