@@ -34,7 +34,7 @@ setup: venv
 	  echo "warning: bubblewrap not installed; the sandbox falls back to unshare + rlimits")
 	$(PIP) install -q --no-compile '$(TORCH)'
 	$(PIP) install -q --no-compile -e '.[dev]' '$(TORCH)'
-	@# the bytecode pip would write one file at a time, on every core (fresh venv: 96 s -> 73 s)
+	@# the bytecode pip would write one file at a time, on every core (a fresh venv: 96 s -> 75 s)
 	@$(PY) -m compileall -q -j 0 "$$($(PY) -c 'import sysconfig; print(sysconfig.get_path("purelib"))')" >/dev/null 2>&1 || true
 	@$(PY) -c "import sys, torch; v = torch.__version__.split('+')[0]; want = '$(TORCH)'.split('==')[-1]; \
 	  sys.exit(0 if v == want else f'error: torch {torch.__version__} in $(BIN), want $(TORCH) (fix: $(PIP) install $(TORCH))')"
