@@ -7,6 +7,10 @@ seed), ``step`` (tool, arguments), ``verify`` (checks), ``snapshot``, ``replay``
 state_key, blob|None, checks, actions, seed), ``end``, ``ping``. Replies are JSON-able dicts with
 ``ok``; failures carry ``kind``/``message``/``where`` of a ``SandboxError``. A reset whose state
 key is not cached and comes without its blob answers ``kind="state_missing"``; the parent resends.
+A reset or replay of an environment the child no longer holds (evicted past ``MAX_ENVS``, or a
+child that was replaced) answers ``kind="env_missing"``; the parent loads it again and resends.
+Every ``load`` reply lists the environments that load evicted (``evicted``), so the parent's
+view of what the child holds is never stale (``SandboxWorker._loaded``).
 
 Caches (the parent's, so no episode can change them): compiled sources by ``env_id``, compiled
 checks, initial states by key (LRU, ``state_cache_entries``), so a shared state crosses the host
@@ -43,11 +47,17 @@ from sandbox.runtime import compile_source, needs_initial
 from sandbox.spares import SPARES, Spare, fork_spare, job_payload, reap, resolve_payload, sweep
 from sandbox.verifier import collect, run_verify_job
 
+# Compiled environments kept per child (LRU). Past it the oldest is evicted and named in the load
+# reply; a pool of any size works, at the price of a recompile when an evicted env comes back.
 MAX_ENVS = 64
 _TICK = os.sysconf("SC_CLK_TCK")
 
 
 class _StateMissing(Exception):
+    pass
+
+
+class _EnvMissing(Exception):
     pass
 
 
@@ -72,6 +82,9 @@ class ChildServer:
             return {"ok": True, **handler(request)}
         except _StateMissing:
             return {"ok": False, "kind": "state_missing", "message": "state not cached"}
+        except _EnvMissing as e:
+            return {"ok": False, "kind": "env_missing",
+                    "message": f"environment {e.args[0]!r} is not loaded in this worker"}
         except SandboxError as e:
             if e.kind in EPISODE_ENDING_KINDS:
                 self.end_episode()
@@ -240,20 +253,21 @@ class ChildServer:
         cached = self.envs.get(env.env_id)
         if cached is None or cached[0] != digest:
             self.envs[env.env_id] = (digest, env, compile_source(env))
-            if len(self.envs) > MAX_ENVS:
-                self.envs.popitem(last=False)
         self.envs.move_to_end(env.env_id)
+        evicted = []
+        while len(self.envs) > MAX_ENVS:
+            evicted.append(self.envs.popitem(last=False)[0])
         try:  # a probe episode: does the source import and define its class?
             self._spawn(env.env_id, {"op": "load"}, "", b"")
-            return self._ask("load", lambda e: e.first_reply("load"))
+            return {**self._ask("load", lambda e: e.first_reply("load")), "evicted": evicted}
         finally:
             self.end_episode()
 
     def _env(self, env_id: str) -> tuple[str, Environment, Any]:
         cached = self.envs.get(env_id)
         if cached is None:
-            raise SandboxError("bad_request", f"environment {env_id!r} is not loaded in this "
-                                              "worker; call load(env) first")
+            raise _EnvMissing(env_id)  # the parent loads it again and resends
+        self.envs.move_to_end(env_id)
         return cached
 
     def _state_blob(self, request: dict[str, Any]) -> bytes:

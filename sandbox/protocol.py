@@ -201,7 +201,7 @@ REPLY_FIELDS: dict[str, dict[str, Callable[[Any], bool]]] = {
     "ready": {"ready": lambda v: v is True, "pid": _is_int, "uid": lambda v: v is None or
               _is_int(v)},
     "ping": {"envs": _str_list, "states": _str_list},
-    "load": {"env_id": _is_str},
+    "load": {"env_id": _is_str, "evicted": _str_list},  # evicted: the child's, not the episode's
     "reset": {"seed": _is_int},
     "step": {"step": _STEP},
     "verify": {"result": _RESULT},
@@ -217,8 +217,9 @@ REPLY_FIELDS: dict[str, dict[str, Callable[[Any], bool]]] = {
                ("none", "given", "sent"), "now": _is_num, "seed": _is_int},
     "checks": {"checks": lambda v: isinstance(v, list) and all(map(_CHECK, v))},
 }
-OPTIONAL = {"replay": ("steps_dropped",), "run": ("steps_dropped",)}
-ERROR_KINDS = CHILD_KINDS + ("state_missing",)  # state_missing: not cached, the host resends it
+OPTIONAL = {"replay": ("steps_dropped",), "run": ("steps_dropped",), "load": ("evicted",)}
+# state_missing / env_missing: not cached (or evicted) in the child; the host resends it
+ERROR_KINDS = CHILD_KINDS + ("state_missing", "env_missing")
 _ERROR = {"kind": lambda v: v in ERROR_KINDS, "message": _is_str, "where": _opt_str}
 
 

@@ -41,7 +41,9 @@ from sandbox.protocol import FrameError, argument_depth_error, read_reply, send_
 
 _UIDS = itertools.count()
 _REPLY_SLACK = 4096
-_VANISHED_BIND_RETRIES = 2  # docker starts again when a listed host mount went away meanwhile
+# A worker's child is started up to this many times before a call gives up (``_ensure_child``):
+# a docker race with a vanished host mount, a start timed out under load, a transient exec failure.
+_START_ATTEMPTS = 3
 # ops that run the task's code: what goes wrong during them is the sandbox's report (errors.py)
 _TASK_OPS = frozenset({"load", "reset", "step", "verify", "snapshot", "replay"})
 
@@ -84,6 +86,8 @@ class SandboxWorker:
         self._workdir = tempfile.mkdtemp(prefix="envsched-sbx-")
         self.uid = _pick_uid(self.config)
         self.restarts = 0
+        self.failed_starts = 0
+        self._scratch_ids = itertools.count()
         self.starts: list[float] = []
         self.closed = False
 
@@ -98,34 +102,65 @@ class SandboxWorker:
             return self._ensure_child()
 
     def _ensure_child(self) -> float:
+        """Start the child if none runs; the seconds the start took.
+
+        A failed start (the backend's exec failing, a start timeout under load, a docker race
+        with a vanished host mount) leaves nothing behind: its scratch folder is removed, it
+        counts in ``restarts`` (the executor's ``stats``) and ``failed_starts``, and the start
+        is tried again with a fresh scratch folder, ``_START_ATTEMPTS`` times in all. Then it
+        gives up with one ``SandboxError("unavailable")`` naming the backend and the child's
+        stderr, with origin ``host``: the episode is the infrastructure's failure, not the
+        task's. The next call starts cleanly again (a worker is never poisoned by a start)."""
         if self.closed:
             raise SandboxError("closed", "this SandboxWorker was closed")
         if self._child is not None:
             return 0.0
         t0 = time.monotonic()
-        scratch = os.path.join(self._workdir, f"scratch{self.restarts}")
-        os.makedirs(scratch, mode=0o700)
-        if self.uid is not None:
-            os.chown(scratch, self.uid, self.uid)
-        for attempt in itertools.count():
-            child = start_child(self.config, self.backend, scratch, self.uid,
-                                os.path.join(self._workdir, "stderr.log"))
+        for attempt in range(_START_ATTEMPTS):
+            scratch = os.path.join(self._workdir, f"scratch{next(self._scratch_ids)}")
             try:
-                ready = read_reply(child.read_fd, _REPLY_SLACK,
-                                   time.monotonic() + self.config.start_timeout_s, "ready")
+                child = self._start_once(scratch)
                 break
-            except FrameError as e:
-                child.kill()
-                if (self.backend == "docker" and attempt < _VANISHED_BIND_RETRIES
-                        and vanished_bind(child.stderr_tail(4000))):
-                    continue
-                raise SandboxError("unavailable", f"the {self.backend} worker did not start "
-                                   f"({e}): {child.stderr_tail() or 'no stderr'}") from None
+            except SandboxError as e:
+                shutil.rmtree(scratch, ignore_errors=True)
+                self.restarts += 1
+                self.failed_starts += 1
+                if attempt + 1 == _START_ATTEMPTS:
+                    raise SandboxError(
+                        "unavailable", f"{e.message} (gave up after {_START_ATTEMPTS} starts)",
+                        self._where(None)) from None
         self._child, self._loaded, self._sent_states = child, {}, set()
-        self._cpu = float(ready["cpu"])
         elapsed = time.monotonic() - t0
         self.starts.append(elapsed)
         return elapsed
+
+    def _start_once(self, scratch: str) -> Any:
+        """One start of the child in a new ``scratch`` folder; its ``ready`` read."""
+        os.makedirs(scratch, mode=0o700)
+        if self.uid is not None:
+            os.chown(scratch, self.uid, self.uid)
+        try:
+            child = start_child(self.config, self.backend, scratch, self.uid,
+                                os.path.join(self._workdir, "stderr.log"))
+        except SandboxError as e:
+            raise SandboxError("unavailable", f"the {self.backend} worker did not start: "
+                               f"{e.message}") from None
+        except OSError as e:
+            raise SandboxError("unavailable", f"the {self.backend} worker did not start: "
+                               f"{type(e).__name__}: {e}") from None
+        try:
+            ready = read_reply(child.read_fd, _REPLY_SLACK,
+                               time.monotonic() + self.config.start_timeout_s, "ready")
+            self._cpu = float(ready["cpu"])
+            return child
+        except FrameError as e:
+            child.kill()
+            stderr = child.stderr_tail()
+            gone = vanished_bind(stderr) if self.backend == "docker" else None
+            why = f"; host mount {gone} went away before docker bound it" if gone else ""
+            raise SandboxError("unavailable", f"the {self.backend} worker did not start "
+                               f"({e}{why}): {' | '.join(stderr.strip().splitlines()) or 'no stderr'}"
+                               ) from None
 
     def _replace(self, reason: str) -> None:
         if self._child is not None:
@@ -179,8 +214,8 @@ class SandboxWorker:
         if kind == "load_error":
             raise EnvLoadError(str(reply.get("where") or "").removeprefix("env ") or env_id,
                                message)
-        if kind == "state_missing":
-            return reply
+        if kind in ("state_missing", "env_missing"):
+            return reply  # the caller resends what the child no longer holds
         if kind in EPISODE_ENDING_KINDS:
             # the child ended the episode; a protocol error replaces the child as well
             if kind == "protocol":
@@ -227,7 +262,9 @@ class SandboxWorker:
         digest = hashlib.sha1(env.source.encode()).hexdigest()
         if self._loaded.get(env.env_id) == digest:
             return
-        self._call({"op": "load", "env": env.model_dump(), "env_id": env.env_id})
+        reply = self._call({"op": "load", "env": env.model_dump(), "env_id": env.env_id})
+        for gone in reply.get("evicted", ()):  # the child's LRU made room: it no longer holds them
+            self._loaded.pop(gone, None)
         self._loaded[env.env_id] = digest
 
     def _blob(self, state: Optional[dict[str, Any]], key: Optional[str]) -> tuple[str, bytes]:
@@ -243,15 +280,32 @@ class SandboxWorker:
             self._blobs.popitem(last=False)
         return key, blob
 
-    def _with_state(self, request: dict[str, Any], state: Optional[dict], key: Optional[str],
-                    soft_units: int = 0) -> dict[str, Any]:
+    def _with_state(self, env: Environment, request: dict[str, Any], state: Optional[dict],
+                    key: Optional[str], soft_units: int = 0) -> dict[str, Any]:
+        """Send ``request`` (a reset or replay of ``env``) with its initial state. What the child
+        no longer holds is sent again: the state's blob (``state_missing``) and the environment
+        itself (``env_missing``: evicted, which its ``load`` replies also name). Each at most
+        once, so a child that keeps forgetting fails the call instead of looping."""
         key, blob = self._blob(state, key)
         request["state_key"] = key
         request["blob"] = None if key in self._sent_states else blob
-        reply = self._call(request, soft_units)
-        if not reply["ok"]:  # the child evicted it: send it again
-            request["blob"] = blob
+        resent: set[str] = set()
+        while True:
             reply = self._call(request, soft_units)
+            kind = None if reply["ok"] else reply["kind"]
+            if kind is None or kind in resent:
+                break
+            resent.add(kind)
+            if kind == "state_missing":
+                request["blob"] = blob
+            else:  # env_missing
+                self._loaded.pop(env.env_id, None)
+                self._load(env)
+        if not reply["ok"]:
+            raise SandboxError("protocol", f"the worker lost {reply['kind'].split('_')[0]} "
+                               f"{env.env_id if reply['kind'] == 'env_missing' else key!r} "
+                               f"again right after it was sent: {reply['message']}",
+                               self._where(env.env_id))
         self._sent_states.add(key)
         return reply
 
@@ -263,7 +317,7 @@ class SandboxWorker:
             self._retire_if_spent()
             self._load(env)
             self._episode_env, self._lost = None, None
-            self._with_state({"op": "reset", "env_id": env.env_id, "seed": int(seed)},
+            self._with_state(env, {"op": "reset", "env_id": env.env_id, "seed": int(seed)},
                              initial_state, state_key)
             self._episode_env = env.env_id
 
@@ -310,7 +364,7 @@ class SandboxWorker:
             request = {"op": "replay", "env_id": env.env_id, "seed": seed,
                        "checks": [c.model_dump() for c in checks],
                        "actions": [action_dict(a) for a in actions]}
-            reply = self._with_state(request, initial_state, state_key,
+            reply = self._with_state(env, request, initial_state, state_key,
                                      soft_units=len(actions) + len(checks))
             self._episode_env = env.env_id
             steps = reply.get("steps")

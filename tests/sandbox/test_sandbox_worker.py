@@ -1,5 +1,7 @@
 """SandboxWorker: the episode engine behind a process boundary; typed failures; replacement."""
 
+import os
+
 import pytest
 from pydantic import ValidationError
 
@@ -270,3 +272,68 @@ def test_a_child_started_from_a_thread_that_exits_keeps_serving():
         _, result = _reference_episode(w)
         assert result.reward == 1.0
         assert pid is not None and w.pid == pid  # the same child throughout, never replaced
+
+
+def test_a_pool_of_200_environments_plays_through_one_worker(tmp_path):
+    """More environments than a child keeps (``child_server.MAX_ENVS``): every reference scores
+    1.0 on the first visit (replays) and on the second (episodes), when each environment was
+    evicted in between. Before the host learnt of evictions, every second visit failed with
+    "environment ... is not loaded in this worker" and scored 0."""
+    from actors.executors.env_executor import EnvExecutor
+    from envs.generator import generate_pool
+    from envs.pool import load_pool
+    from sandbox.child_server import MAX_ENVS
+
+    pool = load_pool(generate_pool(tmp_path / "pool", n_envs=200, tasks_per_env=1, seed=3))
+    assert len(pool.environments) == 200 > 3 * MAX_ENVS
+    ex = EnvExecutor(pool, SandboxConfig(**FAST), num_workers=1)
+    try:
+        first = [ex.replay(t.task_id, t.reference_solution, seed=0).reward for t in pool.tasks]
+        second = []
+        for t in pool.tasks:
+            ex.open("s", t.task_id, seed=1)
+            for call in t.reference_solution:
+                ex.step("s", call.name, call.arguments)
+            second.append(ex.verify("s").reward)
+            ex.close("s")
+        worker = ex.workers[0]
+        assert len(worker.ping()["envs"]) == MAX_ENVS and len(worker._loaded) == MAX_ENVS
+        assert worker.restarts == 0 and ex.stats()["errors"] == 0
+    finally:
+        ex.shutdown()
+    assert first == second == [1.0] * 200
+
+
+@pytest.mark.parametrize("backend", ["bwrap", "unshare", "none"])
+def test_a_failed_start_does_not_poison_the_worker(backend, monkeypatch):
+    """A child whose interpreter cannot be executed (as ``bwrap: execvp`` was seen once) fails
+    that start only: the worker starts again in a fresh scratch folder and serves; a start that
+    always fails gives up after 3 starts with one line naming the backend and its stderr, as
+    infrastructure, and the next call starts cleanly (it raised FileExistsError: scratch0)."""
+    if backend_problem(backend):
+        pytest.skip(f"{backend}: {backend_problem(backend)}")
+    import sandbox.worker as worker_module
+    real, starts, failing = worker_module.start_child, [], [1]
+
+    def start(cfg, *args):
+        starts.append(args[1])  # the scratch folder
+        if len(starts) <= failing[0]:
+            cfg = SandboxConfig(**{**cfg.model_dump(), "python": "/nonexistent/python3"})
+        return real(cfg, *args)
+    monkeypatch.setattr(worker_module, "start_child", start)
+    with SandboxWorker(backend=backend, **FAST) as w:
+        assert _reference_episode(w)[1].reward == 1.0  # failed once, then started
+        assert (w.restarts, w.failed_starts, len(starts), len(set(starts))) == (1, 1, 2, 2)
+        assert not os.path.exists(starts[0])  # the failed start's scratch folder is gone
+        w._replace("test")  # the next call starts a child again, which now always fails
+        starts.clear()
+        failing[0] = 10 ** 6
+        with pytest.raises(SandboxError) as e:
+            w.reset(ORDER_DESK, ORDER_DESK_STATE, seed=0, state_key="od")
+        assert e.value.kind == "unavailable" and e.value.origin == "host"
+        assert len(starts) == 3 and f"the {backend} worker did not start" in e.value.message
+        assert "gave up after 3 starts" in e.value.message and "\n" not in str(e.value)
+        assert "nonexistent" in e.value.message  # the backend's own stderr / exec error
+        starts.clear()
+        failing[0] = 0  # the cause went away: the worker serves again, nothing left behind
+        assert _reference_episode(w)[1].reward == 1.0 and len(starts) == 1
