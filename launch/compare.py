@@ -62,7 +62,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -78,6 +77,7 @@ from launch.compare_budget import (budget_curves, budget_summary, episode_budget
 from launch.config import ConfigError, current_names
 from launch.errors import UserError
 from launch.run.checkpoint import has_checkpoint
+from launch.run.child_process import run_owned
 from launch.compare_report import (BUDGET_COLUMNS, COLUMNS, GAINS, REFERENCE,  # noqa: F401
                                    report_md, write_report)
 from launch.run.evaluation import read_eval
@@ -186,20 +186,20 @@ def check_same_config(spec: RunSpec, config: dict[str, Any], who: str = "compare
             + "); rerun with the options it started with, or choose another --out")
 
 
-def _train(spec: RunSpec, config: dict[str, Any], timeout_s: Optional[float]) -> Optional[str]:
-    """Train one run in its own process; None on success, else the reason it failed."""
+def train_run(spec: RunSpec, config: dict[str, Any], timeout_s: Optional[float]) -> Optional[str]:
+    """Train one run in its own process, owned by this one (``launch.run.child_process``:
+    SIGTERM / SIGINT here stops it resumable and raises ``ChildStopped``); None on success,
+    else the reason it failed. Used by ``compare`` and ``launch.bench.gain.run_seed``."""
     spec.dir.mkdir(parents=True, exist_ok=True)
     (spec.dir / "crashed.txt").unlink(missing_ok=True)
     cfg_path = spec.dir / "compare_config.yaml"
     cfg_path.write_text(yaml.safe_dump(config, sort_keys=False))
     cmd = [sys.executable, "-m", "launch.cli", "train", "--config", str(cfg_path),
            "--out", str(spec.dir)]
-    with (spec.dir / "train.log").open("a") as log:
-        try:
-            rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, timeout=timeout_s,
-                                env={**os.environ, "PYTHONUNBUFFERED": "1"}).returncode
-        except subprocess.TimeoutExpired:
-            return f"timed out after {timeout_s:.0f} s"
+    rc = run_owned(cmd, spec.dir / "train.log", timeout_s,
+                   env={**os.environ, "PYTHONUNBUFFERED": "1"}, name=f"run {spec.name}")
+    if rc is None:
+        return f"timed out after {timeout_s:.0f} s"
     if rc == 0 and (spec.dir / "summary.json").is_file():
         return None
     tail = (spec.dir / "train.log").read_text(errors="replace").strip().splitlines()[-3:]
@@ -285,7 +285,7 @@ def compare(cfg: TrainConfig, schedulers: Sequence[str], seeds: Sequence[int], o
             f"{'resuming' if state != 'new' else 'training'}"
             f"{f' (step-0 evaluation shared from {source})' if source else ''} ...")
         t = time.perf_counter()
-        err = _train(spec, config, timeout_s)
+        err = train_run(spec, config, timeout_s)
         if err is not None:
             (spec.dir / "crashed.txt").write_text(err + "\n")
             log(f"[compare {n}/{len(specs)}] {spec.name}: CRASHED ({err[:200]}); "

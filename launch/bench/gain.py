@@ -7,9 +7,11 @@
 The config (default ``configs/gain_cpu.yaml``: SmolLM2-135M-Instruct on a generated pool sized to
 it; a missing one is a one-line error) gives the pool, its held-out split (``pool.heldout_*``,
 ``launch/run/split.py``), the warm start (``sft.*``), GRPO and the fixed-set evaluation
-(``eval.*``). Once for every seed: the pool (``DIR/pool``, generated unless ``pool.path``), the
-evaluated sets and the floor and ceiling of each part (``launch.bench.fixedset.bounds``, cached in
-``DIR/bounds.json``; ``--no-bounds`` skips them). Then per seed s (``run.seed``):
+(``eval.*``). First the pre-flight of every training command (``launch.preflight.preflight``:
+paths, free disk, the learner's dtype on this machine), so that what cannot run is refused in one
+line before anything is generated or trained. Once for every seed: the pool (``DIR/pool``,
+generated unless ``pool.path``), the evaluated sets and the floor and ceiling of each part
+(``launch.bench.fixedset.bounds``, cached in ``DIR/bounds.json``; ``--no-bounds`` skips them). Then per seed s (``run.seed``):
 
 1. a warm start (``launch.sft.warm_start``, when the config warm-starts: ``sft.enabled``) into
    ``DIR/warm_start/s<s>`` on the tasks of the training split that the evaluation does not use
@@ -148,8 +150,8 @@ def run_seed(cfg: TrainConfig, spec: RunSpec, pool_dir: Path, out: Path, warm_id
     Under ``one_warm_start`` a new seed takes the step-0 evaluation another seed (of ``specs``)
     made from the same warm start (``launch.compare._share_step0``: the evaluation's episode
     seeds are ``eval.seed``'s, so it would compute the same record)."""
-    from launch.compare import (_share_step0, _train, check_same_config, run_config,
-                                start_over, status)
+    from launch.compare import (_share_step0, check_same_config, run_config, start_over,
+                                status, train_run)
     from launch.run.checkpoint import has_checkpoint
 
     cache, state = spec.dir / "gain.json", status(spec)
@@ -172,7 +174,7 @@ def run_seed(cfg: TrainConfig, spec: RunSpec, pool_dir: Path, out: Path, warm_id
             f"evaluation{f' (shared from {source})' if source else ''}, {cfg.run.steps} GRPO "
             f"steps, final evaluation (log: {spec.dir / 'train.log'})")
         t = time.perf_counter()
-        err = _train(spec, config, timeout_s)
+        err = train_run(spec, config, timeout_s)
         if err is not None:
             (spec.dir / "crashed.txt").write_text(err + "\n")
             log(f"[gain] seed {spec.seed}: CRASHED ({err[:200]}); see {spec.dir / 'train.log'}")
@@ -202,6 +204,7 @@ def run(args: argparse.Namespace) -> int:
     from launch.compare import plan
     from launch.config import ConfigError, load_config
     from launch.errors import UserError
+    from launch.preflight import preflight
     from launch.run.eval_pools import load_eval_pools
     from launch.run.split import eval_sets, pool_split
     from launch.run.trainer import prepare_pool
@@ -220,6 +223,7 @@ def run(args: argparse.Namespace) -> int:
                         "measured by the fixed-set evaluation (fix: eval.enabled=true)")
     log = lambda line: print(line, flush=True)  # noqa: E731
     out = Path(args.out)
+    preflight(cfg, out, log=log)   # before the pool, the bounds, the warm starts and any seed
     out.mkdir(parents=True, exist_ok=True)
     pool_dir = prepare_pool(cfg.pool, out)
     pool = load_pool(pool_dir)

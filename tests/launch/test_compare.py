@@ -14,6 +14,10 @@ import yaml
 def _cfg(**over):
     from launch.config import build_config
 
+    return build_config(_cfg_dict(**over))
+
+
+def _cfg_dict(**over):
     d = {
         "run": {"steps": 2, "batch_size": 2, "seed": 0},
         "pool": {"generate_envs": 4, "generate_tasks_per_env": 5, "heldout_env_frac": 0.25,
@@ -34,7 +38,7 @@ def _cfg(**over):
     }
     for k, v in over.items():
         d[k] = {**d[k], **v}
-    return build_config(d)
+    return d
 
 
 def test_split_holds_out_whole_envs_and_tasks_and_eval_sets_are_fixed(tmp_path):
@@ -330,3 +334,48 @@ def test_a_paired_change_of_zero_is_shown_and_random_has_none():
     row = {"x": 0.271, "x_ci": [0.248, 0.293], "x_diff": 0.0, "x_diff_ci": [-0.04, 0.04]}
     assert _cell(row, "x", 3) == "0.271 [0.248, 0.293] (+0.000 [-0.040, +0.040])"
     assert _cell(row, "x", 3, paired=False) == "0.271 [0.248, 0.293]"
+
+
+def test_a_killed_compare_stops_its_child_run_and_a_rerun_resumes_it(tmp_path):
+    """``kill PID`` on ``envsched compare`` (item 2 of issue 50): its ``envsched train`` child and
+    everything in the child's process group end with it, it says so in one line, the run's
+    checkpoint is intact and the same command resumes the run to its end (before, the child kept
+    training, holding the CPU and the run folder, and the next compare raced it)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from launch.compare import compare
+    from launch.run.checkpoint import has_checkpoint
+
+    cfg = _cfg(run={"steps": 12})
+    cfg_path = tmp_path / "c.yaml"
+    cfg_path.write_text(yaml.safe_dump(_cfg_dict(run={"steps": 12})))
+    out, run = tmp_path / "cmp", tmp_path / "cmp" / "runs" / "random-s0"
+    parent = subprocess.Popen(
+        [sys.executable, "-m", "launch.cli", "compare", "--config", str(cfg_path), "--schedulers",
+         "random", "--seeds", "1", "--out", str(out)], stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True)
+    deadline, child = time.monotonic() + 600, None
+    while time.monotonic() < deadline and parent.poll() is None:
+        if child is None and (run / "child.pid").is_file():
+            child = int((run / "child.pid").read_text())
+        if child is not None and has_checkpoint(run):
+            break
+        time.sleep(1)
+    assert parent.poll() is None and child is not None, parent.communicate()
+    os.kill(parent.pid, signal.SIGTERM)
+    _, err = parent.communicate(timeout=300)
+    assert parent.returncode == 2, err
+    line = err.strip().splitlines()[-1]
+    assert "stopped by SIGTERM: run random-s0 ended" in line and "rerun the same command" in line
+    with pytest.raises(ProcessLookupError):   # the child and its whole process group are gone
+        os.killpg(child, 0)
+    assert has_checkpoint(run) and not (run / "summary.json").exists()
+    lines: list[str] = []
+    m = compare(cfg, ["random"], [0], out, timeout_s=900, log=lines.append)
+    assert any("random-s0: resuming" in x for x in lines), lines
+    assert [r["status"] for r in m["runs"]] == ["finished"]
+    assert "resum" in (run / "train.log").read_text().lower()
