@@ -6,14 +6,16 @@ same pair and are reached as ``envsched bench NAME``. Modules are imported when 
 built, so they must keep heavy imports (torch, ray, transformers) inside ``run``.
 
 Errors that users cause (bad pools, bad configs) are printed as one clear message with exit code 2,
-control characters and lone surrogates escaped (``envs.text.printable``); nothing else is caught
-here.
+control characters and lone surrogates escaped (``envs.text.printable``). A Ray worker's death
+(Ray's memory monitor killing it, a crash: ``actors.ray_errors.death_line``) is one line too, exit
+code 3 (``ENVSCHED_DEBUG=1`` shows the traceback). Nothing else is caught here.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from typing import Optional, Sequence
 
@@ -80,6 +82,24 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         # the message may quote a pool (task ids, tool output): escape before printing
         print(f"envsched {args.command}: error: {printable(e)}", file=sys.stderr)
         return 2
+    except Exception as e:  # noqa: BLE001 - a Ray worker's death: one line, not Ray's traceback
+        line = _ray_death_line(e)
+        if line is None or os.environ.get("ENVSCHED_DEBUG"):
+            raise
+        from envs.text import printable  # lazy: keeps `import launch.cli` cheap
+
+        print(f"envsched {args.command}: error: {printable(line)}", file=sys.stderr)
+        return 3
+
+
+def _ray_death_line(e: BaseException) -> Optional[str]:
+    """``actors.ray_errors.death_line(e)`` when Ray was imported (only then can a Ray worker have
+    died); imported here, not at the top, because it imports Ray."""
+    if "ray" not in sys.modules:
+        return None
+    from actors.ray_errors import death_line  # lazy: imports Ray, only once it is loaded
+
+    return death_line(e)
 
 
 if __name__ == "__main__":

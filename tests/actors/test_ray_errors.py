@@ -5,7 +5,8 @@ is not a ``RayActorError``. A real kill needs the whole node near its memory lim
 on a shared CI machine must not provoke, so ``ray.get`` is patched to raise what Ray raises then
 (its message as a real benchmark run recorded it). Covered: the learner group, executor sessions,
 replay, and the run's roles (a rollout worker's group, a call on every worker, the scheduler
-actor, a publish) and the user simulators."""
+actor, a publish) and the user simulators. The last test provokes a real kill without memory
+pressure (a command's own Ray with a 2 % threshold) for the command line's one-line report."""
 
 from __future__ import annotations
 
@@ -177,3 +178,29 @@ def test_a_user_simulator_killed_for_memory_fails_over_to_the_next(monkeypatch):
     turn = type("Turn", (), {"task_id": "t1"})()
     assert asyncio.run(users.reply(turn)) == "fine, book it"
     assert users.stats() == {"failovers": 1.0}
+
+
+def test_an_oom_killed_worker_is_one_line_in_a_command_that_starts_ray(tmp_path):
+    """A real kill by Ray's memory monitor, without using memory: the command's own Ray is started
+    with a threshold of 2 % of the node, which the node is always past, so the monitor kills the
+    first worker that runs a task. ``envsched rollout`` then ends in one line naming the monitor,
+    the killed task and the fix, exit 3, no traceback (before: Ray's 40-line traceback)."""
+    import os
+    import subprocess
+    import sys
+
+    from envs.generator import generate_pool
+
+    pool = generate_pool(tmp_path / "p", n_envs=2, tasks_per_env=1, seed=0)
+    env = {**os.environ, "RAY_memory_usage_threshold": "0.02",
+           "RAY_memory_monitor_refresh_ms": "50", "RAY_ADDRESS": ""}
+    env.pop("ENVSCHED_DEBUG", None)
+    done = subprocess.run([sys.executable, "-m", "launch.cli", "rollout", "--pool", str(pool),
+                           "--engine", "scripted", "--tasks", "2", "--k", "1"], env=env,
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 3, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr, done.stderr[-2000:]
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("envsched rollout: error: a Ray worker was killed by Ray's memory "
+                           "monitor (the node ran low on memory: "), last
+    assert "; it ran " in last and "fix: lower the concurrency" in last
