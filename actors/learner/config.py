@@ -17,7 +17,8 @@ loss is taken over every model token of the whole step (all ranks), not per sequ
 step per learner step (``mini_batches = 1``: the paper's "single-epoch steps" is one pass over the
 batch and does not say into how many updates it is split).
 
-May import: pydantic and the standard library (no torch, so configs load anywhere).
+May import: pydantic, the standard library and ``actors.learner.precision`` (standard library
+only: which dtype ``dtype`` resolves to), no torch, so configs load anywhere.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from __future__ import annotations
 from typing import Literal, Optional, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from actors.learner.precision import CpuInfo, resolve_dtype
 
 
 def ds_accelerator(num_gpus: float) -> str:
@@ -34,7 +37,7 @@ def ds_accelerator(num_gpus: float) -> str:
     return "cuda" if num_gpus > 0 else "cpu"
 
 
-Dtype = Literal["auto", "bf16", "fp32"]       # the policy's weights (auto: the model's own)
+Dtype = Literal["auto", "bf16", "fp32"]       # the policy's compute dtype (precision.resolve_dtype)
 LoraForm = Literal["adapter", "merged"]       # a LoRA policy as A and B only, or merged in
 DTYPES, LORA_FORMS = get_args(Dtype), get_args(LoraForm)
 
@@ -151,11 +154,15 @@ class LearnerConfig(BaseModel):
     ranks: int = Field(1, ge=1)
     zero_stage: int = Field(2, ge=0, le=3, description=(
         "DeepSpeed ZeRO stage; bf16 needs 1-3 (stage 0 keeps no fp32 master weights)"))
-    dtype: Dtype = Field("auto", description=(
-        "the policy's compute dtype; auto: bf16 on GPU ranks, fp32 on CPU ranks. bf16 keeps "
-        "fp32 master weights and accumulates and reduces gradients in fp32; on CPU ranks it "
-        "needs avx512_bf16 or amx_bf16 (refused elsewhere). The rollout engine runs in the same "
-        "dtype (docs/learner.md, 'Precision')"))
+    dtype: Optional[Dtype] = Field(None, description=(
+        "the policy's compute dtype. auto: bf16 where the rank's device has native bf16 (a "
+        "CUDA GPU that supports it, a CPU with avx512_bf16 or amx_bf16) and zero_stage is 1-3, "
+        "else fp32, resolved on each rank (and by the driver, for the rollout engine: a rank "
+        "that resolves otherwise is refused); unset (null): bf16 on GPU ranks, fp32 on CPU "
+        "ranks, whatever the CPU. bf16 keeps fp32 master weights and accumulates and reduces "
+        "gradients in fp32; on CPU ranks it needs avx512_bf16 or amx_bf16 (refused elsewhere, "
+        "before the run starts). The rollout engine runs in the same dtype (docs/learner.md, "
+        "'Precision')"))
     lr: float = Field(1e-6, gt=0)
     warmup_steps: int = Field(10, ge=0)
     total_steps: int = Field(200, ge=1)
@@ -223,9 +230,10 @@ class LearnerConfig(BaseModel):
         """DeepSpeed's accelerator for these ranks (``DS_ACCELERATOR``)."""
         return ds_accelerator(self.num_gpus_per_rank)
 
-    def torch_dtype_name(self, cuda: bool) -> str:
-        """'bfloat16' on GPUs and 'float32' on CPUs unless ``dtype`` forces one (bf16 on CPU
-        ranks needs a CPU with native bf16: ``actors.learner.precision.cpu_bf16_refusal``)."""
-        if self.dtype == "auto":
-            return "bfloat16" if cuda else "float32"
-        return {"bf16": "bfloat16", "fp32": "float32"}[self.dtype]
+    def torch_dtype_name(self, cuda: bool, cpuinfo: CpuInfo = None, cuda_bf16: bool = True
+                         ) -> str:
+        """'bfloat16' or 'float32': ``dtype`` on a GPU rank (``cuda``; ``cuda_bf16``: its GPU
+        supports bf16) or on the CPU ``cpuinfo`` describes (default: this machine's), by
+        ``actors.learner.precision.resolve_dtype``. bf16 on CPU ranks needs a CPU with native
+        bf16: ``actors.learner.precision.cpu_bf16_refusal``."""
+        return resolve_dtype(self.dtype, cuda, self.zero_stage, cpuinfo, cuda_bf16)[0]

@@ -116,7 +116,10 @@ class LearnerEngine:
                              "model directory, got None")
         self.cfg = cfg
         self.cuda = torch.cuda.is_available() and cfg.num_gpus_per_rank > 0
-        refusal = None if self.cuda else precision_refusal(cfg)
+        # this rank's own device decides (docs/learner.md, "Precision"): its CPU or GPU may differ
+        # from the driver's, and an explicit bf16 it lacks is refused before DeepSpeed starts
+        cuda_bf16 = self.cuda and torch.cuda.is_bf16_supported()
+        refusal = precision_refusal(cfg, cuda=self.cuda, cuda_bf16=cuda_bf16)
         if refusal:
             raise ValueError(refusal)
         deepspeed.init_distributed(dist_backend="nccl" if self.cuda else "gloo",
@@ -126,7 +129,7 @@ class LearnerEngine:
         self.world = torch.distributed.get_world_size()
         self.device = torch.device("cuda", torch.cuda.current_device()) if self.cuda else "cpu"
         torch.manual_seed(cfg.seed)
-        dtype = getattr(torch, cfg.torch_dtype_name(self.cuda))
+        dtype = getattr(torch, cfg.torch_dtype_name(self.cuda, cuda_bf16=cuda_bf16))
         trust = remote_code(cfg.model_path, cfg.trust_remote_code)   # explicit: no stdin prompt
         model = AutoModelForCausalLM.from_pretrained(cfg.model_path, dtype=dtype,
                                                      trust_remote_code=trust)

@@ -143,10 +143,16 @@ class LearnerActor:
     def sync_broadcast(self) -> None:
         learner_sync_broadcast(self.engine)
 
-    def precision_refusal(self) -> Optional[str]:
-        """Why this rank's CPU cannot train in the configured bf16, or None
+    def precision_refusal(self, expected: Optional[str] = None) -> Optional[str]:
+        """Why this rank cannot train in ``learner.dtype`` on its own device (explicit bf16 its
+        CPU or GPU lacks; ``auto`` resolving otherwise than ``expected``, the driver's), or None
         (``actors.learner.precision.precision_refusal``)."""
-        return precision_refusal(self.cfg)
+        import torch  # lazy: in the actor only (the engine imports it next anyway)
+
+        cuda = torch.cuda.is_available() and self.cfg.num_gpus_per_rank > 0
+        return precision_refusal(self.cfg, cuda=cuda,
+                                 cuda_bf16=cuda and torch.cuda.is_bf16_supported(),
+                                 expected=expected)
 
     def pid(self) -> int:
         """This rank's process id (for operators and fault-injection tests)."""
@@ -174,10 +180,15 @@ class LearnerGroup:
         self.cfg = cfg
         remote = ray.remote(LearnerActor).options(**learner_actor_options(cfg))
         self.actors = [remote.remote(cfg, r, cfg.ranks) for r in range(cfg.ranks)]
-        refusals = self._get([a.precision_refusal.remote() for a in self.actors], "dtype check")
-        if any(refusals):   # on each rank's own CPU, before DeepSpeed starts: one line
+        # each rank checks its own device against the dtype the driver resolved (the rollout
+        # engine's), before DeepSpeed starts: one line naming the rank
+        expected = cfg.torch_dtype_name(cfg.num_gpus_per_rank > 0)
+        refusals = self._get([a.precision_refusal.remote(expected) for a in self.actors],
+                             "dtype check")
+        if any(refusals):
             self.shutdown()
-            raise LearnerError(next(r for r in refusals if r))
+            rank, line = next((r, line) for r, line in enumerate(refusals) if line)
+            raise LearnerError(f"learner rank {rank}: {line}")
         addr, port = self._get([self.actors[0].address.remote()], "address")[0]
         self.master = (addr, port)
         self.step = self._get([a.setup.remote(addr, port) for a in self.actors], "setup")[0]

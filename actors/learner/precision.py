@@ -29,10 +29,28 @@ ranks at stages 2 and 3, with gradients whose bf16 sum would lose the small term
 bf16 on CPU ranks needs native bf16 dot products: ``cpu_bf16_flag`` reads the ``avx512_bf16`` /
 ``amx_bf16`` flags of ``/proc/cpuinfo`` (torch's own ``get_cpu_capability`` reports "AVX512"
 whether or not the CPU has them). Without them bf16 has no native dot products: it would cost
-precision and gain no speed.
-Elsewhere ``cpu_bf16_refusal`` is the one-line refusal. ``dtype: auto`` stays fp32 on CPUs (a
-config must not change its numerics with the machine it lands on); bf16 is asked for with
-``dtype: bf16``.
+precision and gain no speed, so an explicit ``dtype: bf16`` there is refused
+(``cpu_bf16_refusal``, one line).
+
+Which dtype a rank trains in is ``resolve_dtype``, one plain function of the config's ``dtype``,
+the rank's device and its cpuinfo (a path, so tests feed any CPU's):
+
+- ``fp32`` / ``bf16``: as set (bf16 refused on a CPU without native bf16, above);
+- ``auto``: bf16 where the device has native bf16 (a CUDA GPU that supports it; a CPU with
+  ``avx512_bf16`` or ``amx_bf16``) and the ZeRO stage keeps fp32 master weights (1-3), else fp32.
+  Decision: ``auto`` follows the machine, so a config that says ``auto`` may train in bf16 on one
+  machine and fp32 on another; a run that must not change numerics names its dtype;
+- unset (``None``, the default): bf16 on GPU ranks, fp32 on CPU ranks, whatever the CPU. Decision:
+  the default keeps the numerics it always had (fp32 on CPUs: the demo's and tests' figures), and
+  a CPU with native bf16 is used through ``auto`` or ``bf16``.
+
+Every rank resolves on its own device (``LearnerEngine``, before DeepSpeed starts: learner ranks on
+other nodes may have another CPU or GPU than the driver); the driver resolves with its own for the
+start line (``dtype_choice``), the pre-flight (``launch.preflight``) and the rollout engine's
+dtype (``launch.config.TrainConfig.engine_kwargs``). ``precision_refusal`` on each rank refuses, in
+one line, a rank whose resolution differs from the driver's (``expected``): the engine would
+sample in another dtype than the learner recomputes in. ``CPUINFO`` is read at call time
+(tests point it at a file).
 
 May import: the standard library; deepspeed inside ``fp32_masters``.
 """
@@ -40,47 +58,110 @@ May import: the standard library; deepspeed inside ``fp32_masters``.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator, Optional, Union
-
-if TYPE_CHECKING:
-    from actors.learner.config import LearnerConfig
+from typing import Any, Iterator, Optional, Union
 
 CPU_BF16_FLAGS = ("amx_bf16", "avx512_bf16")   # either gives native bf16 dot products
-CPUINFO = Path("/proc/cpuinfo")
+CPUINFO = Path("/proc/cpuinfo")                 # read at call time: tests point it elsewhere
+NAMES = {"bfloat16": "bf16", "float32": "fp32"}  # torch's dtype names -> the config's
+CpuInfo = Union[str, Path, None]                 # a cpuinfo file; None: ``CPUINFO``
 
 
-def cpu_bf16_flag(cpuinfo: Union[str, Path] = CPUINFO) -> Optional[str]:
-    """The first of ``CPU_BF16_FLAGS`` this CPU reports in ``cpuinfo``'s ``flags`` lines, or None
-    (no such flag, or no readable ``cpuinfo``: not Linux)."""
+def cpuinfo_text(cpuinfo: CpuInfo = None) -> str:
+    """The text of ``cpuinfo`` (``CPUINFO`` when None); "" when unreadable (not Linux)."""
     try:
-        text = Path(cpuinfo).read_text(errors="replace")
+        return Path(cpuinfo if cpuinfo is not None else CPUINFO).read_text(errors="replace")
     except OSError:
-        return None
+        return ""
+
+
+def cpu_flags(text: str) -> set[str]:
+    """Every flag of the ``flags`` lines of a cpuinfo ``text``."""
     flags: set[str] = set()
     for line in text.splitlines():
         key, _, value = line.partition(":")
         if key.strip() == "flags":
             flags.update(value.split())
+    return flags
+
+
+def cpu_bf16_flag(cpuinfo: CpuInfo = None) -> Optional[str]:
+    """The first of ``CPU_BF16_FLAGS`` this CPU reports in ``cpuinfo``'s ``flags`` lines, or None
+    (no such flag, or no readable ``cpuinfo``: not Linux)."""
+    flags = cpu_flags(cpuinfo_text(cpuinfo))
     return next((f for f in CPU_BF16_FLAGS if f in flags), None)
 
 
-def cpu_bf16_refusal(cpuinfo: Union[str, Path] = CPUINFO) -> Optional[str]:
+def cpu_bf16_refusal(cpuinfo: CpuInfo = None) -> Optional[str]:
     """None where this CPU has native bf16, else the one-line refusal naming the flags."""
     if cpu_bf16_flag(cpuinfo) is not None:
         return None
+    where = cpuinfo if cpuinfo is not None else CPUINFO
     return (f"learner.dtype is bf16 on CPU ranks, but this CPU reports neither "
-            f"{' nor '.join(CPU_BF16_FLAGS)} in {cpuinfo} (no native bf16 dot products: bf16 "
+            f"{' nor '.join(CPU_BF16_FLAGS)} in {where} (no native bf16 dot products: bf16 "
             f"would cost precision for no speed); fix: set learner.dtype: fp32 (or auto)")
 
 
-def precision_refusal(cfg: LearnerConfig, cpuinfo: Union[str, Path] = CPUINFO
-                      ) -> Optional[str]:
-    """On a rank without a GPU: the refusal when ``cfg`` asks for bf16 and
-    this CPU lacks native bf16, else None. Run on the rank itself (``LearnerActor``): the driver's
-    CPU need not be the learner's."""
-    if cfg.num_gpus_per_rank > 0 or cfg.torch_dtype_name(cuda=False) != "bfloat16":
-        return None
-    return cpu_bf16_refusal(cpuinfo)
+def resolve_dtype(dtype: Optional[str], cuda: bool, zero_stage: int = 2,
+                  cpuinfo: CpuInfo = None, cuda_bf16: bool = True) -> tuple[str, str]:
+    """(torch dtype name, why) of ``dtype`` (``LearnerConfig.dtype``: 'fp32', 'bf16', 'auto' or
+    None) on a rank with a GPU (``cuda``; ``cuda_bf16``: it supports bf16) or on the CPU that
+    ``cpuinfo`` describes (module docstring). Pure but for reading ``cpuinfo``, which only ``auto``
+    on a CPU does."""
+    if dtype in ("fp32", "bf16"):
+        return {"fp32": "float32", "bf16": "bfloat16"}[dtype], "set"
+    if dtype is None:
+        return ("bfloat16" if cuda else "float32"), "unset: bf16 on GPU ranks, fp32 on CPU ranks"
+    if dtype != "auto":
+        raise ValueError(f"learner.dtype must be auto, bf16 or fp32, got {dtype!r}")
+    if zero_stage == 0:
+        return "float32", "ZeRO stage 0 keeps no fp32 master weights"
+    if cuda:
+        return (("bfloat16", "this GPU supports bf16") if cuda_bf16
+                else ("float32", "this GPU does not support bf16"))
+    flag = cpu_bf16_flag(cpuinfo)
+    if flag is None:
+        return "float32", f"this CPU has neither {' nor '.join(CPU_BF16_FLAGS)}"
+    return "bfloat16", f"this CPU has {flag}"
+
+
+def dtype_choice(cfg: Any, cpuinfo: CpuInfo = None) -> str:
+    """What the learner ``cfg`` (a ``LearnerConfig``) trains in as this machine resolves it, for
+    the driver's start line: 'auto -> fp32 (this CPU has neither amx_bf16 nor avx512_bf16)'. GPU
+    ranks are taken to support bf16 here (the driver need not see their GPUs); each rank checks
+    its own (``precision_refusal``)."""
+    gpu = cfg.num_gpus_per_rank > 0
+    name, why = resolve_dtype(cfg.dtype, gpu, cfg.zero_stage, cpuinfo)
+    if gpu and cfg.dtype == "auto" and cfg.zero_stage:
+        why = "GPU ranks; each rank checks that its GPU supports bf16"
+    elif cfg.dtype == "bf16" and not gpu:
+        why = f"set; this CPU has {cpu_bf16_flag(cpuinfo) or 'no native bf16'}"
+    head = f"{cfg.dtype} -> " if cfg.dtype == "auto" else ""
+    return f"{head}{NAMES[name]} ({why})"
+
+
+def precision_refusal(cfg: Any, cpuinfo: CpuInfo = None, cuda: Optional[bool] = None,
+                      cuda_bf16: bool = True, expected: Optional[str] = None) -> Optional[str]:
+    """Why the learner ``cfg`` (a ``LearnerConfig``) cannot train on this rank, in one line, or
+    None. ``cuda``: the rank has its GPU (default: ``cfg`` asks for one); ``cuda_bf16``: that GPU
+    supports bf16. Refused: explicit bf16 on a CPU without native bf16 or on a GPU without bf16;
+    a resolution other than ``expected`` (the driver's, which the rollout engine samples in).
+    Run on the rank itself (``LearnerEngine``, ``LearnerActor``): the driver's CPU need not be the
+    learner's."""
+    cuda = cfg.num_gpus_per_rank > 0 if cuda is None else cuda
+    if cfg.dtype == "bf16" and not cuda:
+        refusal = cpu_bf16_refusal(cpuinfo)
+        if refusal:
+            return refusal
+    if cfg.dtype == "bf16" and cuda and not cuda_bf16:
+        return ("learner.dtype is bf16, but this rank's GPU does not support bf16; fix: set "
+                "learner.dtype: fp32 (or auto)")
+    name, why = resolve_dtype(cfg.dtype, cuda, cfg.zero_stage, cpuinfo, cuda_bf16)
+    if expected is not None and name != expected:
+        return (f"learner.dtype {cfg.dtype} resolves to {NAMES[name]} on this learner rank "
+                f"({why}) but to {NAMES.get(expected, expected)} on the driver, whose dtype the "
+                f"rollout engine samples in; fix: set learner.dtype: {NAMES[name]} (or "
+                f"{NAMES.get(expected, expected)} where every rank supports it)")
+    return None
 
 
 def deepspeed_precision(bf16: bool) -> dict:

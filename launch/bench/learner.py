@@ -18,10 +18,12 @@ that dtype (its own samples, the same shapes), one group after the other; bf16 i
 real bf16 path (DeepSpeed bf16 with fp32 master weights and fp32 gradient accumulation and
 reduction, ``actors/learner/precision.py``), refused in one line on a CPU without native bf16.
 The printed figures are the first dtype's, ``runs`` has each, and ``bf16_speedup`` is the fp32
-median step time over the bf16 one. Default ``auto``: fp32 on CPU ranks, bf16 on GPUs.
+median step time over the bf16 one. Default ``default``: ``learner.dtype`` unset, fp32 on CPU
+ranks and bf16 on GPUs, whatever the CPU (``auto``: bf16 where the device has native bf16,
+``actors.learner.precision.resolve_dtype``).
 
     envsched bench learner [--ranks 2] [--zero 2] [--steps N] [--prompt-len P]
-                           [--dtypes auto|fp32|bf16[,...]] [--json]
+                           [--dtypes default|auto|fp32|bf16[,...]] [--json]
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from actors.rollout.engines.base import SamplingParams
 from launch.config import ClusterConfig
 from launch.errors import UserError
 
-DTYPES = ("auto", "fp32", "bf16")   # LearnerConfig.dtype
+DTYPES = ("default", "auto", "fp32", "bf16")   # LearnerConfig.dtype; default: unset (None)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -56,8 +58,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="run every sample's prompt (learner.prefix_sharing: false)")
     parser.add_argument("--model", default=None, help="HF model dir (default: the tiny policy)")
     parser.add_argument("--gpus-per-rank", type=float, default=0.0, help="0 = CPU ranks")
-    parser.add_argument("--dtypes", default="auto",
-                        help="comma-separated learner dtypes, each measured in turn: auto, fp32, "
+    parser.add_argument("--dtypes", default="default",
+                        help="comma-separated learner dtypes, each measured in turn: default "
+                             "(learner.dtype unset: fp32 on CPU ranks, bf16 on GPUs), auto, fp32, "
                              "bf16 (e.g. fp32,bf16 gives bf16_speedup)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--address", default="local",
@@ -142,7 +145,8 @@ def _one_dtype(args, path: str, dtype: str) -> dict:
     cfg = LearnerConfig(model_path=path, ranks=args.ranks, zero_stage=args.zero, lr=args.lr,
                         warmup_steps=0, total_steps=max(args.steps, 2), seed=args.seed,
                         micro_batch_size=args.micro_batch, num_gpus_per_rank=args.gpus_per_rank,
-                        prefix_sharing=not args.no_prefix_sharing, dtype=dtype,
+                        prefix_sharing=not args.no_prefix_sharing,
+                        dtype=None if dtype == "default" else dtype,
                         num_cpus_per_rank=0.5 if args.gpus_per_rank == 0 else 1.0)
     refusal = precision_refusal(cfg)   # this machine's CPU: a local group's ranks run here
     if refusal:

@@ -8,7 +8,8 @@ Every run shares ``DIR/pool``, the warm start ``DIR/sft`` and a budget of rollou
 differ. ``dapo+NAME`` runs NAME with dynamic sampling (``controller.dynamic_sampling=true``). Runs are ``DIR/runs/<scheduler>-s<seed>`` (normal run directories). Rerunning the command
 skips finished runs and resumes unfinished ones; a crashed run is listed in the report. Writes
 ``DIR/report.md``, ``DIR/metrics.json`` and ``DIR/curve_eval_*.png`` (launch/compare.py).
-Default config: configs/compare_cpu.yaml.
+Default config: configs/compare_cpu.yaml. The pre-flight (``launch.preflight.preflight``) runs
+first: a config this machine cannot run is refused in one line before the pool or the warm start.
 """
 
 from __future__ import annotations
@@ -58,6 +59,9 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(str(e)) from None
     if not cfg.eval.enabled:
         raise UserError("compare needs the fixed-set evaluation: set eval.enabled=true")
+    from launch.preflight import preflight  # lazy: keeps envsched --help fast
+
+    preflight(cfg, args.out)   # before the shared pool, the warm start and any run
     m = compare(cfg, names, list(range(args.seeds)), args.out, timeout_s=args.timeout_per_run,
                 share_step0=not args.no_share_step0)
     print((args.out / "report.md").read_text())

@@ -3,9 +3,13 @@
     envsched doctor [--config FILE] [--address auto|HOST:PORT|ray://HOST:PORT] [--out RUN_DIR]
                     [key.sub=value ...]
 
-One line per check with its fix (``launch/doctor.py``): Python and package versions, CUDA and
+First the machine line (``launch.machine.machine_line``: CPU model and its avx2 / avx512f /
+avx512_bf16 / amx_bf16 flags, cores, memory, GPUs), then one line per check with its fix
+(``launch/doctor.py``, ``launch/preflight.py``): Python and package versions, CUDA and
 NCCL, DeepSpeed's accelerator per role, bubblewrap/unshare/docker, the policy, pool, graph cache
-and free disk for checkpoints, and the Ray cluster's resources against what every role asks
+and free disk for checkpoints, the learner's dtype on this machine (``learner.dtype: auto``
+resolved; explicit bf16 on a CPU without native bf16 is a blocker, as it is before ``envsched
+train``), and the Ray cluster's resources against what every role asks
 (joined with ``--address`` or ``cluster.address``; without one, the node an embedded Ray would
 have). Exit code 1 when any check is a blocker (FAIL), else 0.
 """
@@ -31,13 +35,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from launch import doctor  # lazy: keeps envsched --help fast
+    from launch.machine import machine_line
+    from launch.preflight import preflight_checks
 
     try:
         cfg = load_config(args.config, args.overrides)
     except ConfigError as e:
         raise UserError(str(e)) from None
     address = args.address or cfg.cluster.address
-    checks = doctor.static_checks(cfg, Path(args.out) if args.out else None, local=not address)
+    print(machine_line(), flush=True)
+    checks = preflight_checks(cfg, Path(args.out) if args.out else None, local=not address)
     if address:
         import ray  # lazy: keeps envsched --help fast (Ray only with --address)
 

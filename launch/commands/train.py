@@ -26,10 +26,9 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import Optional
 
 from envs.text import printable
-from launch.config import ConfigError, TrainConfig, load_config
+from launch.config import ConfigError, load_config
 from launch.errors import RunStopped, UserError
 from launch.run.metrics import format_summary
 
@@ -50,35 +49,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="dotted config overrides, e.g. run.steps=5 controller.max_staleness=0")
 
 
-def preflight(cfg: TrainConfig, run_dir: Path, address: Optional[str]) -> None:
-    """``envsched doctor``'s checks but the cluster's resources (checked once Ray is up):
-    blockers stop here, before a pool is generated or Ray started; warnings are printed."""
-    from launch.doctor import blockers, static_checks  # lazy: keeps envsched --help fast
-
-    checks = static_checks(cfg, run_dir, local=not (address or cfg.cluster.address))
-    failed = blockers(checks)
-    if failed:
-        raise UserError("pre-flight checks failed (`envsched doctor` lists every check): "
-                        + "; ".join(c.line() for c in failed))   # one line
-    if cfg.policy.path:   # a model folder with code of its own: one line, before Ray starts
-        from actors.checkpoints import remote_code  # lazy: keeps envsched --help fast
-        from actors.policy import resolve_model  # lazy: keeps envsched --help fast
-
-        try:
-            remote_code(resolve_model(cfg.policy.path), cfg.policy.trust_remote_code)
-        except FileNotFoundError as e:   # RemoteCodeError too
-            raise UserError(f"policy.path {cfg.policy.path}: {e}") from None
-    for c in checks:
-        if c.status == "warn":
-            print(c.line(), flush=True)
-
-
 def run(args: argparse.Namespace) -> int:
     try:
         cfg = load_config(args.config, args.overrides)
     except ConfigError as e:
         raise UserError(str(e)) from None
-    preflight(cfg, Path(args.out), args.address)
+    from launch.preflight import preflight  # lazy: keeps envsched --help fast
+
+    preflight(cfg, Path(args.out), args.address)   # before the pool, the warm start and Ray
     from launch.run.trainer import train  # lazy: keeps envsched --help fast (Ray, torch)
 
     # SIGTERM (ray job stop, a scheduler, kill) unwinds like Ctrl-C: the trainer's finally blocks

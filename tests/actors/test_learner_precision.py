@@ -3,6 +3,9 @@
 What is proven (``actors/learner/precision.py``):
 - detection reads the ``amx_bf16`` / ``avx512_bf16`` flags, and a CPU without them is refused in
   one line naming them; bf16 at ZeRO stage 0 (no master copy) is refused at config load;
+- ``dtype: auto`` resolves from a given cpuinfo (an AVX512-BF16 EPYC's: bf16; an AVX2-only EPYC's:
+  fp32) and says which in one line; unset stays fp32 on CPUs; a rank whose own resolution differs
+  from the driver's is refused in one line;
 - the rollout engine is put in the learner's dtype by the run config, and a different one refused;
 - on 2 gloo ranks with DeepSpeed's real optimiser at ZeRO-2 and ZeRO-3, bf16 gradients of 1 and
   2^-9 are accumulated over micro-batches and reduced over ranks in fp32: the fp32 master moves by
@@ -30,12 +33,13 @@ import json
 import os
 import random
 import socket
+from pathlib import Path
 
 import pytest
 
 from actors.learner.config import LearnerConfig
 from actors.learner.precision import (CPU_BF16_FLAGS, cpu_bf16_flag, cpu_bf16_refusal,
-                                      precision_refusal)
+                                      dtype_choice, precision_refusal, resolve_dtype)
 
 BF16_CPU = cpu_bf16_flag() is not None
 needs_bf16 = pytest.mark.skipif(not BF16_CPU, reason="this CPU reports neither amx_bf16 nor "
@@ -83,6 +87,51 @@ def test_bf16_on_a_cpu_without_it_is_refused_in_one_line(tmp_path):
     assert precision_refusal(LearnerConfig(dtype="bf16"), _cpuinfo(tmp_path, "amx_bf16")) is None
 
 
+CPUINFOS = Path(__file__).resolve().parents[1] / "fixtures" / "cpuinfo"
+ZEN4 = CPUINFOS / "epyc_zen4_avx512_bf16.txt"   # this machine's: avx512_bf16, no AMX
+ZEN3 = CPUINFOS / "epyc_zen3_avx2.txt"          # an AVX2-only AMD EPYC 7763
+
+
+def test_auto_resolves_from_the_cpuinfo_it_is_given():
+    assert resolve_dtype("auto", False, 2, ZEN4) == ("bfloat16", "this CPU has avx512_bf16")
+    assert resolve_dtype("auto", False, 2, ZEN3) == (
+        "float32", "this CPU has neither amx_bf16 nor avx512_bf16")
+    assert resolve_dtype("auto", True, 3, ZEN3) == ("bfloat16", "this GPU supports bf16")
+    assert resolve_dtype("auto", True, 3, ZEN3, cuda_bf16=False)[0] == "float32"
+    assert resolve_dtype("auto", False, 0, ZEN4)[0] == "float32"     # stage 0: no fp32 masters
+    for cpu in (ZEN4, ZEN3):   # unset and explicit values do not look at the CPU
+        assert resolve_dtype(None, False, 2, cpu)[0] == "float32"
+        assert resolve_dtype(None, True, 2, cpu)[0] == "bfloat16"
+        assert resolve_dtype("fp32", False, 2, cpu)[0] == "float32"
+        assert resolve_dtype("bf16", False, 2, cpu)[0] == "bfloat16"
+    auto = LearnerConfig(dtype="auto")
+    assert auto.torch_dtype_name(False, ZEN4) == "bfloat16"
+    assert auto.torch_dtype_name(False, ZEN3) == "float32"
+    # the driver's start line, one line each
+    assert dtype_choice(auto, ZEN3) == "auto -> fp32 (this CPU has neither amx_bf16 nor avx512_bf16)"
+    assert dtype_choice(auto, ZEN4) == "auto -> bf16 (this CPU has avx512_bf16)"
+    assert dtype_choice(LearnerConfig(), ZEN4).startswith("fp32 (unset")
+    # auto is never refused for the CPU; explicit bf16 is, on the AVX2 one only
+    assert precision_refusal(auto, ZEN3) is None and precision_refusal(auto, ZEN4) is None
+    assert precision_refusal(LearnerConfig(dtype="bf16"), ZEN3) == cpu_bf16_refusal(ZEN3)
+    assert precision_refusal(LearnerConfig(dtype="bf16"), ZEN4) is None
+
+
+def test_a_rank_that_resolves_auto_otherwise_than_the_driver_is_refused():
+    """The engine samples in the driver's resolution: a learner rank on an AVX2 node under a
+    driver on an AVX512-BF16 one would train in fp32 against a bf16 engine."""
+    auto = LearnerConfig(dtype="auto")
+    line = precision_refusal(auto, ZEN3, expected="bfloat16")
+    assert line is not None and "\n" not in line
+    assert "resolves to fp32 on this learner rank" in line and "bf16 on the driver" in line
+    assert "fix: set learner.dtype: fp32" in line
+    assert precision_refusal(auto, ZEN4, expected="bfloat16") is None
+    gpu = LearnerConfig(dtype="auto", num_gpus_per_rank=1, zero_stage=3)
+    assert "resolves to fp32" in precision_refusal(gpu, cuda_bf16=False, expected="bfloat16")
+    assert "GPU does not support bf16" in precision_refusal(
+        LearnerConfig(dtype="bf16", num_gpus_per_rank=1), cuda_bf16=False)
+
+
 def test_bf16_without_master_weights_is_refused():
     from pydantic import ValidationError
 
@@ -90,7 +139,9 @@ def test_bf16_without_master_weights_is_refused():
         LearnerConfig(dtype="bf16", zero_stage=0)
     with pytest.raises(ValidationError, match="zero_stage 0"):
         LearnerConfig(zero_stage=0, num_gpus_per_rank=1)       # auto: bf16 on GPUs
-    assert LearnerConfig(zero_stage=0).dtype == "auto"         # fp32 on CPUs: fine
+    assert LearnerConfig(zero_stage=0).dtype is None           # fp32 on CPUs: fine
+    assert LearnerConfig(zero_stage=0, dtype="auto", num_gpus_per_rank=1).torch_dtype_name(
+        True) == "float32"                                      # auto: fp32 without masters
 
 
 def test_deepspeed_is_asked_for_fp32_accumulation_and_reduction_under_bf16():

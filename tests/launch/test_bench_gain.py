@@ -1,7 +1,8 @@
 """``envsched bench gain``: the figures of one seed read from its run directory (success, reward,
 episodes and standard error of each evaluation, the seconds of GRPO steps apart from the
 evaluations), their aggregate over seeds (gain per seed, Student-t interval), the warm start's
-tasks kept apart from the evaluated ones, and the command end to end with the tiny policy:
+tasks kept apart from the evaluated ones, the pre-flight's refusal before anything runs, and the
+command end to end with the tiny policy:
 two seeds, the final JSON line, a rerun that skips both."""
 
 from __future__ import annotations
@@ -133,6 +134,37 @@ def test_a_config_that_evaluates_every_training_task_is_refused_in_one_line(tmp_
                  "--config", str(tmp_path / "missing.yaml")]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "missing.yaml does not exist" in err
+
+
+def test_bf16_on_a_cpu_without_it_is_refused_before_anything_is_generated_or_trained(
+        tmp_path, capsys, monkeypatch):
+    """The pre-flight (``launch.preflight``) runs first: an AVX2-only EPYC's cpuinfo and an
+    explicit ``learner.dtype: bf16`` stop the command in one line, before the pool, the bounds
+    and the warm start (each fails the test if reached)."""
+    from pathlib import Path
+
+    import launch.run.trainer as trainer
+    from actors.learner import precision
+    from launch.cli import main
+
+    def reached(*args, **kwargs):
+        raise AssertionError("bench gain generated or trained before its pre-flight")
+
+    cpuinfo = Path(__file__).resolve().parents[1] / "fixtures" / "cpuinfo" / "epyc_zen3_avx2.txt"
+    monkeypatch.setattr(precision, "CPUINFO", cpuinfo)
+    monkeypatch.setattr(trainer, "generate_pool", reached)
+    monkeypatch.setattr("launch.sft.warm_start", reached)
+    d = _config_dict()
+    d["learner"]["dtype"] = "bf16"
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(d))
+    out = tmp_path / "out"
+    assert main(["bench", "gain", "--out", str(out), "--seeds", "1",
+                 "--config", str(tmp_path / "c.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("envsched bench: error: pre-flight checks "
+                                                   "failed"), err
+    assert "learner.dtype is bf16 on CPU ranks" in err and "avx512_bf16" in err
+    assert not out.exists()
 
 
 @pytest.mark.slow

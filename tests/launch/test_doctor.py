@@ -67,6 +67,7 @@ def test_an_executor_resource_no_node_offers_is_a_blocker_with_the_fix():
 def test_doctor_prints_one_line_per_check_and_exits_0_when_ready(tmp_path):
     out = _envsched("doctor", "--out", str(tmp_path / "run"))
     assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.startswith("machine: ")   # the machine line first (launch/machine.py)
     lines = [ln for ln in out.stdout.splitlines() if ln.startswith("[")]
     names = [ln[7:].split(":")[0] for ln in lines]
     assert set(CHECK_NAMES) <= set(names), names
@@ -167,3 +168,18 @@ def test_checkpoint_size_counts_parameters_from_the_safetensors_header(tmp_path)
                  (20).to_bytes(8, "little") + b'{"w": {"shape": [-1]}}', b"\x01"):
         hostile.write_bytes(body)
         assert safetensors_params(hostile) is None    # the caller falls back to bytes / 2
+
+
+def test_the_machine_line_names_cpu_flags_cores_memory_and_gpus():
+    """One line, from given facts (a cpuinfo fixture, core count, bytes, device names)."""
+    from launch.machine import machine_line
+
+    cpuinfo = Path(__file__).resolve().parents[1] / "fixtures" / "cpuinfo"
+    zen4 = machine_line(cpuinfo / "epyc_zen4_avx512_bf16.txt", 2, 24 * 1024 ** 3, [])
+    assert zen4 == "machine: AMD EPYC (avx2 avx512f avx512_bf16), 2 cores, 24 GiB, no GPU"
+    zen3 = machine_line(cpuinfo / "epyc_zen3_avx2.txt", 64, 512 * 1024 ** 3,
+                        ["NVIDIA H100 80GB HBM3"] * 2)
+    assert zen3 == ("machine: AMD EPYC 7763 64-Core Processor (avx2), 64 cores, 512 GiB, "
+                    "2 x NVIDIA H100 80GB HBM3")
+    here = machine_line()   # this machine: whatever it is, one line of the same shape
+    assert here.startswith("machine: ") and "\n" not in here and " cores, " in here
