@@ -14,6 +14,10 @@ object (pydantic models pickle). Renamed keys: ``launch.config_text.RENAMED``.
 ``load_config(path, overrides)``: YAML (none = ``configs/cpu_demo.yaml``) plus dotted overrides
 ``key.sub=value``, validated; errors (``ConfigError``) name the field, the value and the fix.
 
+Decision: a value no run can use is refused here (one line: the key, the allowed range), never
+left to fail the run: no number of the sections owned here is infinite or NaN (``over_issue=.inf``
+overflowed), and ``run.episodes`` buys at least one step (``TrainConfig._budget_buys_a_step``).
+
 May import: pydantic, yaml, the standard library, envs.text (strict UTF-8 reading),
 envs.generator.difficulty (the generated pool's difficulty),
 launch.eval_config, the role config modules named above, actors.rollout.engine_args and
@@ -51,7 +55,7 @@ DEFAULT_CONFIG = PACKAGED_CONFIGS / "cpu_demo.yaml"
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 class RunConfig(_Section):
@@ -59,8 +63,8 @@ class RunConfig(_Section):
     steps: int = Field(20, ge=1, description="learner steps (policy versions) to train")
     batch_size: int = Field(8, ge=1, description="B: groups per learner step (and per "
                             "scheduler selection); K is rollout.k")
-    episodes: int = Field(0, ge=0, description="budget of rollouts consumed (dropped groups' "
-                          "episodes counted; launch/run/dynamic_sampling.py); 0 = run.steps only")
+    episodes: int = Field(0, ge=0, description="budget of rollouts consumed, dropped groups' "
+                          "counted; 0 = run.steps only, else >= run.batch_size x rollout.k")
 
 
 class PoolConfig(_Section):
@@ -326,6 +330,17 @@ class TrainConfig(_Section):
         """A ``learner.loss`` sampler setting or sequence limit that differs from ``rollout``'s
         is refused (``GRPOConfig.follow``: one source each)."""
         self.learner_settings()
+        return self
+
+    @model_validator(mode="after")
+    def _budget_buys_a_step(self) -> "TrainConfig":
+        """A budget below one step's B x K episodes trains nothing: refused (module docstring)."""
+        b, k, budget = self.run.batch_size, self.rollout.k, self.run.episodes
+        if 0 < budget < b * k:
+            raise ValueError(f"run.episodes={budget} is less than one learner step's episodes, "
+                             f"run.batch_size x rollout.k = {b} x {k} = {b * k}: no step could "
+                             f"train; fix: set run.episodes to 0 (no budget: run.steps alone) "
+                             f"or to at least {b * k}")
         return self
 
     @model_validator(mode="after")

@@ -1,5 +1,6 @@
 """The text side of a config: ``key.sub=value`` overrides (``set_dotted``) and validation errors
-explained in one line each (``explain``: the key, why, and the fix), apart from the sections
+explained in one line each (``explain``: the key, why, and the fix; an infinite or NaN number
+is told the range its field allows, ``field_bounds``), apart from the sections
 (``launch/config.py``) so that file holds what a run is configured with.
 
 Renamed keys (``RENAMED``: per section, old -> new, the sections' own tables) are read under
@@ -44,6 +45,22 @@ def known_keys(model: type[BaseModel], path: Sequence[Any]) -> list[str]:
     return list(model.model_fields)
 
 
+def field_bounds(model: type[BaseModel], path: Sequence[Any]) -> str:
+    """The numeric range the field at a dotted path of the config tree declares (``>= 1``,
+    ``> 0 and < 1``); empty without one."""
+    info = None
+    for part in path:
+        if not (isinstance(model, type) and issubclass(model, BaseModel)):
+            return ""
+        info = model.model_fields.get(str(part))
+        if info is None:
+            return ""
+        model = info.annotation
+    ops = (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<"))
+    return " and ".join(f"{op} {getattr(m, attr):g}" for m in (info.metadata if info else ())
+                        for attr, op in ops if getattr(m, attr, None) is not None)
+
+
 # Run-level settings a user may put under scheduler.params by habit, and where they belong.
 RUN_LEVEL = {"batch_size": "run.batch_size", "seed": "run.seed", "k": "rollout.k",
              "rollouts": "rollout.k"}
@@ -78,8 +95,13 @@ def explain(err: ValidationError, source: str, root: type[BaseModel],
             lines.append(f"bad value for '{field}' in {source}: "
                          f"{e['msg'].removeprefix('Value error, ')}")
         else:
+            msg, want = e["msg"], "a valid value"
+            if e["type"] == "finite_number":   # inf / nan: name the range the field allows
+                bounds = field_bounds(root, loc)
+                want = "a finite number" + (f" {bounds}" if bounds else "")
+                msg = f"Input should be {want}"
             lines.append(f"bad value for '{field}' in {source}: got {e.get('input')!r}; "
-                         f"{e['msg']} (fix: set {field} to a valid value or remove it)")
+                         f"{msg} (fix: set {field} to {want} or remove it)")
     return ConfigError("; ".join(lines))
 
 

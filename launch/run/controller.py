@@ -40,7 +40,18 @@ rewards and verdict, beside ``groups.jsonl``'s trained ones). The episodes consu
 for every run (each row's ``episodes_consumed``, each evaluation's ``episodes``); with
 ``run.episodes`` no training group is issued past that budget, and the run ends when the budget
 is spent and no batch can be formed (``Ledger.spent``); its last step is then evaluated and
-checkpointed as a last step is.
+checkpointed as a last step is. Every group consumed is counted in the logs and the final
+checkpoint: a row's counts (sampling, faults, drops) are taken when it is logged, after an
+evaluation in its step; groups back after the last row (a budget ends a run only once nothing
+runs, and discarded groups train no step) are added to the last row (``MetricsLogger.amend``:
+its cumulative ``episodes_consumed`` and drop counts, its window's ``episodes_step``,
+``generated_zero_var_share`` and fault counts), and the final checkpoint is taken again at the
+same step if it was taken before them (decision: the learner is saved once more, at the end of
+such a run only, rather than the checkpoint patched). A run that trains no step (a budget spent
+on discarded groups) has no row to amend; its checkpoint, at step 0, and its end line count
+them. The run ends with one line, printed and returned as ``ended`` (``summary.json``): why it
+ended (the step limit reached, or the episode budget spent: consumed of ``run.episodes``, at
+which step, and the accepted groups left untrained, too few for a batch).
 
 Checkpoints (``launch/run/checkpoint.py``) are taken only between learner steps and hold the ledger's
 state (``Ledger.state_dict``: tickets open are issued again first on resume); resuming cuts
@@ -118,13 +129,17 @@ class Controller:
         self.timer = {"rollout_wait": 0.0, "learner": 0.0, "sync": 0.0, "scheduler": 0.0}
         self.control = ControlWatcher(self.run_dir)
         self.learning: Optional[_LearnerStep] = None   # the pending learner step
-        self.saved_at = -1      # the step of the last checkpoint this controller took
+        self.saved = self._position()   # what the newest checkpoint holds (none: the start)
         self.occupancy = Occupancy(cfg.cluster.rollout.num, c.max_concurrent_groups)
 
     @property
     def step(self) -> int:
         """Learner steps done: the ledger's policy version."""
         return self.ledger.version
+
+    def _position(self) -> tuple[int, int]:
+        """(learner steps, episodes consumed): a checkpoint holding less is out of date."""
+        return self.step, self.ledger.sampling.totals["episodes"]
 
     def done(self) -> bool:
         """``total_steps`` trained, or the ``run.episodes`` budget spent (``Ledger.spent``)."""
@@ -168,6 +183,7 @@ class Controller:
                 record["learner_idle_share"] = learner_idle_share(
                     record["time_learner_s"], now - t_last, record.get("eval_seconds", 0.0))
                 record.update(self.occupancy.take())
+                record.update(self._counts())   # after the evaluation: groups it collected too
                 t_last = now
                 log.log(self.step, record)
                 every = self.cfg.controller.checkpoint_every
@@ -175,12 +191,36 @@ class Controller:
                     self.checkpoint()
             if self.step > start and self.eval_sets and not self._evaluated(self.step):
                 self._evaluate()      # the budget was spent after the last step had ended
-            if self.step > start and self.saved_at != self.step:
+            faults = self.ledger.take_counts()
+            if self.ledger.sampling.unlogged or any(faults.values()):   # after the last row
+                log.amend(self.step, self._counts(amend=True), faults)
+            if self._position() != self.saved:
                 self.checkpoint()
         finally:
             log.close()
+        ended = self.end_line()
+        print(ended, flush=True)
         return {"steps": self.step, "seconds": time.perf_counter() - t_start,
-                "dropped": len(self.dropped)}
+                "dropped": len(self.dropped), "ended": ended}
+
+    def end_line(self) -> str:
+        """Why the run ended, in one line (module docstring)."""
+        s, left = self.ledger.sampling, self.ledger.buffered
+        if s.budget and self.ledger.spent():
+            return (f"run ended: episode budget spent ({s.totals['episodes']} of run.episodes="
+                    f"{s.budget} consumed) at step {self.step}"
+                    + (f"; {left} accepted group(s), fewer than run.batch_size="
+                       f"{self.ledger.batch}, never trained" if left else ""))
+        return (f"run ended: step limit reached ({self.step} of {self.total_steps} steps "
+                f"trained; {s.totals['episodes']} episodes consumed)")
+
+    def _counts(self, amend: bool = False) -> dict[str, float]:
+        """A row's cumulative drop counts and dynamic sampling figures (``amend``: the last
+        row's again, its window extended to now; the fault counts are the caller's)."""
+        return {"groups_dropped": float(len(self.dropped)),
+                "groups_released": float(self.ledger.released),
+                **({} if amend else self.ledger.take_counts()),
+                **self.ledger.sampling.step_metrics(amend=amend)}
 
     def _apply_control(self) -> None:
         """Apply ``RUN_DIR/control.json`` changes (``envsched scale``); a bad value is logged."""
@@ -325,9 +365,6 @@ class Controller:
         record.update({"time_learner_s": t1 - pending.t0, "time_sync_s": t2 - t1,
                        "time_rollout_wait_s": self.timer["rollout_wait"],
                        "time_scheduler_s": self.timer["scheduler"],
-                       "groups_dropped": float(len(self.dropped)),
-                       "groups_released": float(self.ledger.released),
-                       **self.ledger.take_counts(), **self.ledger.sampling.step_metrics(),
                        "inflight": float(len(self.ledger.flights))})
         self.timer = dict.fromkeys(self.timer, 0.0)
         return record
@@ -345,7 +382,7 @@ class Controller:
         warn_changed_sets(state.get("eval_sets"), self.eval_sets)
 
     def checkpoint(self) -> Path:
-        self.saved_at = self.step
+        self.saved = self._position()
         return save_checkpoint(self.run_dir, self.step, self.state_dict(),
                                self.roles.scheduler_state(), self.roles.save_learner,
                                keep=self.cfg.controller.keep_checkpoints)
@@ -354,6 +391,7 @@ class Controller:
         """Continue from ``ckpt``: the steps logged after it are cut from metrics/eval logs (they
         are trained again, so they would otherwise be logged twice)."""
         self.load_state_dict(ckpt.controller)
+        self.saved = self._position()
         for name, n in truncate_logs(self.run_dir, self.step).items():
             print(f"[envsched] resume: {n} row(s) after step {self.step} dropped from {name}",
                   flush=True)

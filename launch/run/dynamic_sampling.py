@@ -28,7 +28,13 @@ the scheduler (the simulator's ``dapo+NAME``, ``scheduling/baselines/dapo.py``, 
   ``episodes_consumed`` (cumulative: the budget ``run.episodes`` and ``envsched compare`` count),
   ``episodes_step`` (since the previous row), ``generated_zero_var_share`` (zero-variance share of
   the valid training groups back since the previous row), and the cumulative
-  ``groups_discarded_zero_var``, ``groups_surplus``, ``groups_filled_zero_var``.
+  ``groups_discarded_zero_var``, ``groups_surplus``, ``groups_filled_zero_var``. Groups can come
+  back after a run's last row (the budget ends a run only once nothing runs, and discarded groups
+  train no step): ``unlogged`` says so, and ``step_metrics(amend=True)`` gives the last row's
+  figures again over its window extended to now, for the controller to rewrite that row (decision:
+  the last row is amended, not a row added: ``metrics.jsonl`` keeps one row per learner step).
+  The start of the last row's window is in the state (``row_start``), so a resumed run amends
+  the row of its checkpoint's step alike (a checkpoint from before it counts from itself).
 - The episode budget (``run.episodes`` = ``budget``, 0 = none): a training group is issued only
   while the episodes consumed plus K for each group running stay within it (``issuable``), so a
   run consumes at most ``budget`` episodes whatever it drops; it ends once nothing runs and fewer
@@ -70,16 +76,19 @@ class DynamicSampling:
     totals: dict[str, int] = field(default_factory=lambda: dict.fromkeys(_TOTALS, 0))
     since_batch: int = 0            # zero-variance groups discarded since the last batch taken
     _last: dict[str, int] = field(default_factory=dict)   # totals at the previous row
+    _row_start: dict[str, int] = field(default_factory=dict)   # ... where that row began
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_draws, int) or self.max_draws < 1:
             raise ValueError(f"dynamic sampling max_draws must be an int >= 1, got "
                              f"{self.max_draws!r}")
-        if not self.over_issue >= 1.0:
-            raise ValueError(f"dynamic sampling over_issue must be >= 1, got {self.over_issue!r}")
+        if not 1.0 <= self.over_issue < math.inf:
+            raise ValueError(f"dynamic sampling over_issue must be a finite number >= 1, got "
+                             f"{self.over_issue!r}")
         if not self.enabled:
             self.over_issue = 1.0
         self._last = dict(self.totals)
+        self._row_start = dict(self.totals)
 
     @property
     def over_issuing(self) -> bool:
@@ -124,9 +133,16 @@ class DynamicSampling:
     def batch_taken(self) -> None:
         self.since_batch = 0
 
-    def step_metrics(self) -> dict[str, float]:
-        """The row's figures (module docstring); the next row counts from here."""
-        t, last = self.totals, self._last
+    @property
+    def unlogged(self) -> bool:
+        """Training groups came back since the previous row's figures were taken."""
+        return self.totals != self._last
+
+    def step_metrics(self, amend: bool = False) -> dict[str, float]:
+        """The row's figures (module docstring); the next row counts from here. ``amend``: the
+        previous row's figures again, its window extended to now (groups back after it)."""
+        t = self.totals
+        last = self._row_start if amend else self._last
         groups = t["groups"] - last.get("groups", 0)
         out = {"episodes_consumed": float(t["episodes"]),
                "episodes_step": float(t["episodes"] - last.get("episodes", 0)),
@@ -135,13 +151,18 @@ class DynamicSampling:
                "groups_discarded_zero_var": float(t["discarded"]),
                "groups_surplus": float(t["surplus"]),
                "groups_filled_zero_var": float(t["filled"])}
+        if not amend:
+            self._row_start = self._last
         self._last = dict(t)
         return out
 
     def state_dict(self) -> dict[str, Any]:
-        return {"totals": dict(self.totals), "since_batch": self.since_batch}
+        return {"totals": dict(self.totals), "since_batch": self.since_batch,
+                "row_start": dict(self._row_start)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.totals = {k: int(state["totals"].get(k, 0)) for k in _TOTALS}
         self.since_batch = int(state["since_batch"])
         self._last = dict(self.totals)
+        start = state.get("row_start") or self.totals   # older checkpoints: from themselves
+        self._row_start = {k: int(start.get(k, 0)) for k in _TOTALS}

@@ -19,12 +19,14 @@ issue is silent):
 Timings and idle shares are filled in by the controller and ``Occupancy``.
 
 May import: numpy, scheduling.base (the phases, PRED_VAR), scheduling.variance (Eq. 2), the standard
-library, tqdm and launch.loggers (its backends).
+library, tqdm, launch.loggers (its backends) and launch.run_files (its readers).
 """
 
 from __future__ import annotations
 
+import json
 import math
+import os
 import time
 from pathlib import Path
 from typing import Any, Iterable, Optional, Sequence
@@ -33,8 +35,8 @@ import numpy as np
 from tqdm import tqdm
 
 from envs import strict_json
-from envs.untrusted import json_lines
 from launch.loggers import LoggingConfig, make_backends
+from launch.run_files import FIX, read_jsonl as _read_jsonl
 from scheduling.base import PHASES, PRED_VAR
 from scheduling.variance import group_variance  # re-exported: Eq. 2 has one definition
 
@@ -138,6 +140,31 @@ class MetricsLogger:
                   f"{row.get('reward_var_mean') or 0:.4f}, {row.get('time_step_s') or 0:.0f} s",
                   flush=True)
 
+    def amend(self, step: int, values: dict[str, Any], added: dict[str, float]) -> bool:
+        """Rewrite the last row of ``metrics.jsonl``, the row of ``step``: ``values`` set,
+        ``added`` added to what the row holds (training groups back after a run's last row,
+        ``launch.run.controller.Controller.run``); the backends get its new numbers at ``step``
+        again. False, nothing written, when the last row is not ``step``'s (none yet). Rewritten
+        through a temporary file, so a crash here loses nothing."""
+        lines = self.path.read_text().splitlines() if self.path.is_file() else []
+        while lines and not lines[-1].strip():
+            lines.pop()
+        try:
+            row = json.loads(lines[-1]) if lines else None
+        except json.JSONDecodeError:
+            return False
+        if not isinstance(row, dict) or row.get("step") != step:
+            return False
+        new = {k: _jsonable(v) for k, v in values.items()}
+        new.update({k: (row.get(k) or 0.0) + v for k, v in added.items()})
+        row.update(new)
+        lines[-1] = strict_json.dumps(row, sort_keys=True)
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        tmp.write_text("".join(line + "\n" for line in lines))
+        os.replace(tmp, self.path)
+        self.log_backends(step, new)
+        return True
+
     def log_backends(self, step: int, record: dict[str, Any]) -> None:
         """The numeric fields of ``record`` to the backends alone, not to ``metrics.jsonl`` (one
         row per learner step): the step-0 evaluation, before any learner step."""
@@ -153,22 +180,22 @@ class MetricsLogger:
             self._bar.close()
 
 
-def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
+STEP_ROW = {"step": "int"}   # what a metrics.jsonl or eval.jsonl row must hold
+
+
+def read_metrics(run_dir: Path, fix: str = FIX) -> list[dict[str, Any]]:
     path = Path(run_dir) / "metrics.jsonl"
     if not path.is_file():
         raise FileNotFoundError(f"{path} does not exist: is {run_dir} a run directory?")
-    return read_jsonl(path)
+    return read_jsonl(path, STEP_ROW, fix)
 
 
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """One JSON object per non-empty line; a bad line (not JSON, too deep or long, not UTF-8,
-    not an object) is a ValueError naming file and line: a run folder is untrusted input."""
-    rows = []
-    for n, value in json_lines(path):   # UntrustedFileError is a ValueError
-        if not isinstance(value, dict):
-            raise ValueError(f"{path}:{n}: not a JSON object")
-        rows.append(value)
-    return rows
+def read_jsonl(path: Path, need: Optional[dict[str, str]] = None, fix: str = FIX
+               ) -> list[dict[str, Any]]:
+    """One JSON object per non-empty line (with the fields ``need`` names); a bad line (not
+    JSON, too deep or long, not UTF-8, NaN, not an object) is a ``launch.run_files.RunFileError``
+    (a UserError and a ValueError) naming file and line: a run folder is untrusted input."""
+    return _read_jsonl(path, fix, need)
 
 
 def _number(v: Any) -> bool:

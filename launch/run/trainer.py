@@ -16,8 +16,10 @@
    state (``launch.run.recovery``, up to ``controller.learner_restarts`` times);
 5. the trained policy is exported in Hugging Face format to ``RUN_DIR/policy`` (loadable by
    ``--model`` of ``envsched rollout`` or as ``policy.path`` of another run);
-6. ``summary.json`` (result, reward trend from ``launch.run.metrics.summarize``, wall time per
-   phase: pool, sft, startup, train), ``filter_log.jsonl``, ``dropped.jsonl`` and
+6. ``summary.json`` (result, with ``ended``: the controller's line saying why the run ended;
+   reward trend from ``launch.run.metrics.summarize``, none for a run that trained no step, as
+   one whose episode budget went to discarded groups; wall time per phase: pool, sft, startup,
+   train; ``run_summary``), ``filter_log.jsonl``, ``dropped.jsonl`` and
    ``unfinished.jsonl`` (groups in flight when the run stopped) are written (the last two also
    when the run fails); roles and an embedded Ray are shut down, also on errors. A run that
    stops on a fault (``launch.errors.RunStopped``: a learner that cannot be rebuilt, a full disk)
@@ -75,6 +77,13 @@ def prepare_policy(cfg: TrainConfig, pool_dir: Path, run_dir: Path) -> str:
 
 def _write_jsonl(path: Path, rows: list) -> None:
     path.write_text("".join(strict_json.dumps(r, sort_keys=True, default=str) + "\n" for r in rows))
+
+
+def run_summary(run_dir: Path, result: dict[str, Any]) -> dict[str, Any]:
+    """The controller's ``result`` and the run's trend (``summarize``); a run that trained no
+    step has no ``metrics.jsonl``, and no trend."""
+    rows = read_metrics(run_dir) if (Path(run_dir) / "metrics.jsonl").is_file() else []
+    return {**result, **summarize(rows, read_eval(run_dir))}
 
 
 def train(cfg: TrainConfig, run_dir: Path, address: Optional[str] = None, resume: bool = False,
@@ -139,8 +148,7 @@ def train(cfg: TrainConfig, run_dir: Path, address: Optional[str] = None, resume
             roles.shutdown()
         if info["embedded"]:
             shutdown(info)
-    summary = {**result, **summarize(read_metrics(run_dir), read_eval(run_dir)),
-               "run_dir": str(run_dir), "policy": policy_dir,
+    summary = {**run_summary(run_dir, result), "run_dir": str(run_dir), "policy": policy_dir,
                "pool": str(pool_dir), "model": model_path, "ray": info["address"],
                "total_seconds": round(time.perf_counter() - t0, 1),
                # wall time per phase (a reused pool / sft directory counts ~0 s)

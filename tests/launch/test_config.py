@@ -172,3 +172,36 @@ def test_the_scheduler_selects_run_batch_size_tasks(tmp_path):
     assert len(build_scheduler(cfg, pool).select(0)) == 3
     with pytest.raises(ConfigError, match="run.batch_size"):
         load_config(None, ["scheduler.params.batch_size=16"])
+
+
+@pytest.mark.parametrize("override, key, allowed", [
+    ("controller.over_issue=.inf", "controller.over_issue", "a finite number >= 1"),
+    ("controller.over_issue=.nan", "controller.over_issue", "a finite number >= 1"),
+    ("controller.call_timeout_s=.inf", "controller.call_timeout_s", "a finite number > 0"),
+    ("cluster.rollout.num_cpus=.inf", "cluster.rollout.num_cpus", "a finite number >= 0")])
+def test_an_infinite_number_is_refused_in_one_line_naming_the_key_and_the_range(override, key,
+                                                                              allowed):
+    """Issue 50: ``controller.over_issue=.inf`` was accepted, then the run failed with an
+    OverflowError (ceil of inf); an infinite timeout overflows Ray's, an infinite CPU count its
+    resources."""
+    with pytest.raises(ConfigError) as e:
+        load_config(None, [override])
+    line = str(e.value)
+    assert "\n" not in line and f"bad value for '{key}'" in line
+    assert f"Input should be {allowed} (fix: set {key} to {allowed} or remove it)" in line
+
+
+def test_an_episode_budget_below_one_step_is_refused_with_the_minimum():
+    """Issue 50: ``run.episodes=1`` was accepted, then the run ended before any step and failed
+    with a FileNotFoundError (no metrics.jsonl). One step takes run.batch_size x rollout.k."""
+    over = ["run.batch_size=3", "rollout.k=2"]
+    for budget in (1, 5):
+        with pytest.raises(ConfigError) as e:
+            load_config(None, [*over, f"run.episodes={budget}"])
+        assert "\n" not in str(e.value)
+        assert (f"run.episodes={budget} is less than one learner step's episodes, "
+                f"run.batch_size x rollout.k = 3 x 2 = 6" in str(e.value))
+        assert "fix: set run.episodes to 0 (no budget: run.steps alone) or to at least 6" \
+            in str(e.value)
+    for budget in (0, 6, 7):
+        assert load_config(None, [*over, f"run.episodes={budget}"]).run.episodes == budget

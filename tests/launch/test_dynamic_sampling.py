@@ -142,3 +142,130 @@ def test_predicted_variance_is_recorded_every_step_it_is_predicted(small_pool, t
     panel = panel_points(tmp_path)["scheduler.png"]["variance: predicted vs realised"]
     assert [s for s, _ in panel["pred_var_mean"]] == list(range(first, 4))
     assert [s for s, _ in panel["pred_var_realised_mean"]] == list(range(first, 4))
+
+
+def test_groups_consumed_after_the_last_step_are_in_the_last_row_and_the_checkpoint(
+        small_pool, tmp_path, capsys):
+    """Issue 50: the budget of 30 groups (60 episodes, K 2) buys 9 informative groups (3 steps)
+    and 21 zero-variance ones, most of them discarded after step 3 was logged and checkpointed
+    (``checkpoint_every: 1``). Every one of them is in the last row and the final checkpoint,
+    and the run says why it ended, in one line, printed and in its result (summary.json)."""
+    from launch.compare import _consumed
+    from launch.compare_budget import _episodes_by_step
+    from launch.run.checkpoint import find_checkpoint, load_checkpoint
+    from launch.run.trainer import run_summary
+
+    cfg = _cfg(small_pool, run__steps=10, run__episodes=60, controller__dynamic_sampling=True,
+               controller__over_issue=1.0, controller__max_draws=30,
+               controller__checkpoint_every=1)
+    roles = RewardRoles(cfg, small_pool, tmp_path, informative=lambda t: t.id < 9)
+    ctl = Controller(cfg, roles, tmp_path)
+    out = ctl.run()
+    assert out["steps"] == 3
+    totals = ctl.ledger.sampling.totals
+    assert roles.episodes == 60 == 2 * (9 + totals["discarded"]) and totals["discarded"] == 21
+    rows = read_metrics(tmp_path)
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert rows[-1]["episodes_consumed"] == 60 and rows[-1]["groups_discarded_zero_var"] == 21
+    assert sum(r["episodes_step"] for r in rows) == 60
+    ckpt = load_checkpoint(find_checkpoint(tmp_path))
+    assert ckpt.step == 3 and ckpt.controller["sampling"]["totals"]["episodes"] == 60
+    assert ckpt.controller["sampling"]["totals"]["discarded"] == 21
+    line = "run ended: episode budget spent (60 of run.episodes=60 consumed) at step 3"
+    assert out["ended"] == line and run_summary(tmp_path, out)["ended"] == line
+    assert capsys.readouterr().out.splitlines()[-1] == line
+    # compare's readers see the whole budget
+    assert _consumed(rows, 2)["rollouts"] == 60 and _episodes_by_step(tmp_path, 2)[3] == 60
+    # resumed from that checkpoint: nothing left to consume, the row and the count stay
+    resumed = Controller(cfg, RewardRoles(cfg, small_pool, tmp_path), tmp_path)
+    resumed.restore(ckpt)
+    again = resumed.run()
+    assert again["steps"] == 3 and again["ended"] == line
+    assert read_metrics(tmp_path) == rows
+    assert load_checkpoint(find_checkpoint(tmp_path)).controller == ckpt.controller
+
+
+def test_a_budget_spent_on_discarded_groups_ends_without_a_step_and_is_counted(small_pool,
+                                                                               tmp_path):
+    """Every group has zero variance and the budget (one batch, 6 episodes) runs out before
+    ``max_draws`` lets them fill a batch: no step trains. The run still ends normally: the
+    line says so, its summary has no trend (no metrics.jsonl; it was a FileNotFoundError), and
+    a checkpoint at step 0 holds the episodes, so a resumed run does not spend them again."""
+    from launch.run.checkpoint import find_checkpoint, load_checkpoint
+    from launch.run.trainer import run_summary
+
+    cfg = _cfg(small_pool, run__steps=4, run__episodes=6, controller__dynamic_sampling=True,
+               controller__max_draws=30)
+    ctl = Controller(cfg, RewardRoles(cfg, small_pool, tmp_path), tmp_path)
+    out = ctl.run()
+    line = "run ended: episode budget spent (6 of run.episodes=6 consumed) at step 0"
+    assert out["steps"] == 0 and out["ended"] == line
+    assert ctl.ledger.sampling.totals["discarded"] == 3
+    assert not (tmp_path / "metrics.jsonl").exists()
+    summary = run_summary(tmp_path, out)
+    assert summary["ended"] == line and "reward_slope" not in summary
+    ckpt = load_checkpoint(find_checkpoint(tmp_path))
+    assert ckpt.step == 0 and ckpt.controller["sampling"]["totals"]["episodes"] == 6
+    resumed = Controller(cfg, RewardRoles(cfg, small_pool, tmp_path), tmp_path)
+    resumed.restore(ckpt)
+    assert resumed.run()["ended"] == line and resumed.ledger.selections == ctl.ledger.selections
+
+
+def test_groups_collected_during_the_last_evaluation_are_in_the_last_row(small_pool, tmp_path):
+    """The last step's evaluation collects the training groups still in flight (max_staleness 1
+    admits the next step's; here a group comes back at the second wait after it went out): they
+    are counted in that step's row, as in the checkpoint."""
+    from launch.run.checkpoint import find_checkpoint, load_checkpoint
+    from launch.run.evaluation import eval_tasks
+
+    class LateRoles(RewardRoles):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.seen = set()
+
+        def wait(self, handles, timeout):
+            ready = [h for h in handles if h in self.seen]
+            self.seen.update(handles)
+            return super().wait(ready, timeout)
+
+    cfg = _cfg(small_pool, run__steps=2, controller__max_staleness=1, eval__enabled=True,
+               eval__tasks=2, eval__k=2)
+    roles = LateRoles(cfg, small_pool, tmp_path, informative=lambda t: True)
+    ctl = Controller(cfg, roles, tmp_path, eval_task_ids=eval_tasks(small_pool, cfg.eval))
+    out = ctl.run()
+    episodes = ctl.ledger.sampling.totals["episodes"]
+    assert episodes == roles.episodes > 2 * 2 * 3 and ctl.ledger.buffered > 0
+    assert read_metrics(tmp_path)[-1]["episodes_consumed"] == episodes
+    ckpt = load_checkpoint(find_checkpoint(tmp_path))
+    assert ckpt.step == 2 and ckpt.controller["sampling"]["totals"]["episodes"] == episodes
+    assert out["ended"] == (f"run ended: step limit reached (2 of 2 steps trained; {episodes} "
+                            f"episodes consumed)")
+
+
+def test_the_last_row_is_amended_over_its_whole_window_also_after_a_resume():
+    """``step_metrics(amend=True)``: the previous row's figures again, its window extended to
+    the groups back since; the window's start survives a checkpoint."""
+    from envs.trajectory import Group, Trajectory
+    from launch.run.dynamic_sampling import DynamicSampling
+
+    def group(mixed):
+        return Group("t", 0, [Trajectory("t", float(i % 2) if mixed else 1.0) for i in range(2)])
+
+    ds = DynamicSampling(3, enabled=True, max_draws=10, k=2)
+    for mixed in (True, False):           # row 1: two groups, one zero-variance
+        ds.count(group(mixed)), ds.wanted(group(mixed))
+    assert ds.step_metrics()["episodes_consumed"] == 4 and not ds.unlogged
+    for mixed in (True, True, False):     # row 2: three groups, one zero-variance
+        ds.count(group(mixed)), ds.wanted(group(mixed))
+    row2 = ds.step_metrics()
+    assert (row2["episodes_step"], row2["generated_zero_var_share"]) == (6, pytest.approx(1 / 3))
+    state = ds.state_dict()
+    for d in (ds, DynamicSampling(3, enabled=True, max_draws=10, k=2)):
+        d.load_state_dict(state)
+        for _ in range(3):                # after the last row: three zero-variance groups
+            d.count(group(False)), d.wanted(group(False))
+        assert d.unlogged
+        amended = d.step_metrics(amend=True)
+        assert amended["episodes_consumed"] == 16 and amended["episodes_step"] == 12
+        assert amended["generated_zero_var_share"] == pytest.approx(4 / 6)
+        assert amended["groups_discarded_zero_var"] == 5 and not d.unlogged
