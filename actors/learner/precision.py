@@ -58,7 +58,7 @@ May import: the standard library; deepspeed inside ``fp32_masters``.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Iterator, Optional, Union
+from typing import Any, Iterator, Optional, Protocol, Union
 
 CPU_BF16_FLAGS = ("amx_bf16", "avx512_bf16")   # either gives native bf16 dot products
 CPUINFO = Path("/proc/cpuinfo")                 # read at call time: tests point it elsewhere
@@ -124,7 +124,15 @@ def resolve_dtype(dtype: Optional[str], cuda: bool, zero_stage: int = 2,
     return "bfloat16", f"this CPU has {flag}"
 
 
-def dtype_choice(cfg: Any, cpuinfo: CpuInfo = None) -> str:
+class LearnerPrecision(Protocol):
+    """The fields of ``actors.learner.config.LearnerConfig`` that decide its precision (that
+    module imports this one, so the type is named by its shape)."""
+    dtype: str
+    num_gpus_per_rank: float
+    zero_stage: int
+
+
+def dtype_choice(cfg: "LearnerPrecision", cpuinfo: CpuInfo = None) -> str:
     """What the learner ``cfg`` (a ``LearnerConfig``) trains in as this machine resolves it, for
     the driver's start line: 'auto -> fp32 (this CPU has neither amx_bf16 nor avx512_bf16)'. GPU
     ranks are taken to support bf16 here (the driver need not see their GPUs); each rank checks
@@ -139,7 +147,7 @@ def dtype_choice(cfg: Any, cpuinfo: CpuInfo = None) -> str:
     return f"{head}{NAMES[name]} ({why})"
 
 
-def precision_refusal(cfg: Any, cpuinfo: CpuInfo = None, cuda: Optional[bool] = None,
+def precision_refusal(cfg: "LearnerPrecision", cpuinfo: CpuInfo = None, cuda: Optional[bool] = None,
                       cuda_bf16: bool = True, expected: Optional[str] = None) -> Optional[str]:
     """Why the learner ``cfg`` (a ``LearnerConfig``) cannot train on this rank, in one line, or
     None. ``cuda``: the rank has its GPU (default: ``cfg`` asks for one); ``cuda_bf16``: that GPU
