@@ -225,7 +225,9 @@ class AgentLoop:
         cfg = self.config
         params = tool_parameters(agent_tools(env, task, callable_only=True))
         user_turns = cfg.max_user_turns if ep.conversation is not None else 0
-        for turn in range(cfg.max_turns + user_turns + 1):
+        cap = self._turn_cap(ep)
+        model_turns = cfg.max_turns if cap is None else (cap + 1) * (user_turns + 1)
+        for turn in range(model_turns + user_turns + 1):
             if ep.session is None and ep.opening.done():
                 await self._sandbox(ep)   # a failed open ends the episode before more turns
             room = cfg.max_tokens_per_sequence - len(ep.token_ids)
@@ -278,7 +280,7 @@ class AgentLoop:
         if parsed.kind == "final":
             ep.final_reply = parsed.content
             return None if ep.conversation is None else await self._to_user(ep, parsed.content)
-        if ep.turns >= cfg.max_turns:
+        if ep.turns >= cfg.max_turns and self._turn_cap(ep) is None:
             ep.status = "truncated"
             return None
         ep.turns += 1
@@ -306,11 +308,19 @@ class AgentLoop:
         return step.observation
 
     @staticmethod
-    def _step_cap(ep: _Episode) -> bool:
+    def _turn_cap(ep: _Episode) -> Optional[int]:
+        """The task's per-user-turn bound on model turns (``UserSpec.max_steps_per_turn``), or
+        None. Where a task sets one it is the episode's only bound on model turns, as in BFCL
+        (20 steps per user turn, no total): ``rollout.max_turns`` would end a valid 53-call
+        answer of a 4-turn conversation at 40 calls. The token limits still apply."""
+        conv = ep.conversation
+        return conv.spec.max_steps_per_turn if conv is not None else None
+
+    @classmethod
+    def _step_cap(cls, ep: _Episode) -> bool:
         """More model turns since the last user message than ``UserSpec.max_steps_per_turn``
         (BFCL force-quits the whole conversation after the step that passes its cap)."""
-        conv = ep.conversation
-        cap = conv.spec.max_steps_per_turn if conv is not None else None
+        cap = cls._turn_cap(ep)
         return cap is not None and ep.turn_steps > cap
 
     async def _to_user(self, ep: _Episode, reply: str) -> Optional[_UserSays]:

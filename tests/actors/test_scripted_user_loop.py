@@ -86,3 +86,27 @@ def test_hidden_tools_stay_out_of_the_prompt_and_remain_callable(tmp_path, token
     prompt = tokenizer.decode(traj.token_ids[:traj.prompt_len])
     assert '"name": "sort"' not in prompt and '"name": "mkdir"' in prompt
     assert "sort" in [a.tool for a in traj.actions]
+
+
+def test_model_turns_are_bounded_per_user_turn_not_per_episode(pool, tokenizer):
+    """BFCL allows 20 steps per user turn and no total: a valid answer padded to 18 calls in each
+    user turn (more than rollout.max_turns = 40 calls in all) plays to its end and scores 1.0;
+    before, the episode stopped at 40 calls (a valid 53-call multi_turn_base_172 answer scored
+    0.75)."""
+    task = pool.task(TASK)
+    reference = ScriptedEngine.from_pool(tokenizer, pool).scripts[TASK]
+    reply_tool = task.user.reply_tool
+    padded, turn = [], []
+    for call, text in zip(task.reference_solution, reference):
+        if call.name == reply_tool:
+            padded += [render_call("pwd", {})] * (MAXIMUM_STEP_LIMIT - 2 - len(turn)) + turn
+            padded.append(text)
+            turn = []
+        else:
+            turn.append(text)
+    padded += turn
+    calls = sum(1 for c in padded if c.startswith("<tool_call>"))
+    assert calls > RolloutConfig().max_turns and len(task.user.script) >= 3
+    traj = play(pool, ScriptedEngine(tokenizer, {TASK: padded}), tokenizer)
+    assert (traj.status, traj.info["ended_by"], traj.reward) == ("ok", "user", 1.0), traj.info
+    assert len([a for a in traj.actions if a.tool != reply_tool]) == calls
