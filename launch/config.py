@@ -18,10 +18,9 @@ Decision: a value no run can use is refused here (one line: the key, the allowed
 left to fail the run: no number of the sections owned here is infinite or NaN (``over_issue=.inf``
 overflowed), and ``run.episodes`` buys at least one step (``TrainConfig._budget_buys_a_step``).
 
-May import: pydantic, yaml, the standard library, envs.text (strict UTF-8 reading),
-envs.generator.difficulty (the generated pool's difficulty),
-launch.eval_config, the role config modules named above, actors.rollout.engine_args and
-scheduling.registry (no Ray, no torch).
+May import: pydantic, yaml, the standard library, envs.text (strict UTF-8 reading), envs.generator.
+difficulty, launch.eval_config, the role config modules named above, actors.rollout.engine_args
+and scheduling.registry (no Ray, no torch).
 """
 
 from __future__ import annotations
@@ -48,8 +47,8 @@ from launch.eval_config import EvalConfig
 from launch.loggers import LoggingConfig
 
 REPO = Path(__file__).resolve().parents[1]
-# The shipped configs: package data of ``launch`` (``launch/configs`` links to the checkout's
-# ``configs/``; a wheel holds a copy), so a non-editable install finds them too.
+# The shipped configs: package data of ``launch`` (``launch/configs`` links to ``configs/``; a
+# wheel holds a copy), so a non-editable install finds them too.
 PACKAGED_CONFIGS = Path(__file__).resolve().parent / "configs"
 DEFAULT_CONFIG = PACKAGED_CONFIGS / "cpu_demo.yaml"
 
@@ -254,12 +253,11 @@ class TrainConfig(_Section):
                                 self.policy.trust_remote_code)
 
     def engine_kwargs(self) -> dict[str, Any]:
-        """The rollout engine's keyword arguments: ``rollout.engine_kwargs`` with
-        ``trust_remote_code`` following ``policy.trust_remote_code`` and the engine sampling in
-        the learner's dtype (``engine_args.same_dtype_kwargs``)."""
-        learner = self.learner
-        return same_dtype_kwargs(self.policy.engine, self._trusted_kwargs(),
-                                 learner.torch_dtype_name(learner.num_gpus_per_rank > 0))
+        """``rollout.engine_kwargs``, ``trust_remote_code`` following ``policy``, the engine in
+        the learner's dtype with ``rollout.logprobs`` (``engine_args.same_dtype_kwargs``)."""
+        dtype = self.learner.torch_dtype_name(self.learner.num_gpus_per_rank > 0)
+        return same_dtype_kwargs(self.policy.engine, self._trusted_kwargs(), dtype,
+                                 self.rollout.logprobs)
 
     def rollout_settings(self) -> RolloutConfig:
         """The rollout section as the rollout workers get it: ``engine_kwargs()`` resolved."""
@@ -267,8 +265,8 @@ class TrainConfig(_Section):
 
     def learner_settings(self) -> LearnerConfig:
         """The learner section as the learner group gets it: ``trust_remote_code`` from
-        ``policy`` (the one key); ``loss`` scoring with ``rollout``'s temperature / top-k /
-        top-p and sequence limit (``GRPOConfig.follow``); ``total_steps`` (where the cosine
+        ``policy`` (the one key); ``loss`` scoring with ``rollout``'s temperature / top-k / top-p,
+        log-prob mode and sequence limit (``GRPOConfig.follow``); ``total_steps`` (where the cosine
         ends) ``run.steps`` unless set, so the run length has one source. A run no longer than
         its warm-up never reaches the cosine: ``warmup_steps + 1`` keeps the schedule valid
         without changing any step's rate."""
@@ -276,7 +274,8 @@ class TrainConfig(_Section):
         total = (learner.total_steps if "total_steps" in learner.model_fields_set
                  else max(self.run.steps, learner.warmup_steps + 1))
         loss = learner.loss.follow(temperature=r.temperature, top_k=r.top_k, top_p=r.top_p,
-                                   max_sequence_tokens=r.max_tokens_per_sequence)
+                                   max_sequence_tokens=r.max_tokens_per_sequence,
+                                   logprobs=r.logprobs)
         return learner.model_copy(update={"total_steps": total, "loss": loss,
                                           "trust_remote_code": self.policy.trust_remote_code})
 

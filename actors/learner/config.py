@@ -17,8 +17,9 @@ loss is taken over every model token of the whole step (all ranks), not per sequ
 step per learner step (``mini_batches = 1``: the paper's "single-epoch steps" is one pass over the
 batch and does not say into how many updates it is split).
 
-May import: pydantic, the standard library and ``actors.learner.precision`` (standard library
-only: which dtype ``dtype`` resolves to), no torch, so configs load anywhere.
+May import: pydantic, the standard library, ``actors.learner.precision`` (standard library
+only: which dtype ``dtype`` resolves to) and ``actors.rollout.engines.base`` (standard library
+only: ``LogprobMode``), no torch, so configs load anywhere.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from typing import Literal, Optional, get_args
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from actors.learner.precision import CpuInfo, resolve_dtype
+from actors.rollout.engines.base import LogprobMode
 
 
 def ds_accelerator(num_gpus: float) -> str:
@@ -85,6 +87,9 @@ class GRPOConfig(BaseModel):
         "(TrainConfig.learner_settings; 0: greedy, scored at 1)"))
     top_k: int = Field(0, ge=-1, description="the sampler's top-k (rollout.top_k; <= 0: none)")
     top_p: float = Field(1.0, gt=0, le=1, description="the sampler's top-p (rollout.top_p)")
+    logprobs: LogprobMode = Field("raw", description=(
+        "the distribution scored (rollout.logprobs): 'raw' ignores temperature / top_k / top_p "
+        "(the paper's); 'sampled' applies them, as the rollout sampled"))
     loss_agg: Literal["token_mean", "seq_mean"] = "token_mean"
     eps: float = Field(1e-6, gt=0)
 

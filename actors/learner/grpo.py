@@ -101,15 +101,20 @@ KL_MAX = 10.0          # the k3 term's ceiling (verl's low_var_kl clamp)
 
 
 def target_logprobs(logits: torch.Tensor, targets: torch.Tensor, scoring=None) -> torch.Tensor:
-    """log p(target) under the sampler's distribution: logits [..., V], targets [...] -> fp32.
+    """log p(target) under the distribution the engine reported: logits [..., V], targets [...]
+    -> fp32.
 
-    ``scoring`` (anything with ``temperature``, ``top_k``, ``top_p``: ``GRPOConfig``, the engines'
-    ``SamplingParams``) is the distribution the rollout sampled from: logits / T, then the top-k
+    ``scoring`` (anything with ``temperature``, ``top_k``, ``top_p`` and ``logprobs``:
+    ``GRPOConfig``, the engines' ``SamplingParams``) with ``logprobs == "raw"`` (the default):
+    the raw log-softmax, whatever the sampler's settings. With ``"sampled"``, the distribution
+    the rollout sampled from: logits / T, then the top-k
     and top-p truncation renormalised over the tokens it keeps, the set chosen by the HF engine's
     own warper (``hf_batch._warp``, vLLM's rule) on these logits; a target outside it scores
     -inf. ``None``, T = 0 (greedy) or T = 1 without truncation: the raw log-softmax. Gradients
     flow through the logits; the kept set is a choice, not differentiated."""
     z = logits.float()
+    if scoring is not None and getattr(scoring, "logprobs", "raw") == "raw":
+        scoring = None   # the model's own distribution (rollout.logprobs: raw)
     t = 1.0 if scoring is None or scoring.temperature <= 0 else float(scoring.temperature)
     k, p = (0, 1.0) if scoring is None or scoring.temperature <= 0 else (scoring.top_k,
                                                                            scoring.top_p)

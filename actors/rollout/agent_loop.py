@@ -237,7 +237,7 @@ class AgentLoop:
             budget = min(cfg.max_tokens_per_turn, room)
             sampling = SamplingParams(max_tokens=budget, temperature=cfg.temperature,
                                       top_p=cfg.top_p, top_k=cfg.top_k, seed=turn_seed(seed, turn),
-                                      stop_token_ids=self.stop_ids)
+                                      stop_token_ids=self.stop_ids, logprobs=cfg.logprobs)
             asked_at = self.engine.version   # for an engine whose Generation has no version
             t0 = time.perf_counter()
             async with self.busy.running():

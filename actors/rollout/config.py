@@ -22,7 +22,8 @@ Decisions where the paper is silent (each field's description says what it does)
 - ``partial_rollouts`` (default false): whether a new policy version may enter an episode between
   turns (``actors.rollout.partial``).
 
-May import: pydantic and the standard library only.
+May import: pydantic, the standard library and ``actors.rollout.engines.base`` (standard library
+only: ``LogprobMode``).
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ from __future__ import annotations
 from typing import Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from actors.rollout.engines.base import LogprobMode
 
 MalformedPolicy = Literal["error_observation", "end_zero"]
 ToolParserName = Literal["auto", "hermes", "llama3_json", "mistral"]
@@ -46,6 +49,11 @@ class RolloutConfig(BaseModel):
     temperature: float = Field(0.99, ge=0.0)
     top_p: float = Field(0.99, gt=0.0, le=1.0)
     top_k: int = Field(100, ge=-1, description="-1 or 0 disables top-k")
+    logprobs: LogprobMode = Field("raw", description=(
+        "which distribution the engine's log-probs and the learner's both score: 'raw', the "
+        "model's own (temperature 1, before top-k/top-p; the paper's GRPO), or 'sampled', the "
+        "one the rollout samples from (temperature, top-k, top-p). 'raw' learns about twice as "
+        "much per step at temperature 0.7 (docs/learner.md, 'Which distribution is scored')"))
     malformed: MalformedPolicy = "error_observation"
     max_malformed_streak: int = Field(0, ge=0, description=(
         "end the episode (truncated, state verified) after this many malformed turns in a row; "

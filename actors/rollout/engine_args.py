@@ -40,8 +40,8 @@ VLLM_KNOWN_KEYS = frozenset({
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)   # vLLM's allowed max_lora_rank
 RESERVED = frozenset({"model", "tokenizer", "worker_extension_cls", "model_path",
                       "logprobs_mode"})
-WHY_RESERVED = {"logprobs_mode": "the learner scores the distribution the engine samples from, "
-                                 "processed_logprobs"}
+WHY_RESERVED = {"logprobs_mode": "it follows rollout.logprobs (raw: raw_logprobs, sampled: "
+                                 "processed_logprobs), which the learner scores too"}
 ENGINES = Path(__file__).resolve().parent / "engines"
 
 
@@ -144,16 +144,22 @@ DTYPE_NAMES = {"bfloat16": "bfloat16", "bf16": "bfloat16", "float32": "float32",
 ENGINE_DEFAULT_DTYPE = {"hf": "float32"}   # what each engine runs in without a dtype key
 
 
-def same_dtype_kwargs(engine: str, kwargs: Mapping[str, Any], learner_dtype: str) -> dict[str, Any]:
+def same_dtype_kwargs(engine: str, kwargs: Mapping[str, Any], learner_dtype: str,
+                      logprobs: str = "raw") -> dict[str, Any]:
     """``kwargs`` with the engine in the learner's dtype ``learner_dtype`` ('bfloat16' or
     'float32', ``LearnerConfig.torch_dtype_name``), so that the log-probs the engine samples with
     are the ones the learner recomputes (docs/learner.md, "Precision"). A missing or ``auto``
     ``dtype`` becomes the learner's (left out where the engine's default already is: the HF
     engine's fp32); another dtype raises ``ValueError`` with the fix. The scripted engine has no
-    weights: unchanged."""
+    weights: unchanged. A vLLM engine also gets ``logprobs``, ``rollout.logprobs`` (vLLM fixes
+    its log-prob mode per engine; the HF engine takes it per request): one set otherwise in
+    ``rollout.engine_kwargs`` raises ``ValueError``."""
     if engine not in ("hf", "vllm"):
         return dict(kwargs)
     out = dict(kwargs)
+    if engine == "vllm" and out.setdefault("logprobs", logprobs) != logprobs:
+        raise ValueError(f"rollout.engine_kwargs.logprobs is {out['logprobs']!r} but "
+                         f"rollout.logprobs is {logprobs!r}; fix: remove it")
     have = out.pop("dtype", "auto")
     if str(have) != "auto":
         if DTYPE_NAMES.get(str(have)) != learner_dtype:

@@ -1,9 +1,9 @@
-"""Both sides of the ratio score the sampling distribution; the overlong filter; seeded shuffling.
+"""Both sides of the ratio score one distribution; the overlong filter; seeded shuffling.
 
-- ``grpo.target_logprobs`` equals the log-softmax of the HF engine's own warper output (the
-  sampler's temperature, top-k and top-p), and the HF engine reports exactly that for each
-  token it samples (before: the raw temperature-1 log-softmax on the engine side and the
-  learner's);
+- ``rollout.logprobs: sampled``: ``grpo.target_logprobs`` equals the log-softmax of the HF
+  engine's own warper output (the sampler's temperature, top-k and top-p), and the HF engine
+  reports exactly that for each token it samples; ``raw`` (the default): both score the raw
+  temperature-1 log-softmax, whatever the sampler's settings;
 - the learner's scored and prefix-shared paths apply the same scoring;
 - ``TrainConfig`` copies ``rollout``'s sampling settings into ``learner.loss`` and refuses a
   different explicit value;
@@ -44,13 +44,17 @@ def test_target_logprobs_are_the_warped_distribution_the_sampler_draws_from(temp
                                                                             top_p):
     gen = torch.Generator().manual_seed(3)
     logits = torch.randn(64, 300, generator=gen) * 3
-    s = SamplingParams(max_tokens=1, temperature=temperature, top_k=top_k, top_p=top_p)
+    s = SamplingParams(max_tokens=1, temperature=temperature, top_k=top_k, top_p=top_p,
+                       logprobs="sampled")
     targets = torch.multinomial(torch.softmax(_warp(logits, s), -1), 1, generator=gen)[:, 0]
     got = grpo.target_logprobs(logits, targets, s)
     assert torch.allclose(got, _reference(logits, targets, s), atol=1e-5)
     # the raw temperature-1 log-softmax (what both sides scored before) is not that distribution
     raw = grpo.target_logprobs(logits, targets, None)
     assert (raw - got).abs().max() > 1e-2
+    # logprobs "raw" (the default) scores exactly that raw distribution, whatever the sampler's
+    raw_mode = SamplingParams(max_tokens=1, temperature=temperature, top_k=top_k, top_p=top_p)
+    assert torch.equal(grpo.target_logprobs(logits, targets, raw_mode), raw)
     # a token the truncation drops scores -inf; gradients flow to the logits and stay finite
     worst = logits.argmin(-1)
     if top_k or top_p < 1:
@@ -64,7 +68,9 @@ def test_greedy_and_untruncated_temperature_one_score_the_raw_distribution():
     logits = torch.randn(5, 40)
     t = torch.arange(5)
     raw = torch.log_softmax(logits, -1)[t, t]
-    for s in (None, GRPOConfig(temperature=0.0), GRPOConfig(temperature=1.0, top_k=0, top_p=1.0)):
+    for s in (None, GRPOConfig(temperature=0.0), GRPOConfig(temperature=1.0, top_k=0, top_p=1.0),
+              GRPOConfig(temperature=0.7, top_k=5, top_p=0.5),   # logprobs: raw (the default)
+              GRPOConfig(temperature=0.0, logprobs="sampled")):
         assert torch.allclose(grpo.target_logprobs(logits, t, s), raw, atol=1e-6)
 
 
@@ -83,16 +89,22 @@ def test_hf_engine_logprobs_equal_the_learners_scoring_of_the_same_tokens():
 
     engine = HFEngine()
     prompt = engine.tokenizer.encode("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
-    for s in (SamplingParams(max_tokens=20, seed=5, stop_token_ids=(10 ** 6,)),
-              SamplingParams(max_tokens=20, seed=6, temperature=0.6, top_k=8, top_p=0.8,
-                             stop_token_ids=(10 ** 6,))):
-        gen = asyncio.run(engine.generate(prompt, s))
-        ids = torch.tensor([prompt + gen.token_ids])
-        with torch.no_grad():
-            logits = engine.model(ids).logits.float()
-        learner = grpo.token_logprobs(logits, ids, GRPOConfig(
-            temperature=s.temperature, top_k=s.top_k, top_p=s.top_p))[0, len(prompt) - 1:]
-        assert torch.allclose(torch.tensor(gen.logprobs), learner, atol=1e-4)
+    for mode in ("sampled", "raw"):
+        for s in (SamplingParams(max_tokens=20, seed=5, stop_token_ids=(10 ** 6,), logprobs=mode),
+                  SamplingParams(max_tokens=20, seed=6, temperature=0.6, top_k=8, top_p=0.8,
+                                 stop_token_ids=(10 ** 6,), logprobs=mode)):
+            gen = asyncio.run(engine.generate(prompt, s))
+            ids = torch.tensor([prompt + gen.token_ids])
+            with torch.no_grad():
+                logits = engine.model(ids).logits.float()
+            learner = grpo.token_logprobs(logits, ids, GRPOConfig(
+                temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, logprobs=mode)
+                                          )[0, len(prompt) - 1:]
+            assert torch.allclose(torch.tensor(gen.logprobs), learner, atol=1e-4)
+            if mode == "raw":
+                raw = torch.log_softmax(logits[0, len(prompt) - 1:-1], -1).gather(
+                    -1, torch.tensor(gen.token_ids)[:, None])[:, 0]
+                assert torch.allclose(torch.tensor(gen.logprobs), raw, atol=1e-4)
     engine.close()
 
 
@@ -104,7 +116,7 @@ def test_learner_forward_paths_apply_the_scoring():
     vocab = model.config.vocab_size
     trajs = group(rng, vocab, 40, 3, "a") + group(rng, vocab, 6, 1, "b")
     batch = pack(trajs, [0.0] * len(trajs))
-    scoring = GRPOConfig(temperature=0.8, top_k=vocab // 2, top_p=0.97)
+    scoring = GRPOConfig(temperature=0.8, top_k=vocab // 2, top_p=0.97, logprobs="sampled")
     on = batch.loss_mask.bool()
     with torch.no_grad():
         full = grpo.token_logprobs(model(input_ids=batch.input_ids,
@@ -124,10 +136,18 @@ def test_learner_forward_paths_apply_the_scoring():
 def test_vllm_logprobs_mode_is_the_engines_own():
     from actors.rollout.engine_args import check_engine_kwargs
 
-    with pytest.raises(ValueError, match="logprobs_mode is set by envsched.*processed_logprobs"):
+    from actors.rollout.engines.vllm_engine import VLLM_LOGPROBS_MODE
+    from launch.config import TrainConfig
+
+    with pytest.raises(ValueError, match="logprobs_mode is set by envsched.*rollout.logprobs"):
         check_engine_kwargs("vllm", {"logprobs_mode": "raw_logprobs"})
     src = (Path(__file__).resolve().parents[2] / "actors/rollout/engines/vllm_engine.py")
-    assert 'logprobs_mode="processed_logprobs"' in src.read_text()   # vllm is not installed here
+    assert "logprobs_mode=VLLM_LOGPROBS_MODE[logprobs]" in src.read_text()   # no vllm here
+    assert VLLM_LOGPROBS_MODE == {"raw": "raw_logprobs", "sampled": "processed_logprobs"}
+    for mode in ("raw", "sampled"):   # a run's vLLM engine reports what its learner scores
+        cfg = TrainConfig.model_validate({"policy": {"engine": "vllm", "path": "m"},
+                                          "rollout": {"logprobs": mode}})
+        assert cfg.engine_kwargs()["logprobs"] == cfg.learner_settings().loss.logprobs == mode
 
 
 def test_run_config_copies_the_sampler_into_the_learner_and_refuses_a_different_one():
@@ -138,6 +158,7 @@ def test_run_config_copies_the_sampler_into_the_learner_and_refuses_a_different_
                                                   "max_tokens_per_sequence": 6000}})
     lc = cfg.learner_settings().loss
     assert (lc.temperature, lc.top_k, lc.top_p, lc.max_sequence_tokens) == (0.7, 20, 0.9, 6000)
+    assert lc.logprobs == "raw" == RolloutConfig().logprobs   # the paper's, by default
     assert cfg.learner.loss == GRPOConfig()           # the section as given
     same = TrainConfig.model_validate({"rollout": {"temperature": 0.7},
                                        "learner": {"loss": {"temperature": 0.7}}})

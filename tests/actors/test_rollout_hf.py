@@ -110,13 +110,15 @@ def reference_generate(model, prompt, sampling, stops):
         max_new_tokens=sampling.max_tokens, do_sample=sample, eos_token_id=list(stops),
         pad_token_id=0, temperature=sampling.temperature if sample else None,
         top_k=sampling.top_k if sample else None, top_p=sampling.top_p if sample else None,
-        output_scores=True, return_dict_in_generate=True)
+        output_scores=True, output_logits=True, return_dict_in_generate=True)
     torch.manual_seed(sampling.seed)
     out = model.generate(torch.tensor([prompt]), generation_config=config,
                          attention_mask=torch.ones(1, len(prompt), dtype=torch.long))
     tokens = out.sequences[0, len(prompt):].tolist()
-    # the warped scores: the distribution each token was drawn from (raw when greedy)
-    scores = torch.stack([step[0] for step in out.scores[:len(tokens)]]).float()
+    # logprobs "sampled": the warped scores, the distribution each token was drawn from (raw when
+    # greedy); "raw": the model's own logits
+    steps = out.scores if sampling.logprobs == "sampled" else out.logits
+    scores = torch.stack([step[0] for step in steps[:len(tokens)]]).float()
     return tokens, torch.log_softmax(scores, -1)[torch.arange(len(tokens)), tokens]
 
 
@@ -133,7 +135,7 @@ def test_batched_requests_give_the_tokens_and_logprobs_of_the_unbatched_path(eng
     requests = [(base + list(range(100, 100 + 7 * i)),
                  SamplingParams(max_tokens=6 + 3 * i, temperature=[0.99, 1.0, 0.7][i % 3],
                                 top_p=[1.0, 0.9][i % 2], top_k=[50, 20, 0][i % 3], seed=11 * i,
-                                stop_token_ids=never))
+                                stop_token_ids=never, logprobs=["raw", "sampled"][i // 4]))
                 for i in range(8)]
     steps, made = engine.stats["steps"], engine._draws.made
     got = asyncio.run(_concurrently(engine, requests))

@@ -104,7 +104,8 @@ def test_validation_leaves_every_section_as_given():
 def test_the_resolved_accessors_give_the_derived_values():
     cfg = build_config(TREE)
     assert cfg.engine_kwargs() == {"gpu_memory_utilization": 0.5, "trust_remote_code": True,
-                                   "dtype": "bfloat16"}       # the GPU learner's dtype
+                                   "dtype": "bfloat16",       # the GPU learner's dtype
+                                   "logprobs": "raw"}         # what the learner scores
     assert cfg.rollout_settings().engine_kwargs == cfg.engine_kwargs()
     learner = cfg.learner_settings()
     assert (learner.total_steps, learner.trust_remote_code) == (30, True)

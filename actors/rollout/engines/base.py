@@ -1,9 +1,12 @@
 """The one engine interface the agent loop and the learner see.
 
 - ``await generate(prompt_token_ids, sampling, task_id=None) -> Generation``: the sampled token
-  ids, each one's log-probability under the distribution it was sampled from
-  (``sampling``'s temperature, then top-k and top-p, renormalised; the raw one when greedy),
-  which the learner scores too (``actors.learner.grpo.target_logprobs``), a finish reason
+  ids, each one's log-probability as ``sampling.logprobs`` says (``LogprobMode``): ``"raw"``
+  (the default, the paper's) under the model's own temperature-1 distribution, before
+  temperature, top-k and top-p (vLLM's ``raw_logprobs``); ``"sampled"`` under the distribution
+  it was sampled from (temperature, then top-k and top-p, renormalised; vLLM's
+  ``processed_logprobs``); the raw one when greedy either way. The learner scores the same
+  distribution (``actors.learner.grpo.target_logprobs``), a finish reason
   (``"stop"``: the end token is the last of ``token_ids``; ``"length"``) and the weights'
   ``version`` (None: read ``engine.version`` before). ``task_id`` is a hint only the scripted
   engine uses.
@@ -24,9 +27,14 @@ from __future__ import annotations
 import abc
 import asyncio
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Literal, Optional, get_args
 
 ENGINES = ("scripted", "hf", "vllm")   # the engine kinds (``registry.make_engine``)
+# Which distribution the engine's log-probs and the learner's score (``rollout.logprobs``): the
+# model's raw one (the paper's GRPO, verl's default before it followed the sampler) or the one the
+# rollout samples from. The one definition; docs/learner.md, "Which distribution is scored".
+LogprobMode = Literal["raw", "sampled"]
+LOGPROB_MODES: tuple[str, ...] = get_args(LogprobMode)
 
 
 class WeightUpdateError(ValueError):
@@ -47,10 +55,14 @@ class SamplingParams:
     top_k: int = 100
     seed: Optional[int] = None
     stop_token_ids: tuple[int, ...] = ()
+    logprobs: str = "raw"   # a LogprobMode: which distribution the reported log-probs are under
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
             raise ValueError(f"SamplingParams.max_tokens must be >= 1, got {self.max_tokens}")
+        if self.logprobs not in LOGPROB_MODES:
+            raise ValueError(f"SamplingParams.logprobs must be one of {LOGPROB_MODES}, got "
+                             f"{self.logprobs!r}")
 
 
 @dataclass

@@ -5,8 +5,9 @@ request by one token per ``[B, 1]`` forward, up to ``max_batch_size`` at once; r
 (prefilled by ``_prefill``, one distinct prompt at a time) and leave between steps without moving
 the rows that stay. Per request: stop ids, token limit, a ``torch.Generator`` seeded by
 ``sampling.seed`` (the same tokens whatever else is in the batch) and temperature / top-k / top-p
-in transformers' order; each token's log-prob is under the distribution it was drawn from
-(temperature, top-k, top-p applied; the raw one for greedy rows), what the learner scores
+in transformers' order; each token's log-prob is under the model's raw distribution
+(``sampling.logprobs == "raw"``, the default) or the one it was drawn from (``"sampled"``:
+temperature, top-k, top-p applied; the raw one for greedy rows), what the learner scores
 (``actors.learner.grpo.target_logprobs``). An LRU of at most ``prefix_cache`` KV caches and
 ``prefix_cache_bytes`` bytes (``HFEngine._store``), never modified in place, resumes a request
 from its longest common prefix with any stored sequence.
@@ -241,17 +242,18 @@ class HFEngine(Engine):
         for i, req in enumerate(reqs):
             s = req.sampling
             if s.temperature > 0:
-                groups.setdefault((s.temperature, s.top_k, s.top_p), []).append(i)
+                groups.setdefault((s.temperature, s.top_k, s.top_p, s.logprobs), []).append(i)
             else:
                 greedy.append(i)
-        scored = torch.empty_like(logits)   # each row's log-probs, as it samples them
+        scored = torch.empty_like(logits)   # each row's log-probs (SamplingParams.logprobs)
         if greedy:
             for i, token in zip(greedy, logits[greedy].argmax(-1).tolist()):
                 tokens[i] = token
             scored[greedy] = torch.log_softmax(logits[greedy], dim=-1)   # the raw distribution
         for rows in groups.values():
             warped = _warp(logits[rows], reqs[rows[0]].sampling)
-            scored[rows] = torch.log_softmax(warped, dim=-1)
+            scored[rows] = torch.log_softmax(
+                warped if reqs[rows[0]].sampling.logprobs == "sampled" else logits[rows], dim=-1)
             probs = torch.softmax(warped, dim=-1)
             # torch.multinomial's own one-sample path (argmax of p / q, q ~ Exp(1) drawn from
             # the row's generator into a tensor like p's row), with the division and argmax

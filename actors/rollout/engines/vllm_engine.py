@@ -2,9 +2,11 @@
 every concurrent episode, the sampled tokens' log-probs, and in-place weight updates.
 
 - ``generate`` submits ``TokensPrompt(prompt_token_ids)`` with ``logprobs=0`` and
-  ``detokenize=False``; prefix caching is on. ``logprobs_mode="processed_logprobs"``: each
-  token's log-prob is under the distribution it was sampled from (temperature, top-k, top-p
-  applied), what the learner scores (``actors.learner.grpo.target_logprobs``).
+  ``detokenize=False``; prefix caching is on. The engine's ``logprobs`` (``rollout.logprobs``)
+  picks vLLM's ``logprobs_mode``: ``"raw"`` -> ``raw_logprobs`` (the model's distribution before
+  temperature, top-k, top-p), ``"sampled"`` -> ``processed_logprobs`` (the distribution sampled
+  from); what the learner scores (``actors.learner.grpo.target_logprobs``). vLLM fixes the mode
+  per engine, so a request asking for the other one is an ``EngineError``.
 - Weights never change under a running generation: an update closes the gate for new requests,
   waits for in-flight ones, loads, resets the prefix cache, publishes the version, reopens. Two
   paths: ``update_weights`` (object store, through ``collective_rpc("load_named_tensors")``) and
@@ -39,6 +41,8 @@ from actors.rollout.engines.base import Engine, EngineError, Generation, Samplin
 from actors.learner.weight_sync import VLLMWorkerExtension, load_into_runner
 
 WORKER_EXTENSION = "actors.rollout.engines.vllm_engine.RolloutWorkerExtension"
+# rollout.logprobs -> vLLM's engine-wide logprobs_mode
+VLLM_LOGPROBS_MODE = {"raw": "raw_logprobs", "sampled": "processed_logprobs"}
 
 
 class RolloutWorkerExtension(VLLMWorkerExtension):
@@ -74,13 +78,17 @@ class VLLMEngine(Engine):
                  max_model_len: int = 32768, tensor_parallel_size: int = 1, dtype: str = "auto",
                  enforce_eager: bool = False, seed: int = 0, update_timeout_s: float = 600.0,
                  enable_prefix_caching: bool = True, trust_remote_code: bool = False,
-                 **engine_args: Any):
+                 logprobs: str = "raw", **engine_args: Any):
         super().__init__()
         from vllm import AsyncEngineArgs  # lazy: vllm is optional (importable without it)
         from vllm.v1.engine.async_llm import AsyncLLM  # lazy: vllm is optional
 
         if not model_path:
             raise ValueError("VLLMEngine needs a model path")
+        if logprobs not in VLLM_LOGPROBS_MODE:
+            raise ValueError(f"VLLMEngine logprobs must be one of {sorted(VLLM_LOGPROBS_MODE)}, "
+                             f"got {logprobs!r}")
+        self.logprobs = logprobs
         trust = remote_code(model_path, trust_remote_code)   # explicit: never asked on stdin
         args = AsyncEngineArgs(model=str(model_path), tokenizer=str(model_path),
                                gpu_memory_utilization=gpu_memory_utilization,
@@ -88,7 +96,7 @@ class VLLMEngine(Engine):
                                tensor_parallel_size=tensor_parallel_size, dtype=dtype,
                                enforce_eager=enforce_eager, seed=seed,
                                enable_prefix_caching=enable_prefix_caching,
-                               trust_remote_code=trust, logprobs_mode="processed_logprobs",
+                               trust_remote_code=trust, logprobs_mode=VLLM_LOGPROBS_MODE[logprobs],
                                worker_extension_cls=WORKER_EXTENSION, **engine_args)
         self.llm = AsyncLLM.from_engine_args(args)
         self.model_path = str(model_path)
@@ -114,6 +122,11 @@ class VLLMEngine(Engine):
         from vllm.inputs import TokensPrompt  # lazy: vllm is optional
 
         self._bind_loop()
+        if sampling.logprobs != self.logprobs:
+            raise EngineError(f"this vLLM engine reports {self.logprobs} log-probs (vLLM fixes "
+                              f"the mode per engine) but the request asks for "
+                              f"{sampling.logprobs}; fix: start the engine with "
+                              f"logprobs={sampling.logprobs!r} (rollout.logprobs)")
         params = VLLMSampling(max_tokens=sampling.max_tokens, temperature=sampling.temperature,
                               top_p=sampling.top_p,
                               top_k=sampling.top_k if sampling.top_k > 0 else -1,
