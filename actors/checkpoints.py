@@ -137,7 +137,7 @@ def safetensors_params(path: Path, max_header: int = 100 * 1024 ** 2) -> Optiona
                 count *= dim
             total += count
         return total
-    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+    except (OSError, ValueError, TypeError, KeyError, AttributeError, RecursionError):
         return None
 
 

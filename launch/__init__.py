@@ -4,7 +4,8 @@
 with its map); ``launch/commands/`` the CLI's lazy command modules; ``launch/bench/`` the
 benchmarks. The rest here is shared by them: ``config``, ``cluster``, ``doctor``, ``preflight``
 (the training commands' checks before anything starts), ``machine`` (the machine line),
-``rollout``, ``sft``, ``compare``.
+``rollout``, ``sft``, ``compare``, ``run_files`` (the one reader of a run folder's files: a
+damaged one is one line naming it).
 
 May import anything in the project; heavy imports stay inside command ``run`` functions. Nothing
 below imports ``launch`` (``actors``, ``envs``, ``sandbox``, ``scheduling``; tests/test_layout.py).

@@ -48,10 +48,14 @@ group-weighted mean and the median of per-step means from ``metrics.jsonl``), ``
 ``rollouts`` (episodes consumed), ``generated_zero_var_share`` (zero-variance share of every group
 generated, dropped ones included: rows weighted by their episodes), the budget figures
 (``launch.compare_budget.budget_summary``: final success, success and reward areas against
-episodes) and ``wall_s``. Across seeds: ``scheduling.simulate.metrics.paired_summary`` (mean,
-95 % Student-t interval, ratio and seed-paired difference to Random).
+episodes), ``wall_s`` and the yield of the rollouts (``launch.compare_groups``). Across seeds:
+``scheduling.simulate.metrics.paired_summary`` (mean, 95 % Student-t interval, ratio and
+seed-paired difference to Random; the yield's per-seed ratio too); ``calibration``: predicted
+against realised group variance, per run and per scheduler (``launch.compare_calibration``).
 
 The report (``report.md``, ``metrics.json``, the curves) is ``launch/compare_report.py``'s.
+Every file of a run folder is read through ``launch.run_files`` (``compare_budget.run_rows`` /
+``run_evals``): a damaged or hostile one stops the comparison in one line naming it.
 
 May import: numpy, yaml, launch.*, envs.*, scheduling.simulate.metrics, scheduling.variance,
 scheduling.registry, the standard library.
@@ -73,17 +77,19 @@ import yaml
 
 from envs import strict_json
 from launch.compare_budget import (budget_curves, budget_summary, episode_budget, eval_points,
-                                   step_cap)
+                                   run_evals, run_rows, step_cap)
+from launch.compare_calibration import calibration_section
+from launch.compare_groups import (YIELD_KEYS, add_paired_ratios, rollout_k, run_groups,
+                                   yield_summary)
 from launch.config import ConfigError, current_names
 from launch.errors import UserError
 from launch.run.checkpoint import has_checkpoint
 from launch.run.child_process import run_owned
 from launch.compare_report import (BUDGET_COLUMNS, COLUMNS, GAINS, REFERENCE,  # noqa: F401
                                    report_md, write_report)
-from launch.run.evaluation import read_eval
-from launch.run.metrics import read_jsonl
 from launch.run.resume import as_current, config_changes
 from launch.run.split import SPLITS
+from launch.run_files import MOVE, read_json, read_yaml
 from scheduling.registry import DAPO_PREFIX
 from scheduling.variance import group_variance
 from scheduling.simulate.metrics import paired_summary
@@ -93,6 +99,7 @@ if TYPE_CHECKING:
 
 METRICS = tuple(k for k, _, _ in COLUMNS) + GAINS + tuple(k for k, _, _ in BUDGET_COLUMNS)
 DS_KEYS = ("dynamic_sampling", "over_issue", "max_draws")   # controller keys dapo+NAME sets
+STORED = {"run": "object", "controller?": "object"}   # what ``_inputs_key`` reads of a config
 
 
 @dataclass(frozen=True)
@@ -172,11 +179,7 @@ def check_same_config(spec: RunSpec, config: dict[str, Any], who: str = "compare
     stored = spec.dir / "compare_config.yaml"
     if not stored.is_file() or not (status(spec) == "finished" or has_checkpoint(spec.dir)):
         return
-    try:
-        old = yaml.safe_load(stored.read_text()) or {}
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
-        raise UserError(f"{who}: {stored} is unreadable ({e}); move the run away or choose "
-                        f"another --out") from None
+    old = read_yaml(stored, MOVE)
     changed = config_changes(_normalised(old), _normalised(yaml.safe_load(yaml.safe_dump(config))))
     if changed:
         raise UserError(
@@ -224,9 +227,9 @@ def _own_step0(spec: RunSpec, key: str) -> Optional[dict[str, Any]]:
     """``spec``'s own step-0 evaluation record (not one it was given), if it has one and was
     trained with the same inputs (``key``)."""
     cfg_path = spec.dir / "compare_config.yaml"
-    if not cfg_path.is_file() or _inputs_key(yaml.safe_load(cfg_path.read_text())) != key:
+    if not cfg_path.is_file() or _inputs_key(read_yaml(cfg_path, MOVE, STORED)) != key:
         return None
-    for row in read_eval(spec.dir):
+    for row in run_evals(spec.dir):
         if row.get("step") == 0 and "shared_from" not in row:
             return row
     return None
@@ -238,7 +241,8 @@ def _share_step0(out: Path, spec: RunSpec, specs: Sequence[RunSpec], config: dic
     the source run's name, or None when no run with the same inputs has evaluated step 0 yet
     (then ``spec`` evaluates it itself). A rerun with other overrides never gets a stale one."""
     key, shared = _inputs_key(config), out / STEP0
-    row = json.loads(shared.read_text()) if shared.is_file() else None
+    row = read_json(shared, f"fix: delete {shared} (the next new run evaluates step 0 again)",
+                    {"inputs": "str", "evaluated_in": "str"}) if shared.is_file() else None
     if row is None or row.get("inputs") != key:
         found = next(((o, r) for o in specs for r in [_own_step0(o, key)] if r is not None), None)
         if found is None:
@@ -308,12 +312,11 @@ def _nan() -> float:
 def run_summary(run_dir: Path, budget: float = float("nan")) -> dict[str, float]:
     """The per-run figures of the module docstring; ``budget``: the comparison's episodes."""
     run_dir = Path(run_dir)
-    rows = [r for r in read_jsonl(run_dir / "metrics.jsonl")] if (
-        run_dir / "metrics.jsonl").is_file() else []
+    rows = run_rows(run_dir)
     g = lambda r, k: r.get(k) if r.get(k) is not None else np.nan  # noqa: E731
-    groups_path = run_dir / "groups.jsonl"
-    if groups_path.is_file():
-        var = np.array([group_variance(r["rewards"]) for r in read_jsonl(groups_path)])
+    trained = run_groups(run_dir).trained
+    if trained is not None:
+        var = np.array([group_variance(r["rewards"]) for r in trained])
         mean_var = float(var.mean()) if var.size else _nan()
         med_var = float(np.median(var)) if var.size else _nan()
     else:
@@ -327,16 +330,17 @@ def run_summary(run_dir: Path, budget: float = float("nan")) -> dict[str, float]
     out = {"mean_reward_variance": mean_var, "median_reward_variance": med_var,
            "zero_var_share": col("zero_var_share"), "envs_per_batch": col("envs_per_batch"),
            "tools_per_batch": col("tools_per_batch"), **_consumed(rows, k)}
+    out.update(yield_summary(trained, out["rollouts"]))
     out.update(budget_summary(eval_points(run_dir, k), budget))
-    evals = read_eval(run_dir)
+    evals = run_evals(run_dir)
     for split in SPLITS:
         key = f"eval_reward_{split}"
         vals = [e.get(key) for e in evals if e.get(key) is not None]
         out[f"eval_{split}"] = float(vals[-1]) if vals else _nan()
         out[f"eval_{split}_gain"] = float(vals[-1] - vals[0]) if len(vals) > 1 else _nan()
     summary = run_dir / "summary.json"
-    out["wall_s"] = (float(json.loads(summary.read_text()).get("total_seconds", _nan()))
-                     if summary.is_file() else _nan())
+    out["wall_s"] = (float(read_json(summary, MOVE, {"total_seconds?": "number"}).get(
+        "total_seconds", _nan())) if summary.is_file() else _nan())
     return out
 
 
@@ -355,10 +359,7 @@ def _consumed(rows: list[dict[str, Any]], k: int) -> dict[str, float]:
 
 
 def _rollout_k(run_dir: Path) -> int:
-    path = run_dir / "config.yaml"
-    if path.is_file():
-        return int((yaml.safe_load(path.read_text()) or {}).get("rollout", {}).get("k", 1))
-    return 1
+    return rollout_k(run_dir) or 1
 
 
 def build_metrics(specs: Sequence[RunSpec], cfg: TrainConfig) -> dict[str, Any]:
@@ -373,12 +374,14 @@ def build_metrics(specs: Sequence[RunSpec], cfg: TrainConfig) -> dict[str, Any]:
         if state == "finished":
             by.setdefault(spec.scheduler, {})[spec.seed] = s
     summary = paired_summary(by, METRICS, REFERENCE) if by else {}
+    add_paired_ratios(summary, by, YIELD_KEYS, REFERENCE)
     order = list(dict.fromkeys(s.scheduler for s in specs))
     return {"settings": {"schedulers": order, "seeds": sorted({s.seed for s in specs}),
                          "episodes": budget, "batch_size": cfg.run.batch_size,
                          "k": cfg.rollout.k, "eval_every": cfg.eval.every},
             "summary": {n: summary[n] for n in order if n in summary},
-            "curves": curves(specs, budget), "runs": runs}
+            "curves": curves(specs, budget), "runs": runs, "calibration": calibration_section(
+                [(s.scheduler, s.name, s.dir) for s in specs if status(s) == "finished"])}
 
 
 def curves(specs: Sequence[RunSpec], budget: float) -> dict[str, dict[str, list]]:

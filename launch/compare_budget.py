@@ -18,7 +18,11 @@ value over the budget; trapezoids between evaluations, the last value held after
 ``budget_curves(per_seed, budget)``: the mean and 95 % Student-t band over seeds on
 ``CURVE_POINTS`` evenly spaced episode counts (each seed interpolated linearly).
 
-May import: numpy, launch.run.metrics, launch.run.evaluation, launch.run.split,
+``run_rows(run_dir)`` / ``run_evals(run_dir)``: a run's metrics and evaluation rows with every
+field a comparison computes with checked to be a number (``launch.run_files``: a damaged line is
+one line naming it, fix: ``MOVE``).
+
+May import: numpy, launch.run.metrics, launch.run.evaluation, launch.run.split, launch.run_files,
 scheduling.simulate.metrics, the standard library.
 """
 
@@ -31,8 +35,9 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 
 from launch.run.evaluation import read_eval
-from launch.run.metrics import read_jsonl
+from launch.run.metrics import STEP_ROW, read_jsonl
 from launch.run.split import SPLITS
+from launch.run_files import MOVE
 from scheduling.simulate.metrics import mean_ci
 
 if TYPE_CHECKING:
@@ -40,6 +45,10 @@ if TYPE_CHECKING:
 
 CURVE_POINTS = 11
 MEASURES = (("reward", "eval_reward_{}"), ("success", "eval_success_{}"))
+ROW_NUMBERS = ("groups", "reward_var_mean", "zero_var_share", "envs_per_batch", "tools_per_batch",
+               "episodes_consumed", "episodes_step", "generated_zero_var_share")
+METRICS_ROW = {**STEP_ROW, **{f"{k}?": "number" for k in ROW_NUMBERS}}
+EVAL_ROW = {f"{p.format(s)}?": "number" for s in SPLITS for _, p in MEASURES}
 
 
 def episode_budget(cfg: TrainConfig) -> int:
@@ -50,10 +59,18 @@ def step_cap(cfg: TrainConfig) -> int:
     return max(1, math.ceil(episode_budget(cfg) / (cfg.run.batch_size * cfg.rollout.k)))
 
 
-def _episodes_by_step(run_dir: Path, k: int) -> dict[int, float]:
+def run_rows(run_dir: Path) -> list[dict[str, Any]]:
     path = Path(run_dir) / "metrics.jsonl"
+    return read_jsonl(path, METRICS_ROW, MOVE) if path.is_file() else []
+
+
+def run_evals(run_dir: Path) -> list[dict[str, Any]]:
+    return read_eval(run_dir, MOVE, EVAL_ROW)
+
+
+def _episodes_by_step(run_dir: Path, k: int) -> dict[int, float]:
     out, total = {0: 0.0}, 0.0
-    for r in read_jsonl(path) if path.is_file() else []:
+    for r in run_rows(run_dir):
         total += (r.get("groups") or 0) * k
         out[int(r["step"])] = float(r["episodes_consumed"]) if r.get(
             "episodes_consumed") is not None else total
@@ -64,7 +81,7 @@ def eval_points(run_dir: Path, k: int) -> list[tuple[float, dict[str, Any]]]:
     """(episodes consumed, evaluation record) of each evaluation, in order (module docstring)."""
     by_step = None
     out = []
-    for e in read_eval(run_dir):
+    for e in run_evals(run_dir):
         x = e.get("episodes")
         if x is None:
             by_step = by_step if by_step is not None else _episodes_by_step(run_dir, k)

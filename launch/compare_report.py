@@ -6,8 +6,12 @@
 measures; a cell is the mean over seeds [95 % interval] (the paired change vs Random [95 %
 interval]). ``BUDGET_COLUMNS`` are against rollouts consumed (``launch/compare_budget.py``): final
 fixed-set success and the areas under success and reward over the episode budget, per split.
+``Yield`` and ``Informative groups / 100 rollouts`` are ``launch.compare_groups``'s (what the
+rollouts consumed bought); the yield's per-seed ratio to Random follows the table, and the
+predicted-against-realised variance table (``launch.compare_calibration.calibration_md``) ends it.
 
-May import: numpy, launch.run.split, the standard library; matplotlib inside ``_plot``.
+May import: numpy, launch.run.split, launch.compare_calibration, the standard library;
+matplotlib inside ``_plot``.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from launch.compare_calibration import calibration_md
 from launch.run.split import SPLITS
 
 REFERENCE = "random"   # the scheduler every other is paired with (launch.compare.build_metrics)
@@ -31,7 +36,9 @@ COLUMNS = (("mean_reward_variance", "Mean reward var.", 5),
            ("eval_heldout_task", "Eval held-out tasks", 3),
            ("eval_heldout_env", "Eval held-out envs", 3),
            ("rollouts", "Episodes consumed", 0),
-           ("generated_zero_var_share", "Zero-var share (generated)", 3), ("wall_s", "Wall s", 0))
+           ("generated_zero_var_share", "Zero-var share (generated)", 3),
+           ("yield", "Yield", 3), ("informative_per_100", "Informative groups / 100 rollouts", 2),
+           ("wall_s", "Wall s", 0))
 GAINS = ("eval_train_gain", "eval_heldout_task_gain", "eval_heldout_env_gain")
 _PARTS = (("train", "train"), ("heldout_task", "held-out tasks"), ("heldout_env", "held-out envs"))
 BUDGET_COLUMNS = tuple((f"{key}_{split}", f"{head} {part}", 3) for split, part in _PARTS
@@ -77,6 +84,12 @@ def report_md(m: dict[str, Any]) -> str:
     for name, row in m["summary"].items():
         lines.append(f"| {name} | {row['seeds']} | "
                      + cells(name, row, [(k, nd) for k, _, nd in COLUMNS]))
+    ratios = [f"{name} x{_cell(row, 'yield_paired_ratio', 2, False)}"
+              for name, row in m["summary"].items()
+              if name != REFERENCE and "yield_paired_ratio" in row]
+    if ratios:
+        lines += ["", "Yield against Random, the ratio paired by seed [95 % interval]: "
+                  + "; ".join(ratios)]
     lines += ["", "Evaluation gain (last - step 0):", "",
               "| Scheduler | train | held-out tasks | held-out envs |", "|---|---|---|---|"]
     for name, row in m["summary"].items():
@@ -87,6 +100,7 @@ def report_md(m: dict[str, Any]) -> str:
               "|---" + "|---" * len(BUDGET_COLUMNS) + "|"]
     for name, row in m["summary"].items():
         lines.append(f"| {name} | " + cells(name, row, [(k, nd) for k, _, nd in BUDGET_COLUMNS]))
+    lines += calibration_md(m.get("calibration", {}))
     bad = [r for r in m["runs"] if r["status"] != "finished"]
     lines += ["", "Runs: " + ", ".join(f"{r['scheduler']}-s{r['seed']} {r['status']}"
                                        for r in m["runs"])]

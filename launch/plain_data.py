@@ -25,6 +25,8 @@ import dataclasses
 import io
 import json
 import math
+import zipfile
+import zlib
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
@@ -181,6 +183,6 @@ def load(path: Path, classes: Iterable[type] = ()) -> Any:
         try:
             with np.load(npz, allow_pickle=False) as z:
                 arrays = {k: z[k] for k in z.files}
-        except (OSError, ValueError, EOFError) as e:
+        except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as e:
             raise PlainDataError(f"{npz}: not a plain array file ({e})") from None
     return decode(tree, arrays, classes, source=str(path))

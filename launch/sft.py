@@ -36,13 +36,12 @@ allocator arenas for the rest of the run (SmolLM2's left ~6 GB in the ``envsched
 driver), and its progress lines still reach the same terminal.
 
 May import: torch, transformers, actors.policy, actors.rollout, actors.user_sim, envs,
-sandbox.errors, launch.errors (launch.config for types only).
+sandbox.errors, launch.errors, launch.run_files (launch.config for types only).
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import multiprocessing
 import os
 import random
@@ -62,6 +61,7 @@ from actors.user_sim.simulator import ScriptedUser
 from envs import strict_json
 from envs.pool import TASKS_FILE, PoolError, PoolProblem, load_pool
 from launch.errors import UserError
+from launch.run_files import read_json
 from sandbox.errors import EnvLoadError
 
 if TYPE_CHECKING:
@@ -233,15 +233,15 @@ def warm_start(cfg: "TrainConfig", pool_dir: Path, out: Path, task_ids: Sequence
     done = out / "sft_summary.json"
     if done.is_file():
         try:
-            summary = json.loads(done.read_text())
+            summary = read_json(done)   # a run folder's file: bounded, no NaN, an object
             seconds = float(summary.get("seconds", 0.0))
             shown = summary.get("task_ids")
             if shown is not None and not (isinstance(shown, list)
                                           and all(isinstance(t, str) for t in shown)):
                 raise ValueError("task_ids is not a list of task ids")
-        except (OSError, UnicodeDecodeError, ValueError, TypeError, AttributeError) as e:
-            raise UserError(f"{done} is unreadable ({e}); remove {out} or choose another "
-                            f"--out") from None
+        except (OSError, ValueError, TypeError) as e:   # RunFileError is a ValueError
+            raise UserError(f"{done} is unreadable ({getattr(e, 'detail', e)}); remove {out} or "
+                            f"choose another --out") from None
         extra = sorted(set(shown) - set(task_ids)) if shown is not None else []
         if extra:
             raise UserError(f"{out} holds a warm start that showed {len(extra)} task(s) this "

@@ -15,7 +15,8 @@ A LoRA checkpoint holds only the adapter: ``lora="merged"`` (default) folds it i
 weights (``actors.lora.merge_into``); ``lora="adapter"`` writes the PEFT adapter directory.
 
 May import: torch, deepspeed, transformers (inside functions), ``actors.policy``,
-``actors.lora``, ``actors.checkpoints`` (every load passes ``trust_remote_code`` explicitly).
+``actors.lora``, ``actors.checkpoints`` (every load passes ``trust_remote_code`` explicitly),
+``envs.untrusted`` (``model_source.json`` read as bounded data).
 Not ``actors.learner.engine``, which imports this module.
 """
 
@@ -30,6 +31,7 @@ from typing import Any, Iterator, Optional
 from actors.checkpoints import remote_code
 from actors.lora import LoraAdapter, merge_into
 from actors.policy import resolve_model
+from envs.untrusted import parse_json
 
 SOURCE_FILE = "model_source.json"
 
@@ -45,10 +47,29 @@ def record_source(learner_dir: str | Path, model_path: str, lora: Optional[dict]
     (Path(learner_dir) / SOURCE_FILE).write_text(json.dumps(record))
 
 
+def _source_record(learner_dir: Path, key: str, kinds: tuple) -> Any:
+    """``key`` of ``SOURCE_FILE`` (None without the file or the key), which must be one of
+    ``kinds``; a damaged or hostile file (``envs.untrusted.parse_json``: bounded, UTF-8, no NaN)
+    is one ``ExportError`` naming it."""
+    path = Path(learner_dir) / SOURCE_FILE
+    if not path.is_file():
+        return None
+    try:
+        record = parse_json(path.read_bytes().decode("utf-8"), str(path))
+    except (OSError, ValueError) as e:   # UnicodeDecodeError, UntrustedFileError
+        raise ExportError(f"{path} is unreadable ({e}); pass --model with the run's "
+                          f"policy.path") from None
+    value = record.get(key) if isinstance(record, dict) else record
+    if not isinstance(value, kinds):
+        raise ExportError(f"{path}: {key!r} is a {type(value).__name__}, not a "
+                          f"{' or '.join(k.__name__ for k in kinds)} (a damaged or changed "
+                          f"file); pass --model with the run's policy.path")
+    return value
+
+
 def recorded_lora(learner_dir: Path) -> Optional[dict]:
     """The ``learner.lora`` settings a checkpoint was trained with (None: full weights)."""
-    path = Path(learner_dir) / SOURCE_FILE
-    return json.loads(path.read_text()).get("lora") if path.is_file() else None
+    return _source_record(learner_dir, "lora", (dict, type(None)))
 
 
 def save_hf(model, state_dict: Optional[dict], source: str, out: Path,
@@ -70,7 +91,7 @@ def model_source(learner_dir: Path, override: Optional[str]) -> str:
     if not path.is_file():
         raise ExportError(f"{learner_dir} does not record the model it trained ({SOURCE_FILE}); "
                           f"pass --model with the run's policy.path")
-    return json.loads(path.read_text())["model_path"]
+    return _source_record(learner_dir, "model_path", (str,))
 
 
 def full_state_dict(learner_dir: Path) -> dict:
@@ -80,7 +101,13 @@ def full_state_dict(learner_dir: Path) -> dict:
     latest = Path(learner_dir) / "latest"
     if not latest.is_file():
         raise ExportError(f"{learner_dir} is not a DeepSpeed checkpoint (no 'latest' file)")
-    tag_dir = Path(learner_dir) / latest.read_text().strip()
+    try:
+        tag = latest.read_bytes()[:4096].decode("utf-8").strip()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ExportError(f"{latest} is unreadable ({e})") from None
+    if not tag or Path(tag).name != tag or tag in (".", ".."):   # one folder inside, no more
+        raise ExportError(f"{latest} names {tag[:80]!r}, not a checkpoint tag in {learner_dir}")
+    tag_dir = Path(learner_dir) / tag
     if list(tag_dir.glob("*optim_states.pt")) and any(tag_dir.glob("zero_pp_rank_*")):
         # lazy: deepspeed only for a ZeRO checkpoint
         from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint

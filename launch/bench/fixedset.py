@@ -38,6 +38,7 @@ def bounds(cfg: TrainConfig, out: Path, pool_dir: Optional[Path] = None,
     from launch.cluster import connect, shutdown
     from launch.rollout import check_users
     from launch.run.split import eval_sets, pool_split
+    from launch.run_files import RunFileError, check_fields, read_json
 
     pool = load_pool(pool_dir or out / "pool")
     sets = eval_sets(pool, pool_split(pool, cfg.pool), cfg.eval)
@@ -45,9 +46,14 @@ def bounds(cfg: TrainConfig, out: Path, pool_dir: Optional[Path] = None,
               ("max_turns", "max_tokens_per_turn", "max_tokens_per_sequence")}
     key = {"limits": limits, "sets": sets}
     path = out / "bounds.json"
-    if path.is_file():
-        cached = json.loads(path.read_text())
+    if path.is_file():   # a run folder's file (launch.run_files): a damaged one is one line
+        fix = f"fix: delete {path} (a cache: the next run measures the bounds again)"
+        cached = read_json(path, fix, {"bounds": "object"})
         if cached.get("key") == key:
+            for part, b in cached["bounds"].items():
+                problem = check_fields(b, {"floor": "number", "ceiling": "number"})
+                if problem:
+                    raise RunFileError(path, f"bounds of {part}: {problem}", None, fix)
             return cached["bounds"]
     sft = out / "sft"
     model = str(sft) if (sft / "config.json").is_file() else policy_path(cfg)

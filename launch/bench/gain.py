@@ -62,7 +62,8 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 import yaml
 
-from launch.bench.gain_report import PARTS, Part, aggregate, clean, seed_result, table
+from launch.bench.gain_report import (PARTS, Part, aggregate, cached_result, clean, seed_result,
+                                     table)
 
 if TYPE_CHECKING:
     from launch.compare import RunSpec
@@ -160,8 +161,12 @@ def run_seed(cfg: TrainConfig, spec: RunSpec, pool_dir: Path, out: Path, warm_id
     config["run"]["episodes"] = cfg.run.episodes   # steps, not compare's episode budget
     check_same_config(spec, config, "bench gain")
     if state == "finished" and cache.is_file():
-        log(f"[gain] seed {spec.seed}: finished earlier, skipped")
-        return json.loads(cache.read_text())
+        cached, why = cached_result(cache, parts)
+        if cached is not None:
+            log(f"[gain] seed {spec.seed}: finished earlier, skipped")
+            return cached
+        log(f"[gain] seed {spec.seed}: {cache} is unreadable ({why}); its figures are read "
+            f"again from the run")
     if state != "finished":
         if state != "new" and not has_checkpoint(spec.dir):
             kept = start_over(spec)

@@ -17,19 +17,22 @@ wall seconds of GRPO steps: each step's ``time_step_s`` less the evaluation insi
 ``step_s_max``, ``eval_s`` and ``startup_s`` (a step logged twice, before and after a restart,
 counts once: its last row).
 
+``cached_result(path, parts)``: a seed's figures as ``gain.json`` caches them, or why they are
+not (unreadable, or without a part's figures: ``run_seed`` then reads them again from the run).
+The run's files are read through ``launch.run_files``: a damaged one is one line naming it.
+
 ``aggregate(results, parts)``: per part, the mean over the finished seeds of step-0 and final
 success and of the gain (final - step 0, per seed), each with its 95 % Student-t interval
 (``scheduling.simulate.metrics.mean_ci``, as ``envsched compare`` and ``bench heldout``);
 ``ci95`` is the gain's. Reward beside them. Values that do not exist (an interval of one seed)
 are null.
 
-May import: numpy, launch.run.evaluation, launch.run.metrics, launch.bench.fixedset,
-scheduling.simulate.metrics, the standard library.
+May import: numpy, launch.run.evaluation, launch.run.metrics, launch.run_files,
+launch.bench.fixedset, scheduling.simulate.metrics, the standard library.
 """
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,11 +40,14 @@ from typing import Any, Optional, Sequence
 
 from launch.bench.fixedset import ci_text
 from launch.run.evaluation import read_eval
-from launch.run.metrics import read_jsonl
+from launch.run.metrics import STEP_ROW, read_jsonl
+from launch.run_files import MOVE, RunFileError, check_fields, read_json
 from scheduling.simulate.metrics import mean_ci
 
 PARTS = {"train": "train", "heldout_tasks": "heldout_task", "heldout_env": "heldout_env"}
 MEASURES = ("success", "reward")
+FIGURES = ("success", "reward", "episodes", "se_success", "se_reward")   # per part and evaluation
+TOTALS = ("warm_start_s", "grpo_s", "steps", "step_s_max", "eval_s", "startup_s")
 
 
 @dataclass(frozen=True)
@@ -76,7 +82,9 @@ def _evaluation(record: dict[str, Any], part: Part) -> dict[str, float]:
 def seed_result(run_dir: Path, parts: Sequence[Part]) -> dict[str, Any]:
     """One finished seed's figures (module docstring)."""
     run_dir = Path(run_dir)
-    evals = read_eval(run_dir)
+    evals = read_eval(run_dir, MOVE, {"task_rewards?": "object", "eval_seconds?": "number",
+                                      **{f"{p.success_key}?": "number" for p in parts},
+                                      **{f"{p.reward_key}?": "number" for p in parts}})
     first = next((e for e in evals if e.get("step") == 0), None)
     last = evals[-1] if evals and evals[-1].get("step", 0) > 0 else None
     empty = {"success": _nan(), "reward": _nan(), "episodes": 0, "se_success": _nan(),
@@ -88,16 +96,35 @@ def seed_result(run_dir: Path, parts: Sequence[Part]) -> dict[str, Any]:
             "final": _evaluation(last, part) if last else dict(empty)}
     path = run_dir / "metrics.jsonl"
     # the last row of each step: a resumed run may have logged a step again after a restart
-    rows = sorted({r["step"]: r for r in (read_jsonl(path) if path.is_file() else [])}.items())
+    need = {**STEP_ROW, "time_step_s?": "number", "eval_seconds?": "number"}
+    rows = sorted({r["step"]: r for r in (read_jsonl(path, need, MOVE) if path.is_file()
+                                          else [])}.items())
     rows = [r for _, r in rows]
     grpo = [float(r.get("time_step_s") or 0.0) - float(r.get("eval_seconds") or 0.0) for r in rows]
     summary = run_dir / "summary.json"
-    meta = json.loads(summary.read_text()) if summary.is_file() else {}
+    meta = read_json(summary, MOVE, {"startup_seconds?": "number"}) if summary.is_file() else {}
     out.update(steps=int(rows[-1]["step"]) if rows else 0, grpo_s=sum(grpo),
                step_s_max=max(grpo) if grpo else _nan(),
                eval_s=sum(float(e.get("eval_seconds") or 0.0) for e in evals),
                startup_s=float(meta.get("startup_seconds", _nan())))
     return out
+
+
+def cached_result(path: Path, parts: Sequence[Part]) -> tuple[Optional[dict[str, Any]], str]:
+    """(the figures ``gain.json`` caches, None when it is unreadable or lacks a part's; why)."""
+    try:
+        r = read_json(path, need={"status": "str", "parts": "object",
+                                  **{f"{k}?": "number" for k in TOTALS}})
+    except RunFileError as e:
+        return None, e.detail
+    for part in parts:
+        p = r["parts"].get(part.name)
+        problem = check_fields(p, {"step0": "object", "final": "object"}) or next(
+            (x for w in ("step0", "final") for x in [check_fields(
+                p[w], {f"{k}?": "number" for k in FIGURES})] if x), None)
+        if problem:
+            return None, f"part {part.name}: {problem}"
+    return r, ""
 
 
 def _ci(values: list[float]) -> dict[str, Any]:

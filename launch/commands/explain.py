@@ -20,6 +20,7 @@ from envs.pool import load_pool
 from envs.text import printable
 from launch.config import ConfigError, load_config
 from launch.errors import UserError
+from launch.run_files import read_yaml
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -38,6 +39,7 @@ def load_run_scheduler(run_dir: Path, step: int | None = None):
     cfg_path = Path(run_dir) / "config.yaml"
     if not cfg_path.is_file():
         raise UserError(f"{cfg_path} not found: is {run_dir} a run directory of envsched train?")
+    read_yaml(cfg_path)   # a damaged or hostile run file is one line naming it (RunFileError)
     try:
         cfg = load_config(cfg_path)
     except ConfigError as e:
@@ -47,8 +49,11 @@ def load_run_scheduler(run_dir: Path, step: int | None = None):
     except CheckpointError as e:
         raise UserError(str(e)) from None
     pool = load_pool(cfg.pool.path or Path(run_dir) / "pool")
+    saved = ckpt.scheduler.get("scheduler") if isinstance(ckpt.scheduler, dict) else None
+    if not isinstance(saved, dict):
+        raise UserError(f"checkpoint {ckpt.path}: scheduler.json holds no scheduler state")
     scheduler = build_scheduler(cfg, pool, Path(run_dir))
-    scheduler.load_state_dict(ckpt.scheduler["scheduler"])
+    scheduler.load_state_dict(saved)
     return scheduler, ckpt
 
 

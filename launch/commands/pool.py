@@ -14,7 +14,8 @@ Sub-commands are registered in ``SUBCOMMANDS`` (defined here) and ``EXTERNAL`` (
 ``add_arguments(parser)`` and ``run(args) -> int``, loaded only if it exists), so ``pool import``
 lives in ``launch/commands/pool_import.py`` and ``pool fetch`` (``envsched pool fetch bfcl``: the
 BFCL wheel into the cache) in ``launch/commands/pool_fetch.py``, ``pool calibrate`` (a pool
-measured against a policy, ``launch.calibrate``) in ``launch/commands/pool_calibrate.py``.
+measured against a policy, ``launch.calibrate``) in ``launch/commands/pool_calibrate.py``, ``pool
+compose`` (pools as one, ``envs.pool_compose``) in ``launch/commands/pool_compose.py``.
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ from launch.cli import add_module_command
 from launch.errors import UserError
 
 EXTERNAL = {"import": "launch.commands.pool_import", "fetch": "launch.commands.pool_fetch",
-            "calibrate": "launch.commands.pool_calibrate"}
+            "calibrate": "launch.commands.pool_calibrate",
+            "compose": "launch.commands.pool_compose"}
 
 
 def _validate_arguments(p: argparse.ArgumentParser) -> None:

@@ -28,6 +28,7 @@ from envs.pool import load_pool
 from launch.config import ClusterConfig, ConfigError, load_config
 from launch.errors import UserError
 from launch.run.split import pool_split
+from launch.run_files import ONLY_FIX, read_text
 
 PARTS = ("all", "train", "heldout_task", "heldout_env")
 
@@ -81,7 +82,7 @@ def _settings(args: argparse.Namespace, pool):
 def _only(path: Path, ids: list[str]) -> list[str]:
     if not path.is_file():
         raise UserError(f"--only {path}: no such file")
-    listed = [line.strip() for line in path.read_text().splitlines() if line.strip()]
+    listed = [line.strip() for line in read_text(path, ONLY_FIX).splitlines() if line.strip()]
     unknown = sorted(set(listed) - set(ids))
     if unknown:
         raise UserError(f"--only {path}: {len(unknown)} task ids not among the chosen tasks of "

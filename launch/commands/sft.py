@@ -18,6 +18,7 @@ from envs import strict_json
 from envs.pool import load_pool
 from launch.config import SftConfig
 from launch.errors import UserError
+from launch.run_files import ONLY_FIX, read_text
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -51,7 +52,8 @@ def run(args: argparse.Namespace) -> int:
     if args.only is not None:
         if not Path(args.only).is_file():
             raise UserError(f"--only {args.only}: no such file")
-        only = [line.strip() for line in Path(args.only).read_text().splitlines() if line.strip()]
+        only = [line.strip() for line in read_text(args.only, ONLY_FIX).splitlines()
+                if line.strip()]
         unknown = sorted(set(only) - {t.task_id for t in load_pool(args.pool).tasks})
         if unknown or not only:
             raise UserError(f"--only {args.only}: " + (f"{len(unknown)} task ids not in the pool, "

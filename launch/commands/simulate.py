@@ -3,7 +3,7 @@
     envsched simulate [--pool DIR] [--schedulers NAME,...] [--steps 200]
                       [--seeds 3] [--out DIR] [--quick] [--workers 2] [--no-ablations]
                       [--t4-runs 100] [--lag 0] [--infer] [--rollouts FILE]
-                      [--sensitivity] [--check-against RUN_DIR]
+                      [--sensitivity] [--check-against RUN_DIR] [--k K]
 
 ``--schedulers`` takes any ``scheduling.registry`` name or ``dapo+NAME`` (default: every
 registered scheduler). Without ``--pool`` a pool of 51 environments x 50 tasks is generated
@@ -16,6 +16,9 @@ A pool without the generator's metadata (an imported EnvScaler or tau-bench pool
 inferred from what it has (``scheduling.simulate.infer``; ``--infer`` forces that on a generated
 pool and scores it); ``--rollouts`` fixes recorded tasks' initial skill; ``--sensitivity`` adds
 the ±50 % runs; ``--check-against RUN_DIR`` predicts a real run instead (``simulate_check``).
+``--k``: rollouts per task (K, ``SimParams.rollouts``; default 8, the simulator's own setting,
+recorded in ``metrics.json`` as ``settings.rollouts_per_task``); with ``--check-against`` the
+default is the run's own ``rollout.k``, so a simulated group is as large as the real one.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from envs.generator import generate_pool
 from envs.opdesc import OpDescriptionError
 from envs.pool import load_pool
 from envs.untrusted import UntrustedFileError, json_lines
+from launch.commands.simulate_check import check_k
 from launch.errors import UserError
 from launch.plain_data import PlainDataError, dump, load
 from scheduling import registry
@@ -76,6 +80,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--check-against", type=Path, default=None, metavar="RUN_DIR",
                         help="predict a real run (its groups.jsonl) with the simulator on the "
                         "run's own schedule, next to a naive predictor; fits nothing")
+    parser.add_argument("--k", type=int, default=None,
+                        help="rollouts per task, K (default: 8; with --check-against the run's "
+                        "rollout.k)")
     parser.add_argument("--render-only", action="store_true",
                         help="rewrite the report from OUT/results.pkl of an earlier run")
 
@@ -99,6 +106,8 @@ def _settings(args: argparse.Namespace):
     if args.t4_runs < 0:
         raise UserError(f"--t4-runs must be >= 0, got {args.t4_runs}")
     lag = getattr(args, "lag", 0)
+    k = getattr(args, "k", None)
+    params = SimParams() if k is None else SimParams(rollouts=check_k(k))
     if lag < 0:
         raise UserError(f"--lag must be >= 0 (steps of history the scheduler does not see), "
                         f"got {lag}")
@@ -108,7 +117,7 @@ def _settings(args: argparse.Namespace):
                         "`envsched rollout --out` file)")
     if rollouts is not None:
         _check_rollouts(rollouts)
-    extra = {"lag": lag, "infer": getattr(args, "infer", False),
+    extra = {"params": params, "lag": lag, "infer": getattr(args, "infer", False),
              "rollouts": str(rollouts) if rollouts else None,
              "variants": sensitivity.variants(names) if getattr(args, "sensitivity", False)
              else ()}

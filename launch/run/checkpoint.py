@@ -18,9 +18,16 @@ told apart by the free space left) raises ``launch.errors.CheckpointDiskFull``.
 
 ``latest_checkpoint``: the newest intact one, warning (``CheckpointWarning``) about each newer one
 skipped (``has_checkpoint``: whether there is one); ``truncate_logs`` cuts the logs back to its
-step (docs/architecture.md, "Checkpoint and resume").
+step (docs/architecture.md, "Checkpoint and resume"), ``check_logs`` reads them first (a resume
+refuses a damaged line before Ray starts).
 
-May import: the standard library, launch.errors, launch.plain_data.
+A run folder is untrusted input: ``meta.json`` and the ``latest`` pointer are read through
+``launch.run_files`` (bounded, UTF-8, no NaN, nesting limited), and a meta of the wrong shape
+(not an object, ``files`` not a map of file names inside the checkpoint to sizes) makes its
+checkpoint damaged, skipped like any other; a damaged log line other than a last one cut short is
+a ``launch.run_files.RunFileError`` naming file and line.
+
+May import: the standard library, launch.errors, launch.plain_data, launch.run_files.
 """
 
 from __future__ import annotations
@@ -38,6 +45,7 @@ from typing import Any, Callable, Optional
 
 from launch.errors import CheckpointDiskFull
 from launch.plain_data import PlainDataError, dump, load
+from launch.run_files import CUT, RunFileError, iter_jsonl, read_json, read_text
 
 STEP_DIR = re.compile(r"^step_(\d+)$")
 # per-step logs with a "step" field, cut back to the checkpoint's step on resume
@@ -209,23 +217,36 @@ def load_checkpoint(path: Path) -> Checkpoint:
     if not path.is_dir():
         raise CheckpointError(f"checkpoint {path} does not exist")
     try:
-        meta = json.loads((path / "meta.json").read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"checkpoint {path}: meta.json is unreadable ({e})") from None
-    if not isinstance(meta, dict) or not isinstance(meta.get("step"), int):
+        meta = read_json(path / "meta.json")
+    except (OSError, RunFileError) as e:
+        detail = e.detail if isinstance(e, RunFileError) else e
+        raise CheckpointError(f"checkpoint {path}: meta.json is unreadable ({detail})") from None
+    if not isinstance(meta.get("step"), int) or isinstance(meta["step"], bool):
         raise CheckpointError(f"checkpoint {path}: meta.json has no integer 'step' (a partial "
                               f"write?)")
     m = STEP_DIR.match(path.name)
     if m and int(m.group(1)) != meta["step"]:
         raise CheckpointError(f"checkpoint {path}: meta.json says step {meta['step']}")
     _check_format(path, meta)
-    for name, size in (meta.get("files") or {}).items():
+    files = meta["files"] if meta.get("files") is not None else {}
+    if not (isinstance(files, dict) and all(_sized_file(k, v) for k, v in files.items())):
+        raise CheckpointError(f"checkpoint {path}: meta.json's 'files' is not a map of the "
+                              f"checkpoint's file names to sizes (a damaged or changed meta)")
+    for name, size in files.items():
         f = path / name
         if not f.is_file() or f.stat().st_size != size:
             have = f.stat().st_size if f.is_file() else "missing"
             raise CheckpointError(f"checkpoint {path}: {name} is {have}, expected {size} bytes")
     return Checkpoint(path=path, step=meta["step"], controller=_state(path / "controller.json"),
                       scheduler=_state(path / "scheduler.json"))
+
+
+def _sized_file(name: Any, size: Any) -> bool:
+    """Whether ``name: size`` is a manifest entry: a relative path inside the checkpoint and
+    a byte count."""
+    parts = Path(name).parts if isinstance(name, str) else ()
+    return (bool(parts) and not Path(name).is_absolute() and ".." not in parts
+            and isinstance(size, int) and not isinstance(size, bool) and size >= 0)
 
 
 def _check_format(path: Path, meta: dict[str, Any]) -> None:
@@ -268,17 +289,28 @@ def latest_checkpoint(run_dir: Path, step: Optional[int] = None) -> Checkpoint:
             problems.append(str(e))
             continue
         pointer = root / "latest"
-        named = pointer.read_text().strip() if pointer.is_file() else None
+        named, unreadable = _pointer(pointer)
         if named != path.name:
-            problems.append(f"{pointer} names {named!r}" if named else f"{pointer} is missing")
+            problems.append(unreadable or (f"{pointer} names {named!r}" if named
+                                           else f"{pointer} is missing"))
         if problems:
             warnings.warn(f"using checkpoint {path} (step {ckpt.step}): " + "; ".join(problems),
                           CheckpointWarning, stacklevel=2)
         return ckpt
     if problems:
-        raise CheckpointError(f"no intact checkpoint under {root}: " + "; ".join(problems))
+        raise CheckpointError(f"no intact checkpoint under {root}: " + "; ".join(problems)
+                              + "; fix: restore a checkpoint from a copy, or start the run "
+                                "again with another --out")
     raise CheckpointError(f"no checkpoint under {root}: is {run_dir} a run directory with at "
                           f"least one checkpoint?")
+
+
+def _pointer(pointer: Path) -> tuple[Optional[str], Optional[str]]:
+    """(the checkpoint ``latest`` names, None when it names none; why it is unreadable)."""
+    try:
+        return (read_text(pointer).strip() if pointer.is_file() else None), None
+    except (OSError, RunFileError) as e:
+        return None, f"{pointer} is unreadable ({e.detail if isinstance(e, RunFileError) else e})"
 
 
 def has_checkpoint(run_dir: Path) -> bool:
@@ -297,6 +329,25 @@ def find_checkpoint(run_dir: Path, step: Optional[int] = None) -> Path:
     return latest_checkpoint(run_dir, step).path
 
 
+LOG_FIX = ("fix: remove the damaged line (or the file), or start the run again with another "
+           "--out")
+
+
+def _log_lines(path: Path, key: str) -> list[tuple[str, Any]]:
+    """(text, row) of each line of the log ``path`` (``CUT``: a last line cut short by a crash;
+    None: a blank one); a damaged line is a ``RunFileError`` naming it."""
+    return [(text, row) for _, text, row in iter_jsonl(path, LOG_FIX, {f"{key}?": "int"},
+                                                       cut_last=True)]
+
+
+def check_logs(run_dir: Path) -> None:
+    """Read every per-step log as ``truncate_logs`` will (``RunFileError`` on a damaged line),
+    so that a resume refuses one before Ray starts."""
+    for name, key in LOGS.items():
+        if (Path(run_dir) / name).is_file():
+            _log_lines(Path(run_dir) / name, key)
+
+
 def truncate_logs(run_dir: Path, step: int) -> dict[str, int]:
     """Drop rows whose learner step (``LOGS``: ``step``, or ``version`` in ``discarded.jsonl``) is
     after ``step`` (and a partial last line) from the per-step logs; returns the rows dropped per
@@ -306,17 +357,12 @@ def truncate_logs(run_dir: Path, step: int) -> dict[str, int]:
         path = Path(run_dir) / name
         if not path.is_file():
             continue
-        lines = path.read_text().splitlines()
+        lines = _log_lines(path, key)
         keep = []
-        for i, line in enumerate(lines):
-            try:
-                row = json.loads(line) if line.strip() else None
-            except json.JSONDecodeError:
-                if i == len(lines) - 1:
-                    continue   # a line cut short by the crash
-                raise CheckpointError(f"{path}:{i + 1}: not JSON; fix or remove the line") \
-                    from None
-            if row is None or not isinstance(row, dict) or int(row.get(key, 0)) <= step:
+        for line, row in lines:
+            if row is CUT:
+                continue   # a line cut short by the crash
+            if row is None or int(row.get(key) or 0) <= step:
                 keep.append(line)
         if len(keep) != len(lines):
             tmp = path.with_name(path.name + ".tmp")

@@ -2,10 +2,11 @@
 
 A run polls this file once per loop iteration (read only when its mtime changes). One knob,
 ``{"executors": N}``: every rollout worker's executor pool is resized to N executors.
-``envsched scale RUN_DIR --executors N`` writes it; a bad file is reported once per change and
-ignored, never fatal.
+``envsched scale RUN_DIR --executors N`` writes it; a bad file (not a bounded UTF-8 JSON object:
+``launch.run_files.read_json``) is reported once per change and ignored, never fatal; ``scale``
+replaces it.
 
-May import: the standard library.
+May import: the standard library, launch.run_files.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import logging
 import os
 from pathlib import Path
 from typing import Any, Optional
+
+from launch.run_files import RunFileError, read_json
 
 CONTROL_FILE = "control.json"
 log = logging.getLogger(__name__)
@@ -33,13 +36,12 @@ def write_control(run_dir: str | Path, **changes: Any) -> Path:
 
 def read_control(path: str | Path) -> Optional[dict[str, Any]]:
     try:
-        data = json.loads(Path(path).read_text())
+        return read_json(path)
     except FileNotFoundError:
         return None
-    except (OSError, json.JSONDecodeError) as e:
-        log.warning("ignoring %s: %s", path, e)
+    except (OSError, RunFileError) as e:
+        log.warning("ignoring %s: %s", path, e.detail if isinstance(e, RunFileError) else e)
         return None
-    return data if isinstance(data, dict) else None
 
 
 class ControlWatcher:

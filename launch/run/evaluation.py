@@ -15,7 +15,7 @@ The controller runs the groups; this module holds the plain parts:
   ``envsched report`` draws, reading and writing ``eval.jsonl``.
 
 May import: numpy, the standard library, actors.ticket (no Ray), envs.strict_json, launch.run.metrics,
-scheduling.variance.
+launch.run_files, scheduling.variance.
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ import numpy as np
 
 from actors.ticket import Ticket
 from envs import strict_json
-from launch.run.metrics import is_eval_reward, read_jsonl
+from launch.run.metrics import STEP_ROW, is_eval_reward, read_jsonl
+from launch.run_files import FIX
 from scheduling.variance import group_variance
 
 if TYPE_CHECKING:
@@ -175,6 +176,10 @@ def append_eval(run_dir: Path, record: dict[str, Any], groups: dict[int, Any]) -
                                   sort_keys=True) + "\n")
 
 
-def read_eval(run_dir: Path) -> list[dict[str, Any]]:
+def read_eval(run_dir: Path, fix: str = FIX, need: Optional[dict[str, str]] = None
+              ) -> list[dict[str, Any]]:
+    """The evaluation records of ``eval.jsonl`` (none without one), with the fields ``need``
+    names; a damaged line is one ``launch.run_files.RunFileError`` naming it (``fix``)."""
     path = Path(run_dir) / "eval.jsonl"
-    return read_jsonl(path) if path.is_file() else []
+    need = {**STEP_ROW, "episodes?": "number", **(need or {})}
+    return read_jsonl(path, need, fix) if path.is_file() else []

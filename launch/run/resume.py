@@ -15,8 +15,12 @@
 Decision where the issue is silent: ``RESUMABLE`` keys (how long to train, where Ray runs, the
 progress bar) do not change what a step computes, so they need no flag.
 
+The run folder is untrusted: ``config.yaml`` is read through ``launch.run_files``, and a run
+continued from a checkpoint has its per-step logs read first (``checkpoint.check_logs``): a
+damaged file is one line naming it (``RunFileError``), before Ray starts.
+
 May import: yaml, the standard library, launch.run.checkpoint, launch.config, launch.cli,
-launch.errors, launch.run.scheduler_factory, scheduling.base (``check_pool``).
+launch.errors, launch.run_files, launch.run.scheduler_factory, scheduling.base (``check_pool``).
 """
 
 from __future__ import annotations
@@ -30,8 +34,9 @@ import yaml
 
 from launch.config import ConfigError, build_config, current_names
 from launch.errors import UserError
-from launch.run.checkpoint import Checkpoint, CheckpointError, latest_checkpoint
+from launch.run.checkpoint import Checkpoint, CheckpointError, check_logs, latest_checkpoint
 from launch.run.scheduler_factory import training_pool
+from launch.run_files import read_yaml
 from scheduling.base import pool_identity
 
 if TYPE_CHECKING:
@@ -63,10 +68,7 @@ def as_current(tree: Any, source: str = "config") -> dict[str, Any]:
 
 def _stored_tree(path: Path, force: bool) -> dict[str, Any]:
     """The stored config as the current models read it (defaults of newer keys filled in)."""
-    try:
-        tree = yaml.safe_load(path.read_text()) or {}
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
-        raise UserError(f"{path} is unreadable ({e}); fix it or choose another --out") from None
+    tree = read_yaml(path, "fix: repair it or choose another --out")
     try:
         return as_current(tree, str(path))
     except ConfigError as e:
@@ -90,6 +92,7 @@ def open_run(cfg: TrainConfig, run_dir: Path, resume: bool = False, resume_chang
             raise UserError(f"{run_dir} holds a run without a checkpoint to continue from ({e}); "
                             f"choose another --out") from None
     if ckpt is not None:
+        check_logs(run_dir)   # what the resume cuts back: a damaged line is refused now
         print(f"resuming {run_dir} from its step-{ckpt.step} checkpoint", flush=True)
     new = yaml.safe_load(yaml.safe_dump(cfg.to_yaml_dict()))   # as it reads back from the file
     path = run_dir / "config.yaml"

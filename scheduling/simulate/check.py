@@ -70,7 +70,13 @@ def _read(path: Path, step_key: str, what: str, *extra: str) -> list[dict[str, A
     return out
 
 
-def _schedule(groups: list[dict], world: World) -> tuple[list[tuple[int, np.ndarray]], int]:
+def recorded_k(groups: list[dict]) -> int:
+    """The run's K as its groups show it: the most common number of rewards in a group (a group
+    that lost trajectories to infrastructure faults has fewer), for a run without a config."""
+    return int(np.bincount([g["rewards"].size for g in groups]).argmax())
+
+
+def _schedule(groups: list[dict], world: World) -> list[tuple[int, np.ndarray]]:
     index = {t: i for i, t in enumerate(world.task_ids)}
     unknown = sorted({g["task_id"] for g in groups} - set(index))
     if unknown:
@@ -79,8 +85,7 @@ def _schedule(groups: list[dict], world: World) -> tuple[list[tuple[int, np.ndar
     by: dict[int, list[int]] = defaultdict(list)
     for g in groups:
         by[g["step"]].append(index[g["task_id"]])
-    k = int(np.bincount([g["rewards"].size for g in groups]).argmax())
-    return [(s, np.array(v, dtype=np.int64)) for s, v in sorted(by.items())], k
+    return [(s, np.array(v, dtype=np.int64)) for s, v in sorted(by.items())]
 
 
 def simulate_schedule(world: World, params: SimParams, schedule: list[tuple[int, np.ndarray]],
@@ -177,21 +182,25 @@ def naive(groups: list[dict]) -> dict[str, np.ndarray]:
 
 
 def check(groups: list[dict], worlds: dict[str, World], params: SimParams = SimParams(),
-          seeds: int = 20) -> dict[str, Any]:
+          seeds: int = 20, k: Optional[int] = None) -> dict[str, Any]:
     """Every predictor's scores: naive, and per world (``{label: World}``) the simulator alone
-    and with each task's first recorded group fitted."""
+    and with each task's first recorded group fitted. The simulator rolls out ``k`` episodes a
+    group: the run's K (``envsched simulate --check-against`` reads its config's ``rollout.k``,
+    or takes ``--k``); None: ``recorded_k``, the groups' own most common size. Each simulator's
+    entry records its ``k``."""
     first: dict[str, list[np.ndarray]] = {}
     for g in groups:
         first.setdefault(g["task_id"], [g["rewards"]])
     out: dict[str, Any] = {"naive (first group held)": score(groups, naive(groups))}
+    p = replace(params, rollouts=recorded_k(groups) if k is None else k)
     for label, world in worlds.items():
-        schedule, k = _schedule(groups, world)
-        p = replace(params, rollouts=k)
-        out[f"simulator ({label})"] = score(groups, simulate_schedule(world, p, schedule, seeds))
+        schedule = _schedule(groups, world)
+        out[f"simulator ({label})"] = {
+            **score(groups, simulate_schedule(world, p, schedule, seeds)), "k": p.rollouts}
         fitted = replace(world)
         fit_initial_skill(fitted, p, first)
-        out[f"simulator ({label}) + first groups"] = score(
-            groups, simulate_schedule(fitted, p, schedule, seeds))
+        out[f"simulator ({label}) + first groups"] = {
+            **score(groups, simulate_schedule(fitted, p, schedule, seeds)), "k": p.rollouts}
     return out
 
 
