@@ -54,6 +54,7 @@ import numpy as np
 import torch
 
 from actors.rollout.engines.base import SamplingParams
+from actors.rollout.engines.warp import warp
 
 
 def group_advantages(groups: Sequence[Sequence[float]], *, std_norm: bool = True,
@@ -109,7 +110,7 @@ def target_logprobs(logits: torch.Tensor, targets: torch.Tensor, scoring=None) -
     the raw log-softmax, whatever the sampler's settings. With ``"sampled"``, the distribution
     the rollout sampled from: logits / T, then the top-k
     and top-p truncation renormalised over the tokens it keeps, the set chosen by the HF engine's
-    own warper (``hf_batch._warp``, vLLM's rule) on these logits; a target outside it scores
+    own warper (``actors.rollout.engines.warp``, vLLM's rule) on these logits; a target outside it scores
     -inf. ``None``, T = 0 (greedy) or T = 1 without truncation: the raw log-softmax. Gradients
     flow through the logits; the kept set is a choice, not differentiated."""
     z = logits.float()
@@ -133,12 +134,9 @@ def target_logprobs(logits: torch.Tensor, targets: torch.Tensor, scoring=None) -
 def _kept(z: torch.Tensor, top_k: int, top_p: float, rows: int = 1024) -> torch.Tensor:
     """Which tokens the sampler's top-k / top-p keep, from temperature-scaled logits [..., V];
     in chunks of ``rows`` positions (the warper's [N, V] temporaries stay bounded)."""
-    # lazy: hf_batch imports transformers; the one definition of the rule
-    from actors.rollout.engines.hf_batch import _warp
-
     s = SamplingParams(max_tokens=1, temperature=1.0, top_k=top_k, top_p=top_p)
     flat = z.reshape(-1, z.shape[-1])
-    out = torch.cat([torch.isfinite(_warp(flat[i:i + rows], s))
+    out = torch.cat([torch.isfinite(warp(flat[i:i + rows], s))
                      for i in range(0, flat.shape[0], rows)]) if flat.shape[0] else \
         torch.zeros_like(flat, dtype=torch.bool)
     return out.reshape(z.shape)

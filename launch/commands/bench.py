@@ -1,4 +1,4 @@
-"""Run a benchmark: envsched bench sandbox|scheduler|rollout|learner|lora|train|mfu|heldout|gain|partial ...
+"""Run a benchmark: envsched bench sandbox|scheduler|rollout|learner|lora|train|mfu|heldout|gain|demo|partial ...
 
 Each benchmark is a module ``launch/bench/<name>.py`` with ``add_arguments(parser)`` and
 ``run(args) -> int``; figures are printed (``--json`` for machine-readable output) and recorded by
@@ -12,7 +12,7 @@ import argparse
 from launch.cli import add_module_command
 
 BENCHES = ("sandbox", "scheduler", "graph", "rollout", "learner", "lora", "train", "mfu",
-           "heldout", "gain", "partial")
+           "heldout", "gain", "demo", "partial")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -29,7 +29,7 @@ from actors.learner.prefix import prefix_shared_logprobs
 from actors.learner.step import overlong, step_advantages, step_shards
 from actors.rollout.config import RolloutConfig
 from actors.rollout.engines.base import SamplingParams
-from actors.rollout.engines.hf_batch import _warp
+from actors.rollout.engines.warp import warp as _warp
 from envs.trajectory import Group, Trajectory
 from test_learner_prefix import group
 

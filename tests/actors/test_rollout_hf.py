@@ -248,7 +248,7 @@ def _warp_by_full_sort(scores, s):
 def test_top_p_over_the_top_k_survivors_keeps_the_full_sorts_set(temperature, top_k, top_p):
     """The warper's shortcut (top-p over top-k's k values) keeps exactly the entries the full
     vocabulary sort keeps, including when the k-th value is tied (the full sort is used)."""
-    from actors.rollout.engines.hf_engine import _warp
+    from actors.rollout.engines.warp import warp as _warp
 
     s = SamplingParams(max_tokens=1, temperature=temperature, top_k=top_k, top_p=top_p)
     gen = torch.Generator().manual_seed(0)

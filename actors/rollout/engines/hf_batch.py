@@ -1,6 +1,7 @@
 """The HF engine's batch machinery: the running batch's KV cache (``_Batch``, ``_BatchLayer``),
-the sampling draws made ahead of each forward (``_DrawAhead``) and transformers' sampling warpers
-(``_warp``: temperature, top-k, top-p). Split from ``hf_engine.py``, which owns the decode loop.
+and the sampling draws made ahead of each forward (``_DrawAhead``). Split from ``hf_engine.py``,
+which owns the decode loop; the sampler's warper (temperature, top-k, top-p) is
+``actors.rollout.engines.warp``, which the learner's loss imports too.
 
 May import: torch, transformers' cache classes, actors.rollout.engines.base.
 """
@@ -14,7 +15,6 @@ import torch
 from transformers import PretrainedConfig
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
-from actors.rollout.engines.base import SamplingParams
 
 KV = list  # per layer: (keys, values), each [1, kv_heads, length, head_dim]
 
@@ -179,36 +179,3 @@ class _BatchLayer(DynamicLayer):
         self.keys = b.keys[self.index][:rows, :, b.start:b.end + q]
         self.values = b.values[self.index][:rows, :, b.start:b.end + q]
         return self.keys, self.values
-
-
-def _warp(scores, s: SamplingParams):
-    """Temperature, then top-k, then top-p, as transformers' sampling warpers apply them.
-
-    With both, top-p is computed over top-k's k sorted survivors rather than a [B, V] sort (the
-    largest single cost of sampling: docs/benchmarks.md); when the k-th value is tied the full sort
-    is used, so the kept set is always transformers' own."""
-    if s.temperature != 1.0:
-        scores = scores / s.temperature
-    vocab = scores.shape[-1]
-    if s.top_k > 0 and s.top_k < vocab:
-        top, index = torch.topk(scores, s.top_k)
-        kth = top[..., -1, None]
-        kept = scores >= kth
-        scores = scores.masked_fill(~kept, float("-inf"))
-        if s.top_p < 1.0 and bool((kept.sum(-1) == s.top_k).all()):
-            drop = _top_p_drop(top.flip(-1), s.top_p)   # ascending, as the warper sorts
-            full = torch.zeros_like(kept).scatter(1, index.flip(-1), drop)
-            return scores.masked_fill(full, float("-inf"))
-    if s.top_p < 1.0:
-        ordered, index = torch.sort(scores, descending=False)
-        drop = _top_p_drop(ordered, s.top_p)
-        scores = scores.masked_fill(drop.scatter(1, index, drop), float("-inf"))
-    return scores
-
-
-def _top_p_drop(ascending, top_p: float):
-    """transformers' top-p rule on scores sorted ascending: drop the entries whose cumulative
-    probability is at most 1 - top_p, never the largest."""
-    drop = ascending.softmax(dim=-1).cumsum(dim=-1) <= (1 - top_p)
-    drop[..., -1:] = False
-    return drop

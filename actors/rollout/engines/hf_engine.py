@@ -18,7 +18,8 @@ kwarg is set only from ``policy.trust_remote_code``).
 Weight and adapter updates (``update_adapter``, via ``actors.lora.inject``) drain the batch, load,
 clear the prefix cache and publish the version: one generation never mixes two versions.
 
-``_Batch``, ``_DrawAhead`` and ``_warp`` are in ``hf_batch.py``; this module owns the decode loop.
+``_Batch`` and ``_DrawAhead`` are in ``hf_batch.py``, the warper in ``warp.py``; this module owns
+the decode loop.
 Design and figures: docs/rollout.md, "Engines", and docs/benchmarks.md.
 
 May import: numpy, torch, transformers, actors.policy, actors.lora, actors.rollout.engines.*.
@@ -40,7 +41,8 @@ from actors import lora
 from actors.policy import build_tiny_policy, cache_kwargs, load_policy
 
 from actors.rollout.engines.base import Engine, Generation, SamplingParams, WeightUpdateError
-from actors.rollout.engines.hf_batch import KV, _Batch, _BatchLayer, _DrawAhead, _warp  # noqa: F401
+from actors.rollout.engines.hf_batch import KV, _Batch, _BatchLayer, _DrawAhead  # noqa: F401
+from actors.rollout.engines.warp import warp
 
 
 def _nbytes(kv: KV) -> int:
@@ -251,7 +253,7 @@ class HFEngine(Engine):
                 tokens[i] = token
             scored[greedy] = torch.log_softmax(logits[greedy], dim=-1)   # the raw distribution
         for rows in groups.values():
-            warped = _warp(logits[rows], reqs[rows[0]].sampling)
+            warped = warp(logits[rows], reqs[rows[0]].sampling)
             scored[rows] = torch.log_softmax(
                 warped if reqs[rows[0]].sampling.logprobs == "sampled" else logits[rows], dim=-1)
             probs = torch.softmax(warped, dim=-1)
