@@ -102,7 +102,7 @@ def check_versions(cfg: TrainConfig, local: bool) -> list[Check]:
 
 _PROBE = ("import json, ray, torch, transformers\n"
           "try:\n    import vllm; v = vllm.__version__\nexcept ImportError:\n    v = None\n"
-          "import actors.rollout_worker\n"
+          "import actors.rollout.rollout_worker\n"
           "print(json.dumps([ray.__version__, torch.__version__, v]))")
 
 

@@ -9,9 +9,9 @@ chat template or tool parser (``check_chat_format``) or a conversational pool wi
 simulator (``check_users``) is one ``UserError`` line before any actor starts.
 
 May import: the standard library, pydantic, launch.config, launch.errors, launch.cluster, and
-the rollout role modules (``actors.rollout``, ``actors.rollout_worker``,
+the rollout role modules (``actors.rollout``, ``actors.rollout.rollout_worker``,
 ``actors.executors.config``, ``actors.ticket``, ``actors.user_sim``); Ray and
-``actors.rollout_worker`` (Ray, torch) inside the functions that need them.
+``actors.rollout.rollout_worker`` (Ray, torch) inside the functions that need them.
 """
 
 from __future__ import annotations
@@ -137,8 +137,8 @@ def run_groups(pool_dir: str, task_ids: list[str], engine: str, model: Optional[
     TimeoutError naming the unfinished tasks when ``timeout`` passes."""
     import ray  # lazy: Ray only where actors run (the module imports cheaply)
 
-    # lazy: imports Ray and torch; tests replace actors.rollout_worker.start_rollout_worker
-    from actors.rollout_worker import start_rollout_worker
+    # lazy: imports Ray and torch; tests replace actors.rollout.rollout_worker.start_rollout_worker
+    from actors.rollout.rollout_worker import start_rollout_worker
 
     check_chat_format(engine, model, config, users is not None)
     gpus = float(gpus_per_engine(config.engine_kwargs)) if engine == "vllm" else 0.0

@@ -14,7 +14,7 @@ faults never count (dropped before absorption).
 
 ``Quarantine`` is pure bookkeeping: ``observe(result)`` returns the removal reason
 (``"quarantined: ..."``) when a task reaches the threshold, else None; the caller
-(``actors.scheduler_actor.SchedulerService``) passes it to ``Scheduler.exclude``. ``record(task)``
+(``actors.scheduler.scheduler_actor.SchedulerService``) passes it to ``Scheduler.exclude``. ``record(task)``
 is what ``explain`` shows; ``state_dict`` / ``load_state_dict`` round-trip it exactly.
 
 May import: the standard library only.

@@ -10,7 +10,7 @@
   where the docstrings say: ``envs/validate.py`` and ``envs/adapters/taubench.py``
   (``envs/__init__.py``).
 - Ray in ``actors/`` is at the edge (``actors/__init__.py``): the Ray shells and actor drivers
-  import it at module level, ``scheduler_actor.py`` and ``replay_port.py`` only inside
+  import it at module level, ``scheduler/scheduler_actor.py`` and ``replay_port.py`` only inside
   functions, and every other module not at all: the agent loop, the group runner and the
   sessions, the GRPO loss and the learner's step, the executors' slot policy, protocol and plain
   executor, and the ticket.
@@ -24,7 +24,8 @@
   (``import_cycles``), and the layers of ``launch/``: the driver side of a run lives in
   ``launch/run/`` and imports no command, benchmark or comparison; of the shared modules above
   it only ``launch/doctor.py`` (the extra evaluation pools it checks) imports from it. The
-  executor stack lives in ``actors/executors/``: no ``executor*`` module lies loose in ``actors/``.
+  executor stack lives in ``actors/executors/``: no ``executor*`` module lies loose in ``actors/``,
+  nor any role's Ray shell (each in its role's folder).
 - No source file is over ``MAX_LINES`` lines (STYLE.md: files stay small enough to read end to
   end), with no exceptions.
 
@@ -48,11 +49,11 @@ ENVS_FOR_SCHEDULING = ("envs.spec", "envs.trajectory", "envs.opdesc", "envs.opde
                        "envs.describe", "envs.cache")
 ENVS_FOR_THE_SIMULATOR = ENVS_FOR_SCHEDULING + ("envs.pool",)
 ENVS_USING_THE_SANDBOX = ("envs/validate.py", "envs/adapters/taubench.py")
-RAY_AT_MODULE_LEVEL = ("actors/rollout_worker.py", "actors/executors/pool.py",
+RAY_AT_MODULE_LEVEL = ("actors/rollout/rollout_worker.py", "actors/executors/pool.py",
                        "actors/executors/ray_session.py",
                        "actors/learner/learner_actor.py", "actors/learner/weight_sync.py",
-                       "actors/user_sim_actor.py", "actors/ray_errors.py")
-RAY_IN_FUNCTIONS = ("actors/scheduler_actor.py", "actors/replay_port.py")
+                       "actors/user_sim/user_sim_actor.py", "actors/ray_errors.py")
+RAY_IN_FUNCTIONS = ("actors/scheduler/scheduler_actor.py", "actors/replay_port.py")
 PLAIN_ACTOR_FILES = ("actors/rollout/agent_loop.py", "actors/rollout/runner.py",
                      "actors/executors/in_process.py", "actors/executors/local_sandbox.py",
                      "actors/learner/grpo.py", "actors/learner/step.py",
@@ -360,3 +361,14 @@ def test_the_executor_stack_lives_in_one_folder():
     assert loose == []
     assert {p.name for p in (REPO / "actors/executors").glob("*.py")} >= {
         "protocol.py", "pool.py", "ray_session.py", "local_sandbox.py", "in_process.py"}
+
+
+def test_each_roles_ray_shell_lives_in_its_roles_folder():
+    """Issue 49: no role's Ray shell lies loose in ``actors/`` (the rollout worker, the scheduler
+    actor and the user simulator's actor sat there beside the learner's and executors' folders)."""
+    shells = {"rollout/rollout_worker.py", "scheduler/scheduler_actor.py",
+              "user_sim/user_sim_actor.py", "learner/learner_actor.py", "executors/pool.py"}
+    assert all((REPO / "actors" / s).is_file() for s in shells)
+    loose = sorted(p.name for p in (REPO / "actors").glob("*.py")
+                   if p.name.endswith(("_actor.py", "_worker.py")))
+    assert loose == []

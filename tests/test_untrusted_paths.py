@@ -186,7 +186,7 @@ def test_rollout_runs_episodes_only_in_the_sandbox_without_ray_auth_in_env(tmp_p
 
 
 def test_rollout_has_no_in_process_executors(tmp_path, marker, capsys):
-    from actors.rollout_worker import _executors
+    from actors.rollout.rollout_worker import _executors
     from envs.pool import load_pool
 
     with pytest.raises(SystemExit) as exc:
@@ -242,7 +242,7 @@ def test_identifier_filter_replays_run_only_in_the_sandbox(ray_local, tmp_path, 
     import ray
 
     from actors.replay_port import WorkerReplay, identifier_check_builder
-    from actors.rollout_worker import start_rollout_worker
+    from actors.rollout.rollout_worker import start_rollout_worker
     from actors.ticket import Ticket
 
     pool_dir = identifier_pool(tmp_path / "pool", marker)

@@ -8,5 +8,5 @@ functions), ``actors.executors.protocol`` and ``actors.ticket`` (the plain proto
 ``scheduling.variance`` (in ``summary``), ``actors.user_sim.simulator`` (in ``agent_loop`` and
 ``conversation``), the standard library; torch/transformers/vllm only in
 the engine modules (the vLLM engine also ``actors.learner.weight_sync``, its worker extension).
-No Ray (``actors/rollout_worker.py`` is the Ray shell).
+No Ray but in ``rollout_worker`` (the rollout worker's Ray shell).
 """

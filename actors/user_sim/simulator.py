@@ -2,7 +2,7 @@
 
 One request per user message: ``await users.reply(turn) -> str`` with a ``UserTurn`` (the task,
 the user's instruction, the conversation so far, a seed), called by the agent loop
-(``actors.rollout.conversation``) on one of these or on ``actors.user_sim_actor.RemoteUsers``.
+(``actors.rollout.conversation``) on one of these or on ``actors.user_sim.user_sim_actor.RemoteUsers``.
 
 The user's view is tau-bench's: a system prompt with the persona, goal and rules, then the
 conversation with the roles flipped; tool calls and observations stay hidden (docs/rollout.md,

@@ -3,10 +3,10 @@
 
 ``Roles(cfg, pool, pool_dir, run_dir, model_path, eval_pools)`` creates, on the connected Ray
 cluster: the executor pool (``actors.executors.pool.ExecutorPool``), the single scheduler actor
-(``actors.scheduler_actor``), the rollout workers (``actors.rollout_worker``; each serves the
+(``actors.scheduler.scheduler_actor``), the rollout workers (``actors.rollout.rollout_worker``; each serves the
 training pool and the evaluation pools, ``launch.run.eval_pools.worker_pools``), the learner group
 (``actors.learner.learner_actor.LearnerGroup``) with its weight sync and, when the pool has
-conversational tasks, the user simulators (``actors.user_sim_actor``).
+conversational tasks, the user simulators (``actors.user_sim.user_sim_actor``).
 
 It makes the Ray calls (every ``ray.get`` with a timeout) and the restarts: a replaced rollout
 worker gets the published weights before it serves anything; a dead scheduler actor is rebuilt
@@ -30,9 +30,9 @@ from actors.learner.learner_actor import LearnerGroup
 from actors.learner.weight_sync import make_weight_sync
 from actors.replay_port import WorkerReplay, identifier_check_builder
 from actors.rollout.engine_args import lora_engine_kwargs
-from actors.scheduler_actor import scheduler_actor_class
+from actors.scheduler.scheduler_actor import scheduler_actor_class
 from actors.ticket import Ticket
-from actors.user_sim_actor import start_user_sims
+from actors.user_sim.user_sim_actor import start_user_sims
 from launch.cluster import role_options
 from launch.run.eval_pools import EvalPool, worker_pools
 from launch.run.restarts import PUBLISHES, RoleError, Restarts
@@ -115,7 +115,7 @@ class Roles:
 
     def _new_worker(self, i: int):
         # lazy: the rollout worker imports transformers, which the driver's import does not need
-        from actors.rollout_worker import start_rollout_worker
+        from actors.rollout.rollout_worker import start_rollout_worker
 
         opts = role_options(self.cfg.cluster.rollout)
         return start_rollout_worker(

@@ -23,7 +23,7 @@ from actors.rollout.engines.scripted_engine import ScriptedEngine
 from actors.rollout.runner import GroupRunner, episode_seed
 from actors.executors.local_sandbox import SandboxSessions
 from actors.executors.in_process import InProcessSession, InProcessSessions
-from actors.scheduler_actor import SchedulerService
+from actors.scheduler.scheduler_actor import SchedulerService
 from actors.ticket import Ticket
 from envs.pool import load_pool, write_pool
 from envs.spec import Check, Environment, PoolMeta, TaskSpec, ToolCall

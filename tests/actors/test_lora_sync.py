@@ -44,7 +44,7 @@ def test_adapter_sync_puts_each_versions_adapter_into_the_engine(ray_local, tmp_
     from actors.learner.weight_sync import make_weight_sync
     from actors.policy import build_tiny_policy
     from actors.rollout.engine_args import lora_engine_kwargs
-    from actors.rollout_worker import start_rollout_worker
+    from actors.rollout.rollout_worker import start_rollout_worker
     from launch.cluster import role_options
     from launch.config import RoleResources
     from rollout_pool import make_notes_pool

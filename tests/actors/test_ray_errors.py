@@ -157,7 +157,7 @@ def test_a_publish_that_meets_a_worker_killed_for_memory_replaces_it_and_publish
 def test_a_user_simulator_killed_for_memory_fails_over_to_the_next(monkeypatch):
     import asyncio
 
-    from actors.user_sim_actor import RemoteUsers
+    from actors.user_sim.user_sim_actor import RemoteUsers
 
     class Reply:
         def __init__(self, answer):

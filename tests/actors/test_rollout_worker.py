@@ -13,7 +13,7 @@ from actors.executors.config import ExecutorConfig
 from actors.policy import build_tiny_policy, load_policy
 from actors.rollout.config import RolloutConfig
 from actors.rollout.summary import tokens_sha
-from actors.rollout_worker import start_rollout_worker
+from actors.rollout.rollout_worker import start_rollout_worker
 from actors.ticket import Ticket
 from envs.generator import generate_pool
 from envs.pool import load_pool

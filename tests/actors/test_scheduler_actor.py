@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from actors.scheduler_actor import FilterOutcome, SchedulerService, scheduler_actor_class
+from actors.scheduler.scheduler_actor import FilterOutcome, SchedulerService, scheduler_actor_class
 from envs.trajectory import Group, Trajectory
 from scheduling.base import TaskInfo
 from scheduling.baselines.random import RandomScheduler

@@ -146,7 +146,7 @@ def _unknown_format_model(base_tokenizer, tmp_path):
 
 def test_an_unusable_tool_format_is_one_line_before_any_actor_starts(base_tokenizer, tmp_path,
                                                                     monkeypatch):
-    import actors.rollout_worker
+    import actors.rollout.rollout_worker
     from launch.rollout import check_chat_format, run_groups
 
     model = _unknown_format_model(base_tokenizer, tmp_path)
@@ -158,7 +158,7 @@ def test_an_unusable_tool_format_is_one_line_before_any_actor_starts(base_tokeni
     def no_actor(*args, **kwargs):
         raise AssertionError("a rollout worker was started")
 
-    monkeypatch.setattr(actors.rollout_worker, "start_rollout_worker", no_actor)
+    monkeypatch.setattr(actors.rollout.rollout_worker, "start_rollout_worker", no_actor)
     with pytest.raises(UserError, match="set rollout.tool_parser"):
         run_groups("unused-pool", ["t"], "hf", model, config, 1, 0, 60.0)
     check_chat_format("hf", model, RolloutConfig(tool_parser="hermes"))   # explicit: fine

@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 
 from actors.replay_port import WorkerReplay, identifier_check_builder
-from actors.rollout_worker import start_rollout_worker
-from actors.scheduler_actor import scheduler_actor_class
+from actors.rollout.rollout_worker import start_rollout_worker
+from actors.scheduler.scheduler_actor import scheduler_actor_class
 from actors.ticket import Ticket
 from actors.user_sim.config import UserSimConfig
-from actors.user_sim_actor import start_user_sims
+from actors.user_sim.user_sim_actor import start_user_sims
 from envs.adapters.taubench import import_taubench
 from envs.pool import load_pool
 from launch.config import load_config

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from actors.rollout_worker import start_rollout_worker
+from actors.rollout.rollout_worker import start_rollout_worker
 from actors.ticket import Ticket
-from actors.user_sim_actor import start_user_sims
+from actors.user_sim.user_sim_actor import start_user_sims
 from envs.adapters.taubench import import_taubench
 from envs.pool import load_pool
 

@@ -70,7 +70,7 @@ def test_weight_sync_puts_the_learners_new_weights_into_vllm(ray_local, tmp_path
     from actors.learner.config import LearnerConfig
     from actors.learner.learner_actor import LearnerGroup
     from actors.policy import build_tiny_policy
-    from actors.rollout_worker import start_rollout_worker
+    from actors.rollout.rollout_worker import start_rollout_worker
     from launch.cluster import role_options
     from launch.config import RoleResources
     from rollout_pool import make_notes_pool

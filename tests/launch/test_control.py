@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from actors.rollout_worker import start_rollout_worker
+from actors.rollout.rollout_worker import start_rollout_worker
 from actors.ticket import Ticket
 from envs.generator import generate_pool
 from launch.cli import main

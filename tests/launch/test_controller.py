@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from actors.scheduler_actor import SchedulerService
+from actors.scheduler.scheduler_actor import SchedulerService
 from launch.run.checkpoint import find_checkpoint, load_checkpoint
 from launch.config import build_config
 from launch.run.controller import Controller

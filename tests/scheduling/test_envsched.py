@@ -126,7 +126,7 @@ def test_explain_reports_neighbours_weights_and_prediction():
 def test_identifier_filter_excludes_a_confirmed_task_from_both_phases():
     """Through the path training uses: the scheduler actor's service runs the group check
     (``scheduling.replay.group_check``) and excludes a confirmed task before the next select."""
-    from actors.scheduler_actor import SchedulerService
+    from actors.scheduler.scheduler_actor import SchedulerService
     from envs.trajectory import Group
     from scheduling.config import EnvSchedParams
     from scheduling.replay import group_check

@@ -68,7 +68,7 @@ def test_group_check_filters_a_guessed_id_and_keeps_a_lookup():
 
 
 def test_scheduler_service_runs_the_check_through_the_port_it_is_handed():
-    from actors.scheduler_actor import SchedulerService
+    from actors.scheduler.scheduler_actor import SchedulerService
     from scheduling.baselines import RandomScheduler
     from scheduling.base import TaskInfo
 

@@ -40,7 +40,7 @@ from actors.rollout.runner import GroupRunner
 from actors.ticket import Ticket
 from actors.user_sim.config import UserSimConfig
 from actors.user_sim.simulator import UserSimulator, make_user_simulator
-from actors.user_sim_actor import RemoteUsers
+from actors.user_sim.user_sim_actor import RemoteUsers
 from envs.pool import load_pool
 from envs.pool_union import with_eval_pools
 from envs.trajectory import Group
