@@ -66,8 +66,22 @@ class ToolCall(_Strict):
     arguments: dict[str, Any] = Field(default_factory=dict)
 
 
+# The tool name under which the agent loop hands a call it refused to an environment that records
+# them (``Environment.records_refused_calls``); it starts with "_", so no declared tool is ever it
+# and a model naming it is refused like any unknown tool.
+REFUSED_CALL_TOOL = "__refused_call__"
+REFUSED_CALL_METHOD = "record_refused_call"   # what the sandbox calls for it
+
+
 class Environment(_Strict):
-    """How to build the executable environment for one ``env_id``."""
+    """How to build the executable environment for one ``env_id``.
+
+    ``records_refused_calls``: the agent loop refuses a call the environment never sees (an
+    unknown tool, missing or undeclared arguments) and answers the model with the error; with
+    this set it also hands each such call, once decoded, to the environment's
+    ``record_refused_call(name, arguments, error)`` in the sandbox (``REFUSED_CALL_TOOL``), so a
+    verifier that judges every attempted call sees it: BFCL fails any attempted call in its
+    irrelevance categories and a call of a function it did not offer everywhere."""
 
     env_id: str
     class_name: str
@@ -76,6 +90,7 @@ class Environment(_Strict):
     introduction: str = ""
     rules: list[str] = Field(default_factory=list)
     domain: str = ""
+    records_refused_calls: bool = False
 
     @field_validator("tools")
     @classmethod

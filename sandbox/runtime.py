@@ -29,7 +29,7 @@ import traceback
 from contextlib import contextmanager
 from typing import Any, Iterable, Optional, Union
 
-from envs.spec import Check, Environment, ToolCall
+from envs.spec import REFUSED_CALL_METHOD, REFUSED_CALL_TOOL, Check, Environment, ToolCall
 from envs.trajectory import ActionStep, CheckResult, VerifyResult
 from sandbox.determinism import EpisodeClock, episode_builtins
 from sandbox.errors import EnvLoadError, SandboxError
@@ -176,17 +176,24 @@ class EpisodeRuntime:
             raise SandboxError("bad_request", "no episode: call reset() first",
                                f"env {self.env.env_id}")
 
+    def _method(self, tool: str) -> str:
+        """The method a call of ``tool`` runs: the tool's own, or for ``REFUSED_CALL_TOOL`` on an
+        environment that records refused calls, ``record_refused_call`` (``envs.spec``)."""
+        refused = tool == REFUSED_CALL_TOOL and self.env.records_refused_calls
+        return REFUSED_CALL_METHOD if refused else tool
+
     def _bind_error(self, tool: str, arguments: Any) -> Optional[str]:
-        if tool not in self._tools or tool.startswith("_"):
+        method_name = self._method(tool)
+        if method_name == tool and (tool not in self._tools or tool.startswith("_")):
             return f"unknown tool {tool!r}; available tools: {sorted(self._tools)}"
         if not isinstance(arguments, dict):
             return f"arguments of {tool!r} must be a JSON object, got {type(arguments).__name__}"
         deep = argument_depth_error(tool, arguments)
         if deep is not None:
             return deep
-        method = getattr(self.instance, tool, None)
+        method = getattr(self.instance, method_name, None)
         if not callable(method):
-            return f"tool {tool!r} is declared but {self.env.class_name} has no such method"
+            return f"tool {tool!r} is declared but {self.env.class_name} has no method {method_name}"
         sig = self._signatures.get(tool)
         if sig is None:
             try:
@@ -209,7 +216,7 @@ class EpisodeRuntime:
         shadow = self._before_step()
         try:
             with deadline(timeout_s):
-                observation = getattr(self.instance, tool)(**fast_copy(arguments))
+                observation = getattr(self.instance, self._method(tool))(**fast_copy(arguments))
                 # copied inside the try: a returned object's __reduce__/__deepcopy__ is tool code
                 observation = fast_copy(observation)
         except _Deadline:

@@ -41,9 +41,9 @@ from actors.rollout.config import RolloutConfig
 from actors.rollout.conversation import Conversation, agent_tools
 from actors.rollout.engines.base import Engine, SamplingParams
 from actors.rollout.partial import BusyClock
-from actors.rollout.toolcall import tool_parameters
+from actors.rollout.toolcall import REFUSED_KINDS, tool_parameters
 from actors.user_sim.simulator import UserSimError, UserSimulator
-from envs.spec import Environment, TaskSpec
+from envs.spec import REFUSED_CALL_TOOL, Environment, TaskSpec
 from envs.trajectory import NO_VERSION, ActionStep, Trajectory
 from sandbox.errors import SandboxError
 
@@ -247,7 +247,7 @@ class AgentLoop:
             ep.timings["generate_s"] += time.perf_counter() - t0
             ep.extend(gen.token_ids, gen.logprobs, mask=1,
                       version=asked_at if gen.version is None else gen.version)
-            observation = await self._act(ep, gen, budget, params)
+            observation = await self._act(ep, gen, budget, params, env.records_refused_calls)
             if observation is None:
                 return
             if self._step_cap(ep):
@@ -266,8 +266,12 @@ class AgentLoop:
             ep.extend(seg)
         ep.status = "truncated"
 
-    async def _act(self, ep: _Episode, gen, budget: int, params: dict) -> Optional[Any]:
-        """Handle one generated turn; the observation to append, or None when the episode ends."""
+    async def _act(self, ep: _Episode, gen, budget: int, params: dict,
+                   record_refused: bool = False) -> Optional[Any]:
+        """Handle one generated turn; the observation to append, or None when the episode ends.
+        ``record_refused`` (``Environment.records_refused_calls``): a decoded call the parser
+        refused is also handed to the environment (``_record_refused``) before the model hears
+        the error."""
         cfg = self.config
         if gen.finish_reason == "length" and budget < cfg.max_tokens_per_turn:
             ep.status = "truncated"  # the sequence limit, not the turn limit, cut this turn
@@ -289,6 +293,8 @@ class AgentLoop:
             ep.malformed[parsed.error_kind] = ep.malformed.get(parsed.error_kind, 0) + 1
             n = len(ep.token_ids)      # the turn's tokens are the last ones appended
             ep.malformed_spans.append([n - len(gen.token_ids), n])
+            if record_refused and parsed.error_kind in REFUSED_KINDS and parsed.name:
+                await self._record_refused(ep, parsed)
             if cfg.malformed == "end_zero":
                 ep.status = "malformed"
                 return None
@@ -306,6 +312,17 @@ class AgentLoop:
         ep.actions.append(step)
         # A tool that failed (bad binding, raised) already reports {"success": False, "error"}.
         return step.observation
+
+    async def _record_refused(self, ep: _Episode, parsed) -> None:
+        """Hand a refused call to the environment (``envs.spec.REFUSED_CALL_TOOL``), recorded as
+        an action: a fixed-action replay of the episode records it again."""
+        session = await self._sandbox(ep)
+        t0 = time.perf_counter()
+        step = await self._call(ep, session.astep(REFUSED_CALL_TOOL, {
+            "name": parsed.name, "arguments": parsed.arguments, "error": parsed.error}),
+            self.config.step_timeout_s)
+        ep.timings["env_s"] += time.perf_counter() - t0
+        ep.actions.append(step)
 
     @staticmethod
     def _turn_cap(ep: _Episode) -> Optional[int]:

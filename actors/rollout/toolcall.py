@@ -36,7 +36,8 @@ Tools = dict[str, dict[str, Any]]
 @dataclass
 class ParsedTurn:
     """``kind`` is ``"call"`` (name + arguments set), ``"final"`` (content set) or ``"malformed"``
-    (``error_kind`` in MALFORMED_KINDS and ``error`` a message meant for the model)."""
+    (``error_kind`` in MALFORMED_KINDS and ``error`` a message meant for the model; a call that
+    was decoded but refused, ``REFUSED_KINDS``, keeps its name and object arguments)."""
 
     kind: str
     name: str = ""
@@ -46,8 +47,14 @@ class ParsedTurn:
     error: str = ""
 
 
-def _malformed(kind: str, message: str) -> ParsedTurn:
-    return ParsedTurn(kind="malformed", error_kind=kind, error=message)
+# a call decoded (a name, object arguments) but refused before the environment sees it
+REFUSED_KINDS = ("unknown_tool", "wrong_arguments")
+
+
+def _malformed(kind: str, message: str, name: str = "",
+               arguments: Optional[dict[str, Any]] = None) -> ParsedTurn:
+    return ParsedTurn(kind="malformed", error_kind=kind, error=message, name=name,
+                      arguments=arguments or {})
 
 
 def strip_turn(text: str) -> str:
@@ -230,7 +237,8 @@ def _checked_object(call: Any, tools: Tools, key: str) -> ParsedTurn:
 
 def _check_call(name: str, arguments: Any, tools: Tools) -> ParsedTurn:
     if name not in tools:
-        return _malformed("unknown_tool", f"unknown tool {name!r}; available: {sorted(tools)}")
+        return _malformed("unknown_tool", f"unknown tool {name!r}; available: {sorted(tools)}",
+                          name, arguments if isinstance(arguments, dict) else None)
     if isinstance(arguments, str):
         try:
             arguments = json.loads(arguments) if arguments.strip() else {}
@@ -240,7 +248,7 @@ def _check_call(name: str, arguments: Any, tools: Tools) -> ParsedTurn:
         return _malformed("wrong_arguments", f"arguments of {name} must be a JSON object")
     problem = argument_problem(arguments, tools[name])
     if problem:
-        return _malformed("wrong_arguments", f"{name}: {problem}")
+        return _malformed("wrong_arguments", f"{name}: {problem}", name, arguments)
     return ParsedTurn(kind="call", name=name, arguments=arguments)
 
 

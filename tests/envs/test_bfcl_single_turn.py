@@ -261,3 +261,52 @@ def test_bad_records_are_skipped_naming_file_line_and_id(tmp_path, capsys):
                  "simple_python", "--out", str(tmp_path / "r")]) == 2
     err = capsys.readouterr().err.strip()
     assert f"{data}:5: invalid JSON" in err and "\n" not in err
+
+
+def test_a_call_the_loop_refuses_fails_an_irrelevance_task_as_in_bfcl(bfcl_root, tmp_path):
+    """Issue 50: in ``irrelevance`` BFCL fails any decoded call. The agent loop refuses a call of
+    a function not offered, or one missing a required argument, before the environment sees
+    it; the recorder now records it (``Environment.records_refused_calls``), so the episode
+    scores 0, where it scored 1.0. Saying no call still scores 1.0, and a pool whose
+    environments do not record refused calls hands nothing over."""
+    import asyncio
+
+    from actors.executors.local_sandbox import SandboxSessions
+    from actors.policy import build_tiny_policy, load_tokenizer
+    from actors.rollout.agent_loop import AgentLoop
+    from actors.rollout.config import RolloutConfig
+    from actors.rollout.engines.scripted_engine import ScriptedEngine
+    from actors.rollout.toolcall import render_call
+
+    out = tmp_path / "irr"
+    import_bfcl(bfcl_root, "irrelevance", out, limit=1)
+    pool = load_pool(out)
+    task = pool.tasks[0]
+    env = pool.environment(task.env_id)
+    assert env.records_refused_calls and env.tools
+    tool = env.tools[0]["function"]
+    required = tool.get("parameters", {}).get("required", [])
+    tokenizer = load_tokenizer(build_tiny_policy())
+
+    def play(calls: list[str], the_env=env):
+        async def go():
+            with SandboxSessions(pool) as sessions:
+                session = await sessions.aopen_session(task, 0)
+                try:
+                    engine = ScriptedEngine(tokenizer, {task.task_id: calls})
+                    return await AgentLoop(engine, tokenizer, RolloutConfig(), None).run(
+                        the_env, task, session, seed=0)
+                finally:
+                    await session.aclose()
+        return asyncio.run(go())
+
+    assert play([]).reward == 1.0                                  # no call: right
+    unknown = play([render_call("not_offered", {"x": 1})])
+    assert unknown.info["malformed"] == {"unknown_tool": 1} and unknown.reward == 0.0, unknown.info
+    assert [a.tool for a in unknown.actions] == ["__refused_call__"]
+    if required:
+        missing = play([render_call(tool["name"], {})])
+        assert missing.info["malformed"] == {"wrong_arguments": 1} and missing.reward == 0.0
+    plain = env.model_copy(update={"records_refused_calls": False})
+    before = play([render_call("not_offered", {"x": 1})], plain)   # what scored 1.0 before
+    assert before.reward == 1.0 and before.actions == []

@@ -25,8 +25,10 @@ What "the answer" is: BFCL judges one model response, which may hold several par
 agent loop takes one call per turn (``actors/rollout/toolcall.py``), so here the answer is every
 call recorded before the agent's first plain reply (or the turn limit): parallel calls are
 consecutive turns, and a call made after seeing a tool result counts as one more call. Calls the
-loop refuses before the environment sees them (a missing required argument, an unknown tool)
-are not recorded: BFCL would count them as a (wrong) call, which matters for ``irrelevance``.
+loop refuses before the environment sees them (a missing required argument, an unknown tool) are
+recorded too (``records_refused_calls``: the recorder's ``record_refused_call``), as BFCL counts
+every decoded call: an attempted call fails an ``irrelevance`` task, and a call of a function
+not offered fails the others.
 
 May import: envs.*, the standard library.
 """
@@ -96,7 +98,11 @@ def recorder_source(names: dict[str, str]) -> str:
             f"        self.calls = []\n\n"
             f"    def _record(self, name, arguments):\n"
             f"        self.calls.append({{'name': name, 'arguments': dict(arguments)}})\n"
-            f"        return {{'success': True, 'message': {RECORDED!r}}}\n{methods}")
+            f"        return {{'success': True, 'message': {RECORDED!r}}}\n\n"
+            f"    def record_refused_call(self, name, arguments, error):\n"
+            f"        self.calls.append({{'name': {names!r}.get(name, name), "
+            f"'arguments': dict(arguments)}})\n"
+            f"        return {{'success': False, 'error': error}}\n{methods}")
 
 
 def check_code(functions: list[Any], answer: Any, kind: str) -> str:
@@ -194,7 +200,8 @@ def _env_for(functions: list[Any], system: Optional[str], category: str,
     if env_id not in envs:
         envs[env_id] = Environment(env_id=env_id, class_name=CLASS_NAME,
                                    source=recorder_source(names), tools=tools,
-                                   introduction=intro, domain=f"bfcl {category}")
+                                   introduction=intro, domain=f"bfcl {category}",
+                                   records_refused_calls=True)
     return envs[env_id], names
 
 
