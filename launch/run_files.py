@@ -124,32 +124,32 @@ def read_text(path: str | Path, fix: str = FIX) -> str:
     return _decode(data, path, fix)
 
 
-def read_json(path: str | Path, fix: str = FIX, need: Optional[dict[str, str]] = None
-              ) -> dict[str, Any]:
-    """The JSON object the file holds (module docstring)."""
+def _parsed(path: str | Path, fix: str, need: Optional[dict[str, str]], parse, what: str,
+            empty: Any = None) -> Any:
+    """``parse`` of the file's text, checked against ``need``; ``empty`` stands for a parse of
+    nothing (an empty YAML file)."""
     path = Path(path)
     try:
-        value = parse_json(read_text(path, fix), str(path))
+        value = parse(read_text(path, fix), str(path))
     except UntrustedFileError as e:
         raise RunFileError(path, e.message, e.line, fix) from None
-    problem = check_fields(value, need)
+    value = empty if value is None and empty is not None else value
+    problem = check_fields(value, need, what)
     if problem:
         raise RunFileError(path, problem, None, fix)
     return value
 
 
+def read_json(path: str | Path, fix: str = FIX, need: Optional[dict[str, str]] = None
+              ) -> dict[str, Any]:
+    """The JSON object the file holds (module docstring)."""
+    return _parsed(path, fix, need, parse_json, "an object")
+
+
 def read_yaml(path: str | Path, fix: str = FIX, need: Optional[dict[str, str]] = None
               ) -> dict[str, Any]:
     """The YAML mapping the file holds; ``{}`` for an empty file (module docstring)."""
-    path = Path(path)
-    try:
-        value = parse_yaml(read_text(path, fix), str(path))
-    except UntrustedFileError as e:
-        raise RunFileError(path, e.message, e.line, fix) from None
-    problem = check_fields({} if value is None else value, need, "a mapping")
-    if problem:
-        raise RunFileError(path, problem, None, fix)
-    return {} if value is None else value
+    return _parsed(path, fix, need, parse_yaml, "a mapping", empty={})
 
 
 def _cut_short(text: str) -> bool:
