@@ -93,6 +93,7 @@ def open_run(cfg: TrainConfig, run_dir: Path, resume: bool = False, resume_chang
                             f"choose another --out") from None
     if ckpt is not None:
         check_logs(run_dir)   # what the resume cuts back: a damaged line is refused now
+        _refuse_pickled_learner(ckpt)
         print(f"resuming {run_dir} from its step-{ckpt.step} checkpoint", flush=True)
     new = yaml.safe_load(yaml.safe_dump(cfg.to_yaml_dict()))   # as it reads back from the file
     path = run_dir / "config.yaml"
@@ -101,6 +102,23 @@ def open_run(cfg: TrainConfig, run_dir: Path, resume: bool = False, resume_chang
         _check_and_record(run_dir, changes, ckpt.step if ckpt else 0, resume_changed)
     path.write_text(yaml.safe_dump(cfg.to_yaml_dict(), sort_keys=False))
     return ckpt
+
+
+def _refuse_pickled_learner(ckpt: Checkpoint) -> None:
+    """A learner file whose pickle names code (a planted or old-format file) refused in one line
+    now, before Ray starts; each rank's weights-only load would refuse it later anyway."""
+    if not ckpt.learner_dir.is_dir():
+        return
+    # torch only here, where a run resumes: the pickles are read, no tensor is
+    from actors.learner.safe_load import pickled_globals
+
+    bad = pickled_globals(ckpt.learner_dir)
+    if bad:
+        name, names = next(iter(bad.items()))
+        raise UserError(f"checkpoint {ckpt.path}: learner file {name} holds a pickle that names "
+                        f"code ({', '.join(names[:3])}), not weights; refused, nothing in it ran "
+                        f"({len(bad)} such file(s)); fix: resume from an intact copy of the run, "
+                        "or start it again in another --out")
 
 
 def _check_and_record(run_dir: Path, changes: dict[str, tuple[Any, Any]], step: int,

@@ -55,3 +55,24 @@ def test_export_refuses_a_tampered_checkpoint_in_one_line(tmp_path, monkeypatch)
     with pytest.raises(ExportError, match="holds more than weights") as e:
         full_state_dict(tmp_path / "learner")
     assert "\n" not in str(e.value) and not (tmp_path / "PWNED").exists()
+
+
+def test_the_driver_finds_a_planted_pickle_without_loading_it(tmp_path):
+    """``pickled_globals`` reads pickles only: DeepSpeed's own optimizer state passes (its types
+    by name equal ``deepspeed_data_types``), a planted global is named, non-archives are skipped."""
+    from deepspeed.runtime.fp16.loss_scaler import LossScaler
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+
+    from actors.learner.safe_load import DEEPSPEED_DATA_TYPE_NAMES, pickled_globals
+
+    assert DEEPSPEED_DATA_TYPE_NAMES == {f"{t.__module__}.{t.__qualname__}"
+                                         for t in deepspeed_data_types()}
+    tag = tmp_path / "step3"
+    tag.mkdir()
+    torch.save({"zero_stage": ZeroStageEnum.gradients, "loss_scaler": LossScaler(2.0),
+                "w": torch.zeros(2)}, tag / "optim_states.pt")
+    (tmp_path / "latest").write_text("step3")
+    assert pickled_globals(tmp_path) == {}
+    torch.save({"module": {}, "extra": _Evil()}, tag / "mp_rank_00_model_states.pt")
+    assert pickled_globals(tmp_path) == {"step3/mp_rank_00_model_states.pt": ["builtins.exec"]}
+    assert not (tmp_path / "PWNED").exists()

@@ -332,3 +332,30 @@ def test_intact_files_read_as_json_and_yaml_read_them(tmp_path):
         warnings.simplefilter("error")
         with pytest.raises(FileNotFoundError):
             read_json(tmp_path / "missing.json")
+
+
+class _Planted:
+    def __reduce__(self):
+        return (exec, ("open('PWNED', 'w').write('x')",))
+
+
+def test_train_resume_over_a_pickled_learner_file_is_one_line_before_ray(tmp_path, pool, capsys,
+                                                                         monkeypatch):
+    """Issue 50: a learner file whose pickle names code was refused by the learner rank, as a
+    traceback after Ray started; now in one line before the warm start (nothing in it runs)."""
+    import torch
+
+    def learner(directory: Path) -> None:
+        (directory / "step1").mkdir(parents=True)
+        (directory / "latest").write_text("step1")
+        torch.save({"module": {}, "extra": _Planted()},
+                   directory / "step1" / "mp_rank_00_model_states.pt")
+
+    monkeypatch.chdir(tmp_path)
+    cfg_path, run = _checkpointed(tmp_path, pool, learner=learner)
+    monkeypatch.setattr("launch.run.trainer.prepare_policy",   # then Ray: far too late
+                        lambda *a, **k: pytest.fail("the warm start ran before the refusal"))
+    assert main(["train", "--resume", "--config", str(cfg_path), "--out", str(run)]) == 2
+    line = _one_line(capsys, "train", "learner file step1/mp_rank_00_model_states.pt")
+    assert "builtins.exec" in line and "nothing in it ran" in line
+    assert not (tmp_path / "PWNED").exists()
