@@ -340,6 +340,8 @@ def write_environment(root: str | Path, env: Environment) -> None:
     _write(root, f"{d}/environment.py", env.source)
     _write(root, f"{d}/tools.json", strict_json.dumps(env.tools, indent=1))
     head = env.model_dump(exclude={"source", "tools"})
+    if not head.get("records_refused_calls"):   # the default: pools stay byte-identical
+        head.pop("records_refused_calls", None)
     _write(root, f"{d}/environment.yaml", yaml.safe_dump(head, sort_keys=False, width=100))
 
 
