@@ -32,10 +32,11 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from launch.compare import RunSpec, status, train_run
+from launch.compare import RunSpec, start_over, status, train_run
 from launch.config import DEFAULT_CONFIG, ConfigError, load_config
 from launch.errors import UserError
 from launch.preflight import preflight
+from launch.run.checkpoint import has_checkpoint
 from launch.run.evaluation import read_eval
 from scheduling.simulate.metrics import mean_ci
 
@@ -113,6 +114,10 @@ def run(args: argparse.Namespace) -> int:
         except ConfigError as e:
             raise UserError(str(e)) from None
         if status(spec) != "finished":
+            if status(spec) != "new" and not has_checkpoint(spec.dir):
+                kept = start_over(spec)   # as compare: nothing to resume, earlier files kept
+                print(f"[demo] seed {s}: no checkpoint to resume from; its earlier attempt is "
+                      f"kept in {kept}", flush=True)
             if args.one_warm_start and s > 0 and not (spec.dir / "sft").exists():
                 warm = out / "runs" / "s0" / "sft"
                 if not (warm / "sft_summary.json").is_file():

@@ -57,3 +57,29 @@ def test_the_command_refuses_before_anything_trains(tmp_path, capsys):
     assert err[0].endswith("--seeds must be >= 1, got 0")
     assert "set eval.enabled=true" in err[1] and len(err) == 2
     assert not (tmp_path / "d").exists()
+
+
+def test_a_seed_that_crashed_before_its_first_checkpoint_starts_over_keeping_its_files(
+        tmp_path, monkeypatch, capsys):
+    """As ``envsched compare``: a rerun does not hand ``envsched train`` a run folder with logs
+    and no checkpoint (which it refuses); the earlier attempt moves to ``attempt-1/``."""
+    import launch.bench.demo as demo
+
+    run = tmp_path / "d" / "runs" / "s0"
+    run.mkdir(parents=True)
+    (run / "crashed.txt").write_text("killed\n")
+    (run / "metrics.jsonl").write_text('{"step": 1}\n')
+    trained = []
+
+    def train(spec, config, timeout_s):
+        trained.append(sorted(p.name for p in spec.dir.iterdir()))
+        _run(spec.dir / "x", 0.4, 0.5)
+        (spec.dir / "eval.jsonl").write_text((spec.dir / "x" / "eval.jsonl").read_text())
+        (spec.dir / "summary.json").write_text("{}")
+        return None
+    monkeypatch.setattr(demo, "train_run", train)
+    monkeypatch.setattr(demo, "preflight", lambda *a, **k: None)
+    assert main(["bench", "demo", "--out", str(tmp_path / "d"), "--seeds", "1"]) == 0
+    assert trained == [["attempt-1"]]
+    assert (run / "attempt-1" / "crashed.txt").read_text() == "killed\n"
+    assert "no checkpoint to resume from" in capsys.readouterr().out
